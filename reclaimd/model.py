@@ -1,0 +1,297 @@
+"""The normalized vocabulary every part of reclaimd speaks.
+
+A source-specific payload stops at ``handlers/``: what leaves a parser is a ``Notice``. The
+cluster side turns a notice into a ``Plan`` of nodes and ``Gang``s; the pipeline turns each
+gang into one ``RestartWaste``. All of these are frozen so that a value handed to a step can
+not be changed behind another step's back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+
+class NoticeKind(StrEnum):
+    SPOT_INTERRUPTION = "spot_interruption"
+    REBALANCE_RECOMMENDATION = "rebalance_recommendation"
+    PREEMPTION = "preemption"
+    MAINTENANCE = "maintenance"
+    RECLAIM = "reclaim"
+    SCHEDULED_CHANGE = "scheduled_change"
+    STATE_CHANGE = "state_change"
+
+
+class Response(StrEnum):
+    """How much of the runbook a notice gets.
+
+    ``full``: claim, cordon, checkpoint, drain, ledger. ``checkpoint_only``: claim and signal the
+    gangs to checkpoint, nothing is taken away (an early warning such as a rebalance
+    recommendation). ``no_cordon``: a scheduler reclaim (Kueue) where the node stays healthy.
+    """
+
+    FULL = "full"
+    CHECKPOINT_ONLY = "checkpoint_only"
+    NO_CORDON = "no_cordon"
+
+
+@dataclass(frozen=True)
+class WorkloadRef:
+    """A Kueue Workload (or any namespaced job object) a notice is about."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What goes away. At least one field is set; the cluster cache resolves the rest."""
+
+    instance_id: str = ""
+    provider_id: str = ""
+    node_name: str = ""
+    workload: WorkloadRef | None = None
+
+    def describe(self) -> str:
+        if self.workload is not None:
+            return f"workload/{self.workload.namespace}/{self.workload.name}"
+        return self.node_name or self.instance_id or self.provider_id or "?"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("instance_id", self.instance_id),
+                ("provider_id", self.provider_id),
+                ("node_name", self.node_name),
+            )
+            if v
+        }
+        if self.workload is not None:
+            out["workload"] = {
+                "namespace": self.workload.namespace,
+                "name": self.workload.name,
+                **({"uid": self.workload.uid} if self.workload.uid else {}),
+            }
+        return out
+
+
+def frozen_map(items: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    return MappingProxyType(dict(items or {}))
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One "this capacity goes away at ``deadline``" message, whatever its source.
+
+    ``id`` is derived from the source's own identity of the message (so a redelivery maps to
+    the same id); ``deadline`` is ``None`` only for early warnings that carry no time.
+    """
+
+    id: str
+    source: str
+    kind: NoticeKind
+    target: Target
+    issued_at: datetime
+    deadline: datetime | None
+    received_at: datetime
+    response: Response = Response.FULL
+    attributes: Mapping[str, str] = field(default_factory=frozen_map)
+    payload_digest: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "source": self.source,
+            "kind": self.kind.value,
+            "response": self.response.value,
+            "target": self.target.to_json(),
+            "issued_at": rfc3339(self.issued_at),
+            "deadline": rfc3339(self.deadline) if self.deadline else None,
+            "received_at": rfc3339(self.received_at),
+            "attributes": dict(sorted(self.attributes.items())),
+            "payload_digest": self.payload_digest,
+        }
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A well-formed payload that is not a notice (a test notification, an unknown kind)."""
+
+    reason: str
+
+
+ParseOutcome = tuple[Notice, ...] | Ignored
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Notice windows in seconds, by kind of notice: the parsers turn them into deadlines.
+
+    Defaults are the clouds' documented windows; every one is configurable because a fleet
+    may run a shorter kubelet grace (GKE gives non-system pods 15 s of the 30).
+    """
+
+    ec2_spot_s: float = 120.0
+    ec2_scheduled_s: float = 120.0  # state changes and ASG terminations: act as on a spot ITN
+    gce_preemption_s: float = 30.0
+    gce_maintenance_s: float = 60.0
+    kueue_grace_s: float = 30.0
+    default_s: float = 120.0  # a generic notice that names no deadline
+
+
+class ParseError(ValueError):
+    """A payload that cannot be read as what its transport promised. Never retried."""
+
+
+# --- cluster side -------------------------------------------------------------------------
+
+
+class CheckpointScope(StrEnum):
+    RANK = "rank"  # every rank must ack
+    LEADER = "leader"  # one ack (from the leader) covers the gang
+
+
+@dataclass(frozen=True)
+class Member:
+    """One pod (rank) of a gang, with what the checkpoint contract needs to reach it."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    gpus: int
+    rank: int | None = None
+    pod_ip: str = ""
+    checkpoint_url: str = ""  # already expanded, empty when the pod did not opt in
+    checkpoint_timeout_s: float = 0.0
+    last_checkpoint: datetime | None = None
+    started_at: datetime | None = None
+    is_leader: bool = False
+
+
+@dataclass(frozen=True)
+class GangKey:
+    """Identity of a gang: the integration that groups its pods, and the group's name."""
+
+    kind: str  # kueue, jobset, job, kubeflow, lws, volcano, podgroup, owner, pod
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Gang:
+    key: GangKey
+    members: tuple[Member, ...]
+    scope: CheckpointScope = CheckpointScope.RANK
+    labels: Mapping[str, str] = field(default_factory=frozen_map)  # raw cost labels
+
+    @property
+    def gpus(self) -> int:
+        return sum(m.gpus for m in self.members)
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(m.node for m in self.members)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one notice touches: the doomed nodes and every gang with a rank on them."""
+
+    notice: Notice
+    nodes: tuple[str, ...]
+    gangs: tuple[Gang, ...]
+
+
+class CheckpointOutcome(StrEnum):
+    CHECKPOINTED = "checkpointed"  # every required ack, durable
+    PARTIAL = "partial"  # some ranks acked
+    NOT_DURABLE = "not_durable"  # acked, but the checkpoint is not off the machine
+    NO_ACK = "no_ack"  # opted in, nobody acked inside the budget
+    NOT_OPTED_IN = "not_opted_in"
+
+
+@dataclass(frozen=True)
+class RankAck:
+    member: Member
+    acked: bool
+    durable: bool = False
+    checkpoint_time: datetime | None = None
+    step: int | None = None
+    uri: str = ""
+    error: str = ""
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RestartWaste:
+    """The ledger's view of one gang after a notice (ARCHITECTURE §5)."""
+
+    event_id: str
+    notice: Notice
+    gang: Gang
+    gpu_seconds_lost: float
+    stopped_at: datetime
+    last_good_checkpoint: datetime | None
+    outcome: CheckpointOutcome
+    deadline_met: bool
+    traceparent: str = ""
+    cluster: str = ""
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def rfc3339(t: datetime) -> str:
+    """UTC, second precision unless the time has a fraction, always with ``Z``."""
+    t = t.astimezone(UTC)
+    if t.microsecond:
+        return t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str) -> datetime:
+    """RFC 3339 in, aware UTC datetime out. Raises ``ParseError``."""
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError as e:
+        raise ParseError(f"not an RFC 3339 time: {value[:40]!r}") from e
+    if t.tzinfo is None:
+        raise ParseError(f"time without a zone: {value[:40]!r}")
+    return t.astimezone(UTC)
+
+
+def stable_id(source: str, *parts: str) -> str:
+    """A notice or event id that depends only on what identifies the message."""
+    h = hashlib.sha256("\x1f".join((source, *parts)).encode()).hexdigest()[:24]
+    return f"{source}-{h}"
+
+
+def digest(payload: bytes) -> str:
+    return "sha256:" + hashlib.sha256(payload).hexdigest()
+
+
+def load_json(payload: bytes | str) -> Any:
+    """JSON or a ``ParseError`` with one line of reason."""
+    try:
+        return json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ParseError(f"not JSON: {e}") from e
