@@ -82,6 +82,18 @@ class Target:
             }
         return out
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Target:
+        w = d.get("workload")
+        return cls(
+            instance_id=str(d.get("instance_id", "")),
+            provider_id=str(d.get("provider_id", "")),
+            node_name=str(d.get("node_name", "")),
+            workload=WorkloadRef(str(w["namespace"]), str(w["name"]), str(w.get("uid", "")))
+            if isinstance(w, Mapping)
+            else None,
+        )
+
 
 def frozen_map(items: Mapping[str, str] | None = None) -> Mapping[str, str]:
     return MappingProxyType(dict(items or {}))
@@ -119,6 +131,26 @@ class Notice:
             "attributes": dict(sorted(self.attributes.items())),
             "payload_digest": self.payload_digest,
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Notice:
+        """The inverse of ``to_json`` (a claim stores the notice this way). Raises ParseError."""
+        try:
+            deadline = d.get("deadline")
+            return cls(
+                id=str(d["id"]),
+                source=str(d["source"]),
+                kind=NoticeKind(d["kind"]),
+                target=Target.from_json(d["target"]),
+                issued_at=parse_time(str(d["issued_at"])),
+                deadline=parse_time(str(deadline)) if deadline else None,
+                received_at=parse_time(str(d["received_at"])),
+                response=Response(d.get("response", Response.FULL.value)),
+                attributes=frozen_map({str(k): str(v) for k, v in d["attributes"].items()}),
+                payload_digest=str(d.get("payload_digest", "")),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ParseError(f"not a stored notice: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -258,11 +290,13 @@ def utcnow() -> datetime:
 
 
 def rfc3339(t: datetime) -> str:
-    """UTC, second precision unless the time has a fraction, always with ``Z``."""
+    """UTC, second precision unless the time has a fraction (kept whole), always with ``Z``."""
     t = t.astimezone(UTC)
-    if t.microsecond:
-        return t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    # isoformat pads the year to four digits, where strftime("%Y") does not on every libc.
+    return (
+        t.replace(tzinfo=None).isoformat(timespec="microseconds" if t.microsecond else "seconds")
+        + "Z"
+    )
 
 
 def parse_time(value: str) -> datetime:
@@ -276,12 +310,17 @@ def parse_time(value: str) -> datetime:
         raise ParseError(f"not an RFC 3339 time: {value[:40]!r}") from e
     if t.tzinfo is None:
         raise ParseError(f"time without a zone: {value[:40]!r}")
-    return t.astimezone(UTC)
+    try:
+        return t.astimezone(UTC)
+    except OverflowError as e:
+        raise ParseError(f"time out of range: {value[:40]!r}") from e
 
 
 def stable_id(source: str, *parts: str) -> str:
     """A notice or event id that depends only on what identifies the message."""
-    h = hashlib.sha256("\x1f".join((source, *parts)).encode()).hexdigest()[:24]
+    # surrogatepass: a lone surrogate from a hostile payload must not crash the id.
+    joined = "\x1f".join((source, *parts)).encode("utf-8", "surrogatepass")
+    h = hashlib.sha256(joined).hexdigest()[:24]
     return f"{source}-{h}"
 
 
@@ -293,5 +332,7 @@ def load_json(payload: bytes | str) -> Any:
     """JSON or a ``ParseError`` with one line of reason."""
     try:
         return json.loads(payload)
+    except RecursionError as e:
+        raise ParseError("not JSON: nested too deeply") from e
     except (ValueError, UnicodeDecodeError) as e:
         raise ParseError(f"not JSON: {e}") from e

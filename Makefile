@@ -1,0 +1,45 @@
+# Developer and CI entry points. Recipes stay short: the logic lives in deploy/local/*.sh.
+#   make test          lint, bring the local stack up, run unit + e2e tests in one pytest run
+#   make stack-up      build/fetch what is missing and start the local stack (idempotent)
+#   make stack-status  table of the stack's servers; fails if one is down
+#   make stack-down    stop what stack-up started (data under .stack/ is kept)
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := test
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STACK := deploy/local/stack.sh
+
+.PHONY: venv demo test bench stack-up stack-down stack-status lint
+
+# Re-installs when pyproject.toml is newer than the stamp (new or changed dependencies).
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+stack-up: venv
+	$(STACK) up
+
+stack-down: venv
+	$(STACK) down
+
+stack-status: venv
+	$(STACK) status
+
+test: lint stack-up
+	$(BIN)/pytest -v -ra tests
+
+demo: stack-up
+	$(STACK) status
+
+bench: venv
+	$(BIN)/python -m reclaimd.bench

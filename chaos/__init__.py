@@ -1,0 +1,1 @@
+"""Chaos drills: fake fleets, injectors over the real transports, scenarios and verdicts."""

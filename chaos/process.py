@@ -1,0 +1,73 @@
+"""Run reclaimd as a real process (``reclaimd run``), the way an operator would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class DaemonProcess:
+    """``reclaimd run --config FILE`` in a subprocess; ``start`` returns once it is running."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "reclaimd") -> None:
+        self.workdir = workdir
+        self.name = name
+        self.config_path = workdir / f"{name}.yaml"
+        self.log_path = workdir / f"{name}.log"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, timeout_s: float = 60) -> None:
+        log = self.log_path.open("ab")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "reclaimd.cli",
+            "run",
+            "--config",
+            str(self.config_path),
+            stdout=log,
+            stderr=log,
+            env={**os.environ},
+        )
+        log.close()
+        end = asyncio.get_running_loop().time() + timeout_s
+        while b'"reclaimd running"' not in self._log_bytes():
+            if self.proc.returncode is not None:
+                raise RuntimeError(f"reclaimd exited {self.proc.returncode}: {self.tail()}")
+            if asyncio.get_running_loop().time() > end:
+                raise TimeoutError(f"reclaimd not running after {timeout_s}s: {self.tail()}")
+            await asyncio.sleep(0.1)
+
+    def _log_bytes(self) -> bytes:
+        try:
+            return self.log_path.read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def tail(self, lines: int = 5) -> str:
+        return " | ".join(self._log_bytes().decode(errors="replace").splitlines()[-lines:])
+
+    async def stop(self, timeout_s: float = 15) -> int | None:
+        if self.proc is None or self.proc.returncode is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except TimeoutError:
+            self.proc.kill()
+            return await self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, for the resume tests."""
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()

@@ -1,0 +1,64 @@
+"""Where the local stack runs: read ``.stack/stack.env`` written by ``deploy/local/stack.sh``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class StackNotRunning(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class StackEnv:
+    dir: Path
+    values: dict[str, str]
+
+    def __getitem__(self, key: str) -> str:
+        return self.values[key]
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.values["KUBECONFIG"]
+
+    @property
+    def reclaimd_kubeconfig(self) -> str:
+        return self.values["RECLAIMD_KUBECONFIG"]
+
+    @property
+    def kafka(self) -> str:
+        return self.values["KAFKA_BOOTSTRAP"]
+
+    @property
+    def aws_endpoint(self) -> str:
+        return self.values["AWS_ENDPOINT_URL"]
+
+    def export(self) -> None:
+        """Put the client variables (AWS credentials, emulator hosts) into this process."""
+        for key, value in self.values.items():
+            if key.startswith(("AWS_", "PUBSUB_")):
+                os.environ[key] = value
+
+
+def find_stack_dir(start: Path | None = None) -> Path:
+    if os.environ.get("RECLAIMD_STACK_DIR"):
+        return Path(os.environ["RECLAIMD_STACK_DIR"])
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / ".stack" / "stack.env").exists():
+            return d / ".stack"
+    raise StackNotRunning("no .stack/stack.env found: run `make stack-up` first")
+
+
+def load(stack_dir: Path | None = None) -> StackEnv:
+    d = stack_dir or find_stack_dir()
+    values: dict[str, str] = {}
+    for raw in (d / "stack.env").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.removeprefix("export ").partition("=")
+        values[key.strip()] = value.strip().strip('"').strip("'")
+    return StackEnv(d, values)

@@ -1,0 +1,475 @@
+"""The checkpoint-signal contract, reclaimd's side: tell every rank of a gang to save, collect acks.
+
+``signal_gang`` POSTs one JSON request to each opted-in member's checkpoint URL, all at once
+(bounded by ``concurrency``), and returns one ``RankAck`` per member, in member order. A rank
+acks with ``200`` and ``{checkpoint_time, step, uri, durable}``; ``202`` means "saving": reclaimd
+polls the status URL the reply names (``Location`` or ``status_url``; the checkpoint URL itself
+when it names none, since a repeated POST for the same notice is idempotent by contract) until a
+``200`` or the end of the budget. Anything else is "not acked" with a one-line ``error``: a
+workload's misbehaviour never raises, because one broken trainer must not stop the drain of the
+others. Cancelling the fan-out cancels every request in flight and re-raises ``CancelledError``.
+
+What a workload replies is untrusted: redirects are not followed and a status URL must stay on
+the checkpoint URL's origin (so a pod cannot aim reclaimd at another service), replies are read
+up to 64 KiB, and every field is type-checked.
+
+Time. Each request is bounded by ``min(member.checkpoint_timeout_s, budget)``; the budget is
+converted once to the loop's monotonic clock, so a wall-clock step does not stretch it. The
+budget comes from the notice: ``budget_for`` keeps ``reserve_s`` before the deadline for the
+drain, and ``reserve_for`` gives the default reserve, ``min(30 s, 0.34 x window)`` (the
+``policy.drain_reserve_s`` / ``drain_reserve_fraction`` settings):
+
+=================  ======  ==========  =====
+window             total   checkpoint  drain
+=================  ======  ==========  =====
+EC2 Spot           120 s   90 s        30 s
+GCE preemption     30 s    ~20 s       ~10 s
+GCE maintenance    60 s    ~40 s       ~20 s
+=================  ======  ==========  =====
+
+A notice with no deadline (an early warning) gets ``open_budget_s`` (120 s) of checkpoint time.
+
+Scope. ``rank``: every member is asked and every member must ack. ``leader``: only the leader
+(the member marked ``is_leader``, else the lowest rank, among those with a URL) is asked; the
+result still holds one ack per member, the others as ``CoveredAck``s that copy the leader's
+outcome and name it in ``covered_by``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from reclaimd.model import (
+    CheckpointOutcome,
+    CheckpointScope,
+    Gang,
+    Member,
+    Notice,
+    ParseError,
+    RankAck,
+    parse_time,
+    rfc3339,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_REPLY_BYTES = 64 * 1024
+DRAIN_RESERVE_S = 30.0
+DRAIN_RESERVE_FRACTION = 0.34
+OPEN_BUDGET_S = 120.0
+NOT_OPTED_IN = "not opted in"
+_MAX_URI = 2048
+
+
+@dataclass(frozen=True)
+class CoveredAck(RankAck):
+    """A member that was not asked because the gang's leader speaks for it (scope ``leader``)."""
+
+    covered_by: str = ""  # namespace/name of the leader pod
+
+
+# --- budget -------------------------------------------------------------------------------
+
+
+def reserve_for(
+    notice: Notice, *, max_s: float = DRAIN_RESERVE_S, fraction: float = DRAIN_RESERVE_FRACTION
+) -> float:
+    """Seconds kept back from the checkpoint budget for the drain: min(max_s, fraction x window).
+
+    The window runs from when the notice was issued to its deadline, so a notice that reached
+    us late still keeps the drain its share instead of giving it away to the checkpoint.
+    """
+    if notice.deadline is None:
+        return 0.0
+    window = max(0.0, (notice.deadline - notice.issued_at).total_seconds())
+    return max(0.0, min(max_s, fraction * window))
+
+
+def budget_for(
+    notice: Notice, now: datetime, *, reserve_s: float, open_budget_s: float = OPEN_BUDGET_S
+) -> datetime:
+    """When reclaimd stops waiting for checkpoint acks: ``reserve_s`` before the deadline, never
+    before ``now`` (a late notice gets an empty budget, not a negative one)."""
+    if notice.deadline is None:
+        return now + timedelta(seconds=open_budget_s)
+    return max(now, notice.deadline - timedelta(seconds=reserve_s))
+
+
+# --- who is asked -------------------------------------------------------------------------
+
+
+def leader_of(gang: Gang) -> Member | None:
+    """The member a ``leader``-scope gang is signalled through, or None if nobody opted in."""
+    opted = [m for m in gang.members if m.checkpoint_url]
+    for m in opted:
+        if m.is_leader:
+            return m
+    if not opted:
+        return None
+    return min(opted, key=lambda m: (m.rank is None, m.rank or 0, m.namespace, m.name))
+
+
+def request_body(gang: Gang, notice: Notice, member: Member, deadline: datetime) -> dict[str, Any]:
+    """The JSON a rank receives; ``deadline`` is when reclaimd stops waiting for this rank."""
+    return {
+        "notice_id": notice.id,
+        "reason": notice.kind.value,
+        "deadline": rfc3339(deadline),
+        "notice_deadline": rfc3339(notice.deadline) if notice.deadline else None,
+        "gang": str(gang.key),
+        "rank": member.rank,
+        "namespace": member.namespace,
+        "pod": member.name,
+    }
+
+
+# --- fan-out ------------------------------------------------------------------------------
+
+
+async def signal_gang(
+    gang: Gang,
+    notice: Notice,
+    *,
+    budget_deadline: datetime,
+    session: aiohttp.ClientSession,
+    traceparent: Callable[[Member], str] | None = None,
+    concurrency: int = 64,
+    poll_interval_s: float = 0.5,
+    on_ack: Callable[[RankAck], None] | None = None,
+) -> tuple[RankAck, ...]:
+    """Ask the gang to checkpoint; one ``RankAck`` per member, in ``gang.members`` order.
+
+    ``on_ack`` is called once per member as its outcome is known (for spans, metrics, the
+    ``last-checkpoint`` annotation). Returns by ``budget_deadline`` (plus the time to cancel).
+    """
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    if poll_interval_s <= 0:
+        raise ValueError("poll_interval_s must be positive")
+    loop = asyncio.get_running_loop()
+    budget_end = loop.time() + (budget_deadline - utcnow()).total_seconds()
+    members = gang.members
+    leader = leader_of(gang) if gang.scope is CheckpointScope.LEADER else None
+    if gang.scope is CheckpointScope.LEADER:
+        asked = [i for i, m in enumerate(members) if m is leader]
+    else:
+        asked = [i for i, m in enumerate(members) if m.checkpoint_url]
+    acks: dict[int, RankAck] = {}
+
+    def settle(i: int, ack: RankAck) -> None:
+        acks[i] = ack
+        if on_ack is not None:
+            on_ack(ack)
+
+    if leader is None:
+        for i, m in enumerate(members):
+            if i not in asked:
+                settle(i, RankAck(member=m, acked=False, error=NOT_OPTED_IN))
+
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(member: Member) -> RankAck:
+        async with limit:
+            return await _signal_member(
+                member,
+                gang,
+                notice,
+                session=session,
+                budget_end=budget_end,
+                budget_deadline=budget_deadline,
+                traceparent=traceparent(member) if traceparent is not None else "",
+                poll_interval_s=poll_interval_s,
+            )
+
+    tasks = {asyncio.create_task(one(members[i])): i for i in asked}
+    pending: set[asyncio.Task[RankAck]] = set(tasks)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                settle(tasks[task], task.result())
+    finally:
+        # Reached with tasks left only when cancelled (or when on_ack raised): take the
+        # requests down with us rather than leave them running unowned.
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    if leader is not None:
+        said = acks[asked[0]]
+        who = f"{leader.namespace}/{leader.name}"
+        for i, m in enumerate(members):
+            if i not in acks:
+                settle(i, _covered(m, said, who))
+    return tuple(acks[i] for i in range(len(members)))
+
+
+def _covered(member: Member, said: RankAck, leader: str) -> CoveredAck:
+    return CoveredAck(
+        member=member,
+        acked=said.acked,
+        durable=said.durable,
+        checkpoint_time=said.checkpoint_time,
+        step=said.step,
+        uri=said.uri,
+        error="" if said.acked else f"leader {leader} did not ack: {said.error}",
+        covered_by=leader,
+    )
+
+
+class _Refused(Exception):
+    """A reply that is not an ack; the message is the one-line reason."""
+
+
+@dataclass
+class _Progress:
+    saving: bool = False  # a 202 was seen: the rank is working on it
+    last_error: str = ""
+
+
+async def _signal_member(
+    member: Member,
+    gang: Gang,
+    notice: Notice,
+    *,
+    session: aiohttp.ClientSession,
+    budget_end: float,
+    budget_deadline: datetime,
+    traceparent: str,
+    poll_interval_s: float,
+) -> RankAck:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    end = budget_end
+    deadline = budget_deadline
+    if member.checkpoint_timeout_s > 0 and start + member.checkpoint_timeout_s < budget_end:
+        end = start + member.checkpoint_timeout_s
+        deadline = utcnow() + timedelta(seconds=member.checkpoint_timeout_s)
+
+    def miss(error: str) -> RankAck:
+        ack = RankAck(
+            member=member, acked=False, error=_one_line(error), latency_s=loop.time() - start
+        )
+        log.info(
+            "rank did not ack",
+            extra={
+                "fields": {
+                    "notice_id": notice.id,
+                    "gang": str(gang.key),
+                    "pod": f"{member.namespace}/{member.name}",
+                    "error": ack.error,
+                }
+            },
+        )
+        return ack
+
+    if end <= start:
+        return miss("budget spent before the request could be sent")
+    headers = {"traceparent": traceparent} if traceparent else {}
+    body = request_body(gang, notice, member, deadline)
+    progress = _Progress()
+    try:
+        async with asyncio.timeout_at(end):
+            saved = await _exchange(
+                session,
+                url=member.checkpoint_url,
+                body=body,
+                headers=headers,
+                poll_interval_s=poll_interval_s,
+                progress=progress,
+            )
+    except TimeoutError:
+        waited = f"{end - start:.1f}s"
+        if progress.saving:
+            last = f"; last poll: {progress.last_error}" if progress.last_error else ""
+            return miss(f"still saving after {waited}{last}")
+        return miss(f"no reply within {waited}")
+    except _Refused as e:
+        return miss(str(e))
+    except (aiohttp.ClientError, OSError, ValueError) as e:
+        return miss(_describe(e))
+    return RankAck(
+        member=member,
+        acked=True,
+        durable=saved.durable,
+        checkpoint_time=saved.checkpoint_time,
+        step=saved.step,
+        uri=saved.uri,
+        latency_s=loop.time() - start,
+    )
+
+
+@dataclass(frozen=True)
+class _Saved:
+    checkpoint_time: datetime
+    step: int | None
+    uri: str
+    durable: bool
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    *,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    poll_interval_s: float,
+    progress: _Progress,
+) -> _Saved:
+    status, reply, location = await _call(session, "POST", URL(url), body, headers)
+    if status == 200:
+        return _parse_saved(reply)
+    if status != 202:
+        raise _Refused(f"checkpoint request answered HTTP {status}{_detail(reply)}")
+    poll = _status_url(URL(url), location, reply)
+    progress.saving = True
+    while True:
+        await asyncio.sleep(poll_interval_s)
+        try:
+            if poll is None:
+                status, reply, _ = await _call(session, "POST", URL(url), body, headers)
+            else:
+                status, reply, _ = await _call(session, "GET", poll, None, headers)
+        except aiohttp.ClientError as e:
+            # A busy trainer may drop a poll; the budget, not one failure, decides.
+            progress.last_error = _describe(e)
+            continue
+        if status == 200:
+            return _parse_saved(reply)
+        if status != 202:
+            raise _Refused(f"status poll answered HTTP {status}{_detail(reply)}")
+
+
+async def _call(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    body: Mapping[str, Any] | None,
+    headers: Mapping[str, str],
+) -> tuple[int, bytes, str | None]:
+    async with session.request(
+        method, url, json=body, headers=headers, allow_redirects=False
+    ) as resp:
+        if resp.content_length is not None and resp.content_length > MAX_REPLY_BYTES:
+            raise _Refused(f"reply larger than {MAX_REPLY_BYTES} bytes")
+        data = bytearray()
+        async for chunk in resp.content.iter_chunked(8192):
+            data += chunk
+            if len(data) > MAX_REPLY_BYTES:
+                raise _Refused(f"reply larger than {MAX_REPLY_BYTES} bytes")
+        return resp.status, bytes(data), resp.headers.get("Location")
+
+
+def _json_object(reply: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(reply)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _parse_saved(reply: bytes) -> _Saved:
+    doc = _json_object(reply)
+    if doc is None:
+        raise _Refused("malformed reply: not a JSON object")
+    raw_time = doc.get("checkpoint_time")
+    if not isinstance(raw_time, str):
+        raise _Refused("malformed reply: checkpoint_time missing or not a string")
+    try:
+        checkpoint_time = parse_time(raw_time)
+    except ParseError as e:
+        raise _Refused(f"malformed reply: checkpoint_time: {e}") from None
+    step = doc.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise _Refused("malformed reply: step is not a non-negative integer")
+    uri = doc.get("uri") or ""
+    if not isinstance(uri, str) or len(uri) > _MAX_URI:
+        raise _Refused("malformed reply: uri is not a string (of at most 2048 characters)")
+    durable = doc.get("durable", False)
+    if not isinstance(durable, bool):
+        raise _Refused("malformed reply: durable is not true or false")
+    return _Saved(checkpoint_time=checkpoint_time, step=step, uri=uri, durable=durable)
+
+
+def _status_url(base: URL, location: str | None, reply: bytes) -> URL | None:
+    ref = location
+    if not ref:
+        doc = _json_object(reply)
+        found = doc.get("status_url") if doc is not None else None
+        ref = found if isinstance(found, str) else None
+    if not ref:
+        return None
+    try:
+        target = base.join(URL(ref))
+        same_origin = target.origin() == base.origin()
+    except ValueError:
+        raise _Refused(f"malformed status URL {ref[:80]!r}") from None
+    if not same_origin:
+        raise _Refused(f"status URL leaves the checkpoint URL's origin: {str(target)[:80]!r}")
+    return target
+
+
+def _detail(reply: bytes) -> str:
+    doc = _json_object(reply)
+    error = doc.get("error") if doc is not None else None
+    return f": {error}" if isinstance(error, str) and error else ""
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+# --- pure reading of the result -------------------------------------------------------------
+
+
+def outcome_of(gang: Gang, acks: tuple[RankAck, ...] | list[RankAck]) -> CheckpointOutcome:
+    """The gang's checkpoint outcome: every required rank acked durably, some, none, ...
+
+    Scope ``rank`` requires every member, a member without a URL included (its state is not
+    saved); scope ``leader`` requires only the leader's ack.
+    """
+    by_pod = {(a.member.namespace, a.member.name): a for a in acks}
+    if gang.scope is CheckpointScope.LEADER:
+        leader = leader_of(gang)
+        if leader is None:
+            return CheckpointOutcome.NOT_OPTED_IN
+        required: tuple[Member, ...] = (leader,)
+    else:
+        if not any(m.checkpoint_url for m in gang.members):
+            return CheckpointOutcome.NOT_OPTED_IN
+        required = gang.members
+    got = [by_pod.get((m.namespace, m.name)) for m in required]
+    acked = [a for a in got if a is not None and a.acked]
+    if not acked:
+        return CheckpointOutcome.NO_ACK
+    if len(acked) < len(required):
+        return CheckpointOutcome.PARTIAL
+    # A durable save whose time is unknown cannot reset the waste clock: not "checkpointed".
+    if not all(a.durable and a.checkpoint_time is not None for a in acked):
+        return CheckpointOutcome.NOT_DURABLE
+    return CheckpointOutcome.CHECKPOINTED
+
+
+def durable_since(ack: RankAck) -> datetime | None:
+    """The last durable checkpoint of the member after this ack: where its waste counts from."""
+    before = ack.member.last_checkpoint
+    if ack.acked and ack.durable and ack.checkpoint_time is not None:
+        return ack.checkpoint_time if before is None else max(before, ack.checkpoint_time)
+    return before

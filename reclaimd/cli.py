@@ -1,0 +1,115 @@
+"""``reclaimd`` command line.
+
+Exit codes: 0 success, 1 a run or drill that did not meet its expectations, 2 bad input
+(usage, config, payload). Errors are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from reclaimd import __version__, config
+from reclaimd.model import Ignored, ParseError, utcnow
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit 2."""
+
+
+def _read_input(arg: str) -> bytes:
+    if arg == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(arg).read_bytes()
+    except OSError as e:
+        raise UsageError(f"{arg}: {e.strerror or e}") from e
+
+
+def cmd_version(_: argparse.Namespace) -> int:
+    print(f"reclaimd {__version__}")
+    return EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings = config.load(args.file)
+    print(f"{args.file}: ok (cluster {settings.cluster_name}, holder {settings.holder})")
+    return EXIT_OK
+
+
+def cmd_parse(args: argparse.Namespace) -> int:
+    from reclaimd import handlers
+
+    windows = config.load(args.config).windows if args.config else config.Settings().windows
+    outcome = handlers.parse(
+        args.source, _read_input(args.file), received_at=utcnow(), windows=windows
+    )
+    if isinstance(outcome, Ignored):
+        if args.verbose:
+            print(f"ignored: {outcome.reason}", file=sys.stderr)
+        return EXIT_OK
+    for notice in outcome:
+        print(json.dumps(notice.to_json(), separators=(",", ":")))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from reclaimd import daemon, logs
+
+    settings = config.load(args.config)
+    logs.setup(args.log_level)
+    return asyncio.run(daemon.run(settings))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="reclaimd",
+        description="Gang-aware interruption and reclaim controller for GPU Kubernetes fleets.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    s = sub.add_parser("version", help="print the version")
+    s.set_defaults(func=cmd_version)
+
+    s = sub.add_parser("check-config", help="validate a configuration file (exit 2 if bad)")
+    s.add_argument("file")
+    s.set_defaults(func=cmd_check_config)
+
+    s = sub.add_parser("parse", help="print the notices a payload yields, one JSON per line")
+    s.add_argument(
+        "--source", required=True, choices=["ec2", "imds", "gke", "gce-metadata", "kueue", "kafka"]
+    )
+    s.add_argument("file", nargs="?", default="-", help="payload file, or - for stdin")
+    s.add_argument("--config", help="settings file (for the notice windows)")
+    s.add_argument("-v", "--verbose", action="store_true", help="say why a payload is ignored")
+    s.set_defaults(func=cmd_parse)
+
+    s = sub.add_parser("run", help="run the daemon")
+    s.add_argument("--config", required=True)
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (UsageError, config.ConfigError, ParseError) as e:
+        print(f"reclaimd {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""What reclaimd does to the cluster: cordon and taint a node, evict a pod, wait for it to go.
+
+Every action is idempotent and every write goes through the shared ``RateLimiter`` with the
+notice's deadline, so in a storm the most urgent node is served first.
+
+- ``cordon_and_taint`` sets ``spec.unschedulable`` and one ``reclaimd.io/interruption=<kind>
+  :NoSchedule`` taint, keeping every other taint. The patch carries the resourceVersion it
+  was computed from (the taint list is replaced whole), so a concurrent edit is re-read, not
+  overwritten. Nothing is written when the node already looks right; a vanished node is done.
+- ``evict`` uses the Eviction subresource, which honours PodDisruptionBudgets, with a uid
+  precondition so a StatefulSet's replacement pod of the same name is never hit. 429 (a PDB
+  says no) and the 500 the server gives for a pod under several PDBs are retried with
+  capped backoff, never past the point where the policy gives up:
+  ``respect-pdb`` retries until the deadline and reports ``blocked``;
+  ``force-near-deadline`` retries until ``deadline - force_before_s``, then deletes the pod
+  with a short grace period: a PDB protects availability, and the node takes every pod with
+  it at the deadline anyway, so the last seconds are better spent on an orderly SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from reclaimd.cluster import client
+from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster.ratelimit import RateLimiter
+from reclaimd.config import EvictionPolicy
+from reclaimd.model import Member, Notice, utcnow
+
+log = logging.getLogger(__name__)
+
+TAINT_KEY = "reclaimd.io/interruption"
+TAINT_EFFECT = "NoSchedule"
+
+
+class EvictResult(StrEnum):
+    EVICTED = "evicted"  # the API accepted the eviction; the pod is terminating
+    GONE = "gone"  # the pod (this uid) was already gone
+    BLOCKED = "blocked"  # respect-pdb: a PDB refused until the deadline
+    FORCED = "forced"  # force-near-deadline: deleted despite the PDB
+    FAILED = "failed"  # a non-retriable error (RBAC, invalid request)
+
+
+@dataclass(frozen=True)
+class ActionSettings:
+    policy: EvictionPolicy = EvictionPolicy.FORCE_NEAR_DEADLINE
+    force_before_s: float = 15.0
+    """force-near-deadline stops honouring a PDB this long before the deadline: enough for
+    the SIGTERM grace below plus the kubelet's reaction."""
+
+    delete_grace_s: int = 5
+    """Grace period of a forced delete: short, the node dies soon anyway."""
+
+    retry_base_s: float = 0.5
+    retry_cap_s: float = 5.0
+    """Backoff between refused evictions; the PDB controller updates ``disruptionsAllowed``
+    within about a second of a pod going away, so retrying faster is wasted."""
+
+    poll_interval_s: float = 0.5
+    """How often ``wait_gone`` looks again."""
+
+
+class ClusterActions:
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        limiter: RateLimiter,
+        settings: ActionSettings = ActionSettings(),
+        pod_exists: Callable[[str, str, str], bool] | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        """``pod_exists``: the cache's view (cheap in a storm); without it, ask the API."""
+        self._core = k8s.CoreV1Api(api_client)
+        self._limiter = limiter
+        self._settings = settings
+        self._pod_exists = pod_exists
+        self._clock = clock
+
+    # --- cordon and taint --------------------------------------------------------------
+
+    async def cordon_and_taint(self, node: str, notice: Notice) -> None:
+        """Mark ``node`` unschedulable with our taint; no-op when already so or gone."""
+        what = f"cordon node/{node}"
+        for _ in range(20):
+            try:
+                with client.kube_errors(what):
+                    current = await self._core.read_node(node)
+            except client.NotFound:
+                log.info("%s: node is gone, nothing to cordon", what)
+                return
+            taints = [t.to_dict() for t in current.spec.taints or ()]
+            wanted = {"key": TAINT_KEY, "value": notice.kind.value, "effect": TAINT_EFFECT}
+            ours = [
+                t for t in taints if t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT
+            ]
+            if current.spec.unschedulable and ours and ours[0].get("value") == wanted["value"]:
+                return
+            kept = [
+                _taint_json(t)
+                for t in taints
+                if not (t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT)
+            ]
+            body = {
+                "metadata": {"resourceVersion": current.metadata.resource_version},
+                "spec": {"unschedulable": True, "taints": [*kept, wanted]},
+            }
+            await self._limiter.acquire(notice.deadline)
+            try:
+                with client.kube_errors(what):
+                    await self._core.patch_node(node, body, **MERGE_PATCH)
+            except client.Conflict:
+                continue  # someone else wrote the node: recompute from what is there now
+            except client.NotFound:
+                return
+            log.info("%s: cordoned, tainted %s=%s", what, TAINT_KEY, wanted["value"])
+            return
+        raise client.Conflict(what, 409, "still conflicting after 20 re-reads")
+
+    # --- eviction ------------------------------------------------------------------------
+
+    async def evict(
+        self, member: Member, *, deadline: datetime, policy: EvictionPolicy | None = None
+    ) -> EvictResult:
+        """Evict one pod under ``policy`` (default: the configured one); see the module doc."""
+        policy = policy or self._settings.policy
+        give_up_at = deadline.timestamp()
+        if policy is EvictionPolicy.FORCE_NEAR_DEADLINE:
+            give_up_at -= self._settings.force_before_s
+        what = f"evict pod/{member.namespace}/{member.name}"
+        attempt = 0
+        while True:
+            await self._limiter.acquire(deadline)
+            hint_s: float | None = None
+            try:
+                with client.kube_errors(what):
+                    await self._core.create_namespaced_pod_eviction(
+                        member.name, member.namespace, _eviction(member)
+                    )
+                return EvictResult.EVICTED
+            except client.NotFound:
+                return EvictResult.GONE
+            except client.Conflict:
+                # The uid precondition failed: a different pod holds the name now.
+                if not await self._still_there(member):
+                    return EvictResult.GONE
+            except (client.TooManyRequests, client.ServerError) as e:
+                # 429: a PDB refuses. 500: the pod is under several PDBs (the server cannot
+                # pick one); other 5xx are transient. All wait for the same retry.
+                hint_s = e.retry_after_s
+            except client.KubeError as e:
+                log.warning("%s: %s", what, e)
+                return EvictResult.FAILED
+            attempt += 1
+            remaining = give_up_at - self._clock().timestamp()
+            if remaining <= 0:
+                break
+            # Never sleep past the point of giving up; one last try happens right there.
+            await asyncio.sleep(min(self._retry_delay(attempt, hint_s), remaining))
+        if policy is EvictionPolicy.RESPECT_PDB:
+            log.warning("%s: blocked until the deadline (respect-pdb)", what)
+            return EvictResult.BLOCKED
+        return await self._force_delete(member, deadline, what)
+
+    def _retry_delay(self, attempt: int, hint_s: float | None) -> float:
+        ceiling = min(self._settings.retry_cap_s, self._settings.retry_base_s * 2**attempt)
+        delay = random.uniform(ceiling / 2, ceiling)
+        return max(delay, min(hint_s or 0.0, self._settings.retry_cap_s))
+
+    async def _force_delete(self, member: Member, deadline: datetime, what: str) -> EvictResult:
+        left = int(max(0.0, deadline.timestamp() - self._clock().timestamp()))
+        grace = min(self._settings.delete_grace_s, left)
+        await self._limiter.acquire(deadline)
+        try:
+            with client.kube_errors(what):
+                await self._core.delete_namespaced_pod(
+                    member.name,
+                    member.namespace,
+                    grace_period_seconds=grace,
+                    body=k8s.V1DeleteOptions(
+                        grace_period_seconds=grace, preconditions=_preconditions(member)
+                    ),
+                )
+        except (client.NotFound, client.Conflict):
+            return EvictResult.GONE
+        except client.KubeError as e:
+            log.warning("%s: forced delete failed: %s", what, e)
+            return EvictResult.FAILED
+        log.warning("%s: PDB still refusing near the deadline, deleted with %ds grace", what, grace)
+        return EvictResult.FORCED
+
+    # --- waiting -------------------------------------------------------------------------
+
+    async def wait_gone(self, member: Member, *, deadline: datetime) -> datetime | None:
+        """When the pod was first seen gone, or None if it was still there at ``deadline``."""
+        while True:
+            if not await self._still_there(member):
+                return self._clock()
+            left = deadline.timestamp() - self._clock().timestamp()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(self._settings.poll_interval_s, left))
+
+    async def _still_there(self, member: Member) -> bool:
+        if self._pod_exists is not None:
+            return self._pod_exists(member.namespace, member.name, member.uid)
+        try:
+            with client.kube_errors(f"read pod/{member.namespace}/{member.name}"):
+                pod = await self._core.read_namespaced_pod(member.name, member.namespace)
+        except client.NotFound:
+            return False
+        return not member.uid or pod.metadata.uid == member.uid
+
+
+def _preconditions(member: Member) -> k8s.V1Preconditions | None:
+    return k8s.V1Preconditions(uid=member.uid) if member.uid else None
+
+
+def _eviction(member: Member) -> k8s.V1Eviction:
+    return k8s.V1Eviction(
+        metadata=k8s.V1ObjectMeta(name=member.name, namespace=member.namespace),
+        delete_options=k8s.V1DeleteOptions(preconditions=_preconditions(member)),
+    )
+
+
+def _taint_json(taint: dict[str, Any]) -> dict[str, Any]:
+    """A taint from ``V1Taint.to_dict()`` back in API form (camelCase, no nulls)."""
+    out = {"key": taint.get("key"), "effect": taint.get("effect")}
+    if taint.get("value") is not None:
+        out["value"] = taint["value"]
+    if taint.get("time_added") is not None:
+        added = taint["time_added"]
+        out["timeAdded"] = (
+            added.isoformat().replace("+00:00", "Z") if isinstance(added, datetime) else str(added)
+        )
+    return out

@@ -1,0 +1,521 @@
+"""The informer cache: nodes, GPU pods and Kueue Workloads, indexed for a notice.
+
+A notice names an instance (``i-0abc``, a GCE instance name or numeric id), a provider ID, a
+node, or a Workload; within the notice's window we must find every gang with a rank on the
+doomed node, and every other rank of those gangs wherever it runs. Asking the API server
+then costs round trips at the worst moment (a storm), so the answers come from memory,
+kept current by ``watch.watch_objects`` (one LIST+WATCH per collection).
+
+Only pods that hold GPUs and have not finished are kept, and of each only the fields the
+gang logic reads: a cluster's CPU pods and its pods' managed fields would otherwise dwarf
+the daemon. A ``Listed`` snapshot replaces a collection's contents, so a pod deleted while
+the watch was down does not linger. Updates are applied synchronously on the event loop,
+so a query never sees an index half-updated.
+
+Watch failures never stop the daemon: a retriable one is retried inside the watch, anything
+else (RBAC, a missing CRD) is logged and the collection is retried after a pause, while
+``synced`` stays honest. The Kueue Workload CRD is optional: when it is not installed the
+workload index stays empty and does not hold back ``synced``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from reclaimd.cluster import client, gangs
+from reclaimd.cluster.watch import (
+    Changed,
+    Endpoint,
+    KubeEndpoint,
+    Listed,
+    RawObject,
+    WatchSettings,
+    watch_objects,
+)
+from reclaimd.model import Gang, GangKey, Target, WorkloadRef
+
+log = logging.getLogger(__name__)
+
+PodId = tuple[str, str]  # namespace, name
+Labeler = gangs.Labeler
+
+# Node metadata that names the cloud instance when the providerID does not (or in another
+# form: GKE's numeric instance id is what the preemption log entry carries).
+INSTANCE_ID_KEYS = (
+    "container.googleapis.com/instance_id",
+    "alpha.eksctl.io/instance-id",
+    "reclaimd.io/instance-id",
+)
+# Pod annotations worth keeping: the contract's and the integrations'. Others (notably
+# kubectl's last-applied-configuration) can be large and are never read.
+KEPT_ANNOTATION_PREFIXES = (
+    "reclaimd.io/",
+    "kueue.x-k8s.io/",
+    "scheduling.k8s.io/",
+    "volcano.sh/",
+    "jobset.sigs.k8s.io/",
+    "leaderworkerset.sigs.k8s.io/",
+    "training.kubeflow.org/",
+    "batch.kubernetes.io/",
+)
+
+
+@dataclass(frozen=True)
+class WorkloadApi:
+    """Where Kueue Workloads are served. v1beta2 is the storage version since Kueue 0.15."""
+
+    group: str = "kueue.x-k8s.io"
+    version: str = "v1beta2"
+    plural: str = "workloads"
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods and Workloads are watched; empty means the whole cluster."""
+
+    watch_workloads: bool = True
+    workloads: WorkloadApi = field(default_factory=WorkloadApi)
+    watch: WatchSettings = field(default_factory=WatchSettings)
+
+    permanent_error_pause_s: float = 30.0
+    """After a non-retriable watch failure (RBAC, CRD missing), wait this long before trying
+    again: a fixed RBAC or a newly installed CRD is picked up without a restart."""
+
+    require_pod_ip: bool = False
+    """Passed to the checkpoint contract: only accept checkpoint URLs aimed at the pod."""
+
+
+def instance_ids(node: RawObject) -> frozenset[str]:
+    """Every cloud instance id a node answers to.
+
+    ``aws:///us-east-2a/i-0abc`` -> ``i-0abc``; ``gce://project/zone/name`` -> ``name``;
+    plus the node metadata keys in ``INSTANCE_ID_KEYS``.
+    """
+    found: set[str] = set()
+    provider = str((node.get("spec") or {}).get("providerID") or "")
+    if "://" in provider:
+        last = provider.rstrip("/").rsplit("/", 1)[-1]
+        if last and not last.endswith(":"):
+            found.add(last)
+    meta = node.get("metadata") or {}
+    for source in (meta.get("labels") or {}, meta.get("annotations") or {}):
+        for key in INSTANCE_ID_KEYS:
+            if value := source.get(key):
+                found.add(str(value))
+    return frozenset(found)
+
+
+def slim_pod(pod: RawObject) -> dict[str, Any]:
+    """The fields of a pod the gang logic reads; everything else is dropped."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+
+    def containers(key: str) -> list[dict[str, Any]]:
+        return [
+            {k: c[k] for k in ("name", "resources", "restartPolicy") if k in c}
+            for c in spec.get(key) or ()
+            if isinstance(c, Mapping)
+        ]
+
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": {
+                k: v
+                for k, v in (meta.get("annotations") or {}).items()
+                if k.startswith(KEPT_ANNOTATION_PREFIXES)
+            },
+            "ownerReferences": list(meta.get("ownerReferences") or ()),
+            **(
+                {"deletionTimestamp": meta["deletionTimestamp"]}
+                if meta.get("deletionTimestamp")
+                else {}
+            ),
+        },
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": containers("containers"),
+            "initContainers": containers("initContainers"),
+        },
+        "status": {k: status[k] for k in ("phase", "podIP", "startTime") if k in status},
+    }
+
+
+@dataclass(frozen=True)
+class _Node:
+    name: str
+    provider_id: str
+    instance_ids: frozenset[str]
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class _Workload:
+    uid: str
+    job_uids: frozenset[str]
+
+
+class _Indexes:
+    """Every index, updated together; no awaits inside, so readers see whole updates."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, _Node] = {}
+        self.by_provider: dict[str, str] = {}
+        self.by_instance: dict[str, str] = {}
+        self.pods: dict[PodId, dict[str, Any]] = {}
+        self.pod_gang: dict[PodId, GangKey] = {}
+        self.by_node: defaultdict[str, set[PodId]] = defaultdict(set)
+        self.by_gang: defaultdict[GangKey, set[PodId]] = defaultdict(set)
+        self.by_workload_name: defaultdict[tuple[str, str], set[PodId]] = defaultdict(set)
+        self.by_owner_uid: defaultdict[tuple[str, str], set[PodId]] = defaultdict(set)
+        self.workloads: dict[tuple[str, str], _Workload] = {}
+
+    # nodes
+
+    def replace_nodes(self, objects: Iterable[RawObject]) -> None:
+        self.nodes.clear()
+        self.by_provider.clear()
+        self.by_instance.clear()
+        for obj in objects:
+            self.put_node(obj)
+
+    def put_node(self, obj: RawObject) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if not name:
+            return
+        self.drop_node(name)
+        node = _Node(
+            name=name,
+            provider_id=str((obj.get("spec") or {}).get("providerID") or ""),
+            instance_ids=instance_ids(obj),
+            labels=dict(meta.get("labels") or {}),
+        )
+        self.nodes[name] = node
+        if node.provider_id:
+            self.by_provider[node.provider_id] = name
+        for iid in node.instance_ids:
+            self.by_instance[iid] = name
+
+    def drop_node(self, name: str) -> None:
+        old = self.nodes.pop(name, None)
+        if old is None:
+            return
+        if self.by_provider.get(old.provider_id) == name:
+            del self.by_provider[old.provider_id]
+        for iid in old.instance_ids:
+            if self.by_instance.get(iid) == name:
+                del self.by_instance[iid]
+
+    # pods
+
+    def replace_pods(self, namespace: str, objects: Iterable[RawObject]) -> None:
+        for pid in [p for p in self.pods if not namespace or p[0] == namespace]:
+            self.drop_pod(pid)
+        for obj in objects:
+            self.put_pod(obj)
+
+    def put_pod(self, obj: RawObject) -> None:
+        pid = (gangs.namespace_of(obj), gangs.name_of(obj))
+        self.drop_pod(pid)
+        if not pid[1] or not gangs.is_gang_member(obj):
+            return
+        pod = slim_pod(obj)
+        key = gangs.gang_key(pod)
+        self.pods[pid] = pod
+        self.pod_gang[pid] = key
+        self.by_gang[key].add(pid)
+        if node := gangs.node_of(pod):
+            self.by_node[node].add(pid)
+        for name in gangs.workload_names(pod):
+            self.by_workload_name[(pid[0], name)].add(pid)
+        for uid in gangs.owner_uids(pod):
+            self.by_owner_uid[(pid[0], uid)].add(pid)
+
+    def drop_pod(self, pid: PodId) -> None:
+        pod = self.pods.pop(pid, None)
+        if pod is None:
+            return
+        key = self.pod_gang.pop(pid)
+        _discard(self.by_gang, key, pid)
+        _discard(self.by_node, gangs.node_of(pod), pid)
+        for name in gangs.workload_names(pod):
+            _discard(self.by_workload_name, (pid[0], name), pid)
+        for uid in gangs.owner_uids(pod):
+            _discard(self.by_owner_uid, (pid[0], uid), pid)
+
+    # workloads
+
+    def replace_workloads(self, namespace: str, objects: Iterable[RawObject]) -> None:
+        for wid in [w for w in self.workloads if not namespace or w[0] == namespace]:
+            del self.workloads[wid]
+        for obj in objects:
+            self.put_workload(obj)
+
+    def put_workload(self, obj: RawObject) -> None:
+        meta = obj.get("metadata") or {}
+        wid = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        job_uids = {str((meta.get("labels") or {}).get(gangs.KUEUE_JOB_UID) or "")}
+        job_uids |= {
+            str(ref.get("uid") or "")
+            for ref in meta.get("ownerReferences") or ()
+            if isinstance(ref, Mapping) and ref.get("controller")
+        }
+        self.workloads[wid] = _Workload(
+            str(meta.get("uid") or ""), frozenset(u for u in job_uids if u)
+        )
+
+    def drop_workload(self, obj: RawObject) -> None:
+        meta = obj.get("metadata") or {}
+        self.workloads.pop((str(meta.get("namespace") or ""), str(meta.get("name") or "")), None)
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("cache watch %s stopped: %r", task.get_name(), error)
+
+
+def _discard(index: defaultdict[Any, set[PodId]], key: Any, pid: PodId) -> None:
+    members = index.get(key)
+    if members is not None:
+        members.discard(pid)
+        if not members:
+            del index[key]
+
+
+class ClusterCache:
+    """LIST+WATCH of nodes, pods and Workloads, and the queries a notice needs."""
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        settings: CacheSettings = CacheSettings(),
+        labeler: Labeler | None = None,
+    ) -> None:
+        self._api = api_client
+        self._settings = settings
+        self._labeler = labeler
+        self._idx = _Indexes()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pending: set[str] = set()
+        self._synced_event = asyncio.Event()
+        self.workloads_available = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self._synced_event.is_set()
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        core = k8s.CoreV1Api(self._api)
+        page = self._settings.watch.page_size
+        streams: list[tuple[str, Endpoint, Callable[[Listed | Changed], None], bool]] = [
+            ("nodes", KubeEndpoint(core.list_node, "nodes", page_size=page), self._on_node, False)
+        ]
+        custom = k8s.CustomObjectsApi(self._api)
+        wl = self._settings.workloads
+        for ns in self._settings.namespaces or ("",):
+            if ns:
+                pods = KubeEndpoint(
+                    core.list_namespaced_pod, f"pods in {ns}", page_size=page, namespace=ns
+                )
+                workloads = KubeEndpoint(
+                    custom.list_namespaced_custom_object,
+                    f"workloads in {ns}",
+                    page_size=page,
+                    group=wl.group,
+                    version=wl.version,
+                    plural=wl.plural,
+                    namespace=ns,
+                )
+            else:
+                pods = KubeEndpoint(core.list_pod_for_all_namespaces, "pods", page_size=page)
+                workloads = KubeEndpoint(
+                    custom.list_cluster_custom_object,
+                    "workloads",
+                    page_size=page,
+                    group=wl.group,
+                    version=wl.version,
+                    plural=wl.plural,
+                )
+            streams.append((f"pods/{ns}", pods, self._pod_applier(ns), False))
+            if self._settings.watch_workloads:
+                streams.append((f"workloads/{ns}", workloads, self._workload_applier(ns), True))
+        self._pending = {name for name, *_ in streams}
+        for name, endpoint, apply, optional in streams:
+            task = asyncio.create_task(
+                self._run(name, endpoint, apply, optional), name=f"cache-{name}"
+            )
+            task.add_done_callback(_log_crash)
+            self._tasks.append(task)
+
+    async def wait_synced(self, timeout_s: float) -> bool:
+        """True once every collection has been listed; False if ``timeout_s`` passes first."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._synced_event.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @property
+    def healthy(self) -> bool:
+        """Every watch task is still running (a crashed one is a bug, logged when it dies)."""
+        return bool(self._tasks) and not any(t.done() for t in self._tasks)
+
+    async def _run(
+        self,
+        name: str,
+        endpoint: Endpoint,
+        apply: Callable[[Listed | Changed], None],
+        optional: bool,
+    ) -> None:
+        while True:
+            try:
+                async for event in watch_objects(
+                    endpoint, settings=self._settings.watch, name=name
+                ):
+                    apply(event)
+                    if isinstance(event, Listed):
+                        self._listed(name)
+            except client.NotFound as e:
+                if not optional:
+                    log.error("cache %s: %s", name, e)
+                else:
+                    # No Workload CRD in this cluster: nothing to index, nothing to wait for.
+                    self.workloads_available = False
+                    log.info("cache %s: resource not served, retrying later", name)
+                    self._listed(name)
+            except client.KubeError as e:
+                log.error(
+                    "cache %s: %s; retrying in %.0fs",
+                    name,
+                    e,
+                    self._settings.permanent_error_pause_s,
+                )
+            await asyncio.sleep(self._settings.permanent_error_pause_s)
+
+    def _listed(self, name: str) -> None:
+        self._pending.discard(name)
+        if not self._pending:
+            self._synced_event.set()
+
+    # --- appliers ------------------------------------------------------------------------
+
+    def _on_node(self, event: Listed | Changed) -> None:
+        if isinstance(event, Listed):
+            self._idx.replace_nodes(event.objects)
+        elif event.type == "DELETED":
+            self._idx.drop_node(str((event.object.get("metadata") or {}).get("name") or ""))
+        else:
+            self._idx.put_node(event.object)
+
+    def _pod_applier(self, namespace: str) -> Callable[[Listed | Changed], None]:
+        def apply(event: Listed | Changed) -> None:
+            if isinstance(event, Listed):
+                self._idx.replace_pods(namespace, event.objects)
+            elif event.type == "DELETED":
+                self._idx.drop_pod((gangs.namespace_of(event.object), gangs.name_of(event.object)))
+            else:
+                self._idx.put_pod(event.object)
+
+        return apply
+
+    def _workload_applier(self, namespace: str) -> Callable[[Listed | Changed], None]:
+        def apply(event: Listed | Changed) -> None:
+            if isinstance(event, Listed):
+                self.workloads_available = True
+                self._idx.replace_workloads(namespace, event.objects)
+            elif event.type == "DELETED":
+                self._idx.drop_workload(event.object)
+            else:
+                self._idx.put_workload(event.object)
+
+        return apply
+
+    # --- queries -------------------------------------------------------------------------
+
+    def resolve_node(self, target: Target) -> str | None:
+        """The node a target names, by node name, provider ID or instance id; None if unknown."""
+        idx = self._idx
+        if target.node_name and target.node_name in idx.nodes:
+            return target.node_name
+        if target.provider_id and (name := idx.by_provider.get(target.provider_id)):
+            return name
+        if target.instance_id and (name := idx.by_instance.get(target.instance_id)):
+            return name
+        return None
+
+    def node_labels(self, name: str) -> Mapping[str, str]:
+        node = self._idx.nodes.get(name)
+        return node.labels if node is not None else {}
+
+    def pod_exists(self, namespace: str, name: str, uid: str = "") -> bool:
+        """Whether the GPU pod is still there (and is the same pod, when ``uid`` is given)."""
+        pod = self._idx.pods.get((namespace, name))
+        return pod is not None and (not uid or gangs.uid_of(pod) == uid)
+
+    def gang(self, key: GangKey) -> Gang | None:
+        pids = self._idx.by_gang.get(key)
+        return self._build(key, pids) if pids else None
+
+    def gangs_on_nodes(self, nodes: Iterable[str]) -> tuple[Gang, ...]:
+        """Every gang with a rank on one of ``nodes``, with all of its ranks, wherever they run."""
+        keys = {
+            self._idx.pod_gang[pid]
+            for node in set(nodes)
+            for pid in self._idx.by_node.get(node, ())
+        }
+        return self._gangs(keys)
+
+    def gangs_of_workload(self, ref: WorkloadRef) -> tuple[Gang, ...]:
+        """The gangs of a Kueue Workload's pods.
+
+        Pods name their Workload (pod groups, TAS annotation), or are found through the job
+        the Workload belongs to: its ``kueue.x-k8s.io/job-uid`` label or controlling owner,
+        matched against each pod's controller uid, Job controller-uid or JobSet uid.
+        """
+        idx = self._idx
+        pids = set(idx.by_workload_name.get((ref.namespace, ref.name), ()))
+        workload = idx.workloads.get((ref.namespace, ref.name))
+        # A different uid is a Workload recreated under the same name: its jobs are not ours.
+        if workload is not None and (not ref.uid or ref.uid == workload.uid):
+            for uid in workload.job_uids:
+                pids |= idx.by_owner_uid.get((ref.namespace, uid), set())
+        if ref.uid:  # a ref may name the job object itself
+            pids |= idx.by_owner_uid.get((ref.namespace, ref.uid), set())
+        return self._gangs({idx.pod_gang[pid] for pid in pids})
+
+    def _gangs(self, keys: Iterable[GangKey]) -> tuple[Gang, ...]:
+        return tuple(self._build(key, self._idx.by_gang[key]) for key in sorted(keys, key=str))
+
+    def _build(self, key: GangKey, pids: Iterable[PodId]) -> Gang:
+        return gangs.build_gang(
+            key,
+            [self._idx.pods[pid] for pid in pids],
+            labeler=self._labeler,
+            node_labels=self.node_labels,
+            require_pod_ip=self._settings.require_pod_ip,
+        )

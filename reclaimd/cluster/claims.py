@@ -1,0 +1,446 @@
+"""The durable claim: which notice owns a node (or Kueue Workload), who acts on it, how far.
+
+A claim is the annotation ``reclaimd.io/claim`` on the doomed object, JSON:
+``{notice_id, deadline, holder, phase, claimed_at, heartbeat_at, response, notice, ...}``.
+It is the first write for a notice (the transport acks only after it), so it lives where the
+cluster keeps state: a crash loses nothing, and a second replica reads the same truth.
+
+Every write is a merge patch carrying the ``metadata.resourceVersion`` that was read, so the
+API server refuses it (409) if anyone wrote in between; we then re-read and decide again.
+Two replicas racing for one notice therefore end with exactly one ``CLAIMED``; the other
+re-reads and finds the notice held (``DUPLICATE``).
+
+The decision (``decide``) is a pure function of what is on the object:
+
+- nothing there, or a finished or abandoned claim -> ``CLAIMED``;
+- the same notice: ours -> ``ALREADY_OURS`` (resume); finished -> ``DUPLICATE``; another
+  holder whose lease is fresh -> ``DUPLICATE``; whose lease is stale -> ``TAKEN_OVER``
+  (resume from its phase, as the new holder);
+- another open notice with an earlier or equal deadline -> ``SUPERSEDED`` (it already covers
+  ours); with a later deadline (or none: an early warning) -> ``CLAIMED``, the more urgent
+  notice replaces it and the old holder finds out at its next ``advance``.
+
+The lease: a holder refreshes ``heartbeat_at`` on every ``advance`` (and ``heartbeat``). A
+claim whose ``heartbeat_at`` is older than ``lease_s`` belongs to a holder presumed dead and
+can be taken over; a claim is *abandoned* when its deadline has passed and its lease is
+stale. A holder doing a long step must call ``heartbeat`` more often than ``lease_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from reclaimd.cluster import client
+from reclaimd.cluster.cache import WorkloadApi
+from reclaimd.cluster.ratelimit import RateLimiter
+from reclaimd.model import Notice, ParseError, frozen_map, parse_time, rfc3339, utcnow
+
+log = logging.getLogger(__name__)
+
+CLAIM_ANNOTATION = "reclaimd.io/claim"
+# The generated client picks strategic-merge (core) or JSON-patch (custom objects) for a dict
+# body; a JSON merge patch is what we mean, and its typed stubs omit the parameter.
+MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+
+
+class Phase(StrEnum):
+    CLAIMED = "claimed"
+    CORDONED = "cordoned"
+    SIGNALED = "signaled"
+    DRAINED = "drained"
+    RECORDED = "recorded"
+    DONE = "done"
+
+    @property
+    def rank(self) -> int:
+        return _PHASE_ORDER.index(self)
+
+    @property
+    def terminal(self) -> bool:
+        return self is Phase.DONE
+
+
+_PHASE_ORDER = tuple(Phase)
+
+
+@dataclass(frozen=True)
+class NodeObj:
+    name: str
+
+    def describe(self) -> str:
+        return f"node/{self.name}"
+
+
+@dataclass(frozen=True)
+class WorkloadObj:
+    namespace: str
+    name: str
+
+    def describe(self) -> str:
+        return f"workload/{self.namespace}/{self.name}"
+
+
+ClaimTarget = NodeObj | WorkloadObj
+
+
+@dataclass(frozen=True)
+class Claim:
+    target: ClaimTarget
+    notice_id: str
+    deadline: datetime | None
+    holder: str
+    phase: Phase
+    claimed_at: datetime
+    heartbeat_at: datetime
+    response: str = ""
+    notice: Mapping[str, Any] = field(default_factory=dict)  # Notice.to_json()
+    facts: Mapping[str, Any] = field(default_factory=frozen_map)  # from advance(**extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dict(self.facts),
+            "notice_id": self.notice_id,
+            "deadline": rfc3339(self.deadline) if self.deadline else None,
+            "holder": self.holder,
+            "phase": self.phase.value,
+            "claimed_at": rfc3339(self.claimed_at),
+            "heartbeat_at": rfc3339(self.heartbeat_at),
+            "response": self.response,
+            "notice": dict(self.notice),
+        }
+
+    @classmethod
+    def from_json(cls, target: ClaimTarget, text: str) -> Claim:
+        """Read an annotation; ``ParseError`` (one line) when it is not a claim."""
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ParseError(f"{target.describe()}: claim is not JSON") from e
+        if not isinstance(data, dict):
+            raise ParseError(f"{target.describe()}: claim is not an object")
+        try:
+            claimed_at = parse_time(str(data["claimed_at"]))
+            deadline = data.get("deadline")
+            notice = data.get("notice")
+            known = {
+                "notice_id",
+                "deadline",
+                "holder",
+                "phase",
+                "claimed_at",
+                "heartbeat_at",
+                "response",
+                "notice",
+            }
+            return cls(
+                target=target,
+                notice_id=str(data["notice_id"]),
+                deadline=parse_time(str(deadline)) if deadline else None,
+                holder=str(data["holder"]),
+                phase=Phase(str(data["phase"])),
+                claimed_at=claimed_at,
+                heartbeat_at=parse_time(str(data.get("heartbeat_at") or data["claimed_at"])),
+                response=str(data.get("response") or ""),
+                notice=notice if isinstance(notice, dict) else {},
+                facts=frozen_map({k: v for k, v in data.items() if k not in known}),
+            )
+        except (KeyError, ValueError) as e:
+            raise ParseError(f"{target.describe()}: claim is missing or has a bad {e}") from e
+
+    def stale(self, now: datetime, lease_s: float) -> bool:
+        return now - self.heartbeat_at > timedelta(seconds=lease_s)
+
+    def open(self, now: datetime, lease_s: float) -> bool:
+        """Still to be acted on: not finished, and not past its deadline with no live holder."""
+        if self.phase.terminal:
+            return False
+        expired = self.deadline is not None and self.deadline <= now
+        return not (expired and self.stale(now, lease_s))
+
+
+class ClaimStatus(StrEnum):
+    CLAIMED = "claimed"  # we wrote it: run the runbook
+    ALREADY_OURS = "already_ours"  # same notice, ours: resume from claim.phase
+    TAKEN_OVER = "taken_over"  # same notice, its holder's lease ran out: resume, now ours
+    DUPLICATE = "duplicate"  # same notice, held by a live peer or already done: nothing to do
+    SUPERSEDED = "superseded"  # another open notice dies no later: it covers this one
+    TARGET_NOT_FOUND = "target_not_found"
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    status: ClaimStatus
+    claim: Claim | None = None  # what is on the object now
+    previous: Claim | None = None  # what was there before, when we replaced or took over
+
+
+class AdvanceStatus(StrEnum):
+    ADVANCED = "advanced"
+    LOST = "lost"  # the claim is another notice's or another holder's now: stop
+    TARGET_NOT_FOUND = "target_not_found"
+
+
+@dataclass(frozen=True)
+class AdvanceResult:
+    status: AdvanceStatus
+    claim: Claim | None = None
+
+
+def _no_later(a: datetime | None, b: datetime | None) -> bool:
+    """Deadline ``a`` is earlier than or equal to ``b``; no deadline is the latest of all."""
+    if a is None:
+        return b is None
+    return b is None or a <= b
+
+
+def decide(
+    existing: Claim | None, notice: Notice, holder: str, now: datetime, lease_s: float
+) -> ClaimStatus:
+    """What a claim attempt means, given what is on the object (see the module doc)."""
+    if existing is None:
+        return ClaimStatus.CLAIMED
+    if existing.notice_id == notice.id:
+        if existing.phase.terminal:
+            return ClaimStatus.DUPLICATE
+        if existing.holder == holder:
+            return ClaimStatus.ALREADY_OURS
+        if existing.stale(now, lease_s):
+            return ClaimStatus.TAKEN_OVER
+        return ClaimStatus.DUPLICATE
+    if not existing.open(now, lease_s):
+        return ClaimStatus.CLAIMED
+    if _no_later(existing.deadline, notice.deadline):
+        return ClaimStatus.SUPERSEDED
+    return ClaimStatus.CLAIMED
+
+
+@dataclass(frozen=True)
+class ClaimSettings:
+    lease_s: float = 20.0
+    """A holder silent this long is presumed dead; its claims can be taken over. Twice the
+    longest pause between phase writes a healthy holder makes (it heartbeats while waiting)."""
+
+    max_conflicts: int = 20
+    """Re-reads after 409 before giving up: each conflict means someone else made progress."""
+
+    workloads: WorkloadApi = field(default_factory=WorkloadApi)
+
+
+class ClaimStore:
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        holder: str,
+        *,
+        limiter: RateLimiter | None = None,
+        settings: ClaimSettings = ClaimSettings(),
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        if not holder:
+            raise ValueError("claim holder must not be empty")
+        self.holder = holder
+        self._core = k8s.CoreV1Api(api_client)
+        self._custom = k8s.CustomObjectsApi(api_client)
+        self._limiter = limiter or RateLimiter()
+        self._settings = settings
+        self._clock = clock
+
+    # --- public -------------------------------------------------------------------------
+
+    async def claim(self, obj: ClaimTarget, notice: Notice) -> ClaimResult:
+        """Claim ``obj`` for ``notice``; retried on conflict, idempotent on redelivery."""
+        for _ in range(self._settings.max_conflicts):
+            found = await self._read(obj)
+            if found is None:
+                return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
+            existing, version = found
+            now = self._clock()
+            status = decide(existing, notice, self.holder, now, self._settings.lease_s)
+            if status in (ClaimStatus.DUPLICATE, ClaimStatus.SUPERSEDED):
+                return ClaimResult(status, existing)
+            if status is ClaimStatus.CLAIMED:
+                new = Claim(
+                    target=obj,
+                    notice_id=notice.id,
+                    deadline=notice.deadline,
+                    holder=self.holder,
+                    phase=Phase.CLAIMED,
+                    claimed_at=now,
+                    heartbeat_at=now,
+                    response=notice.response.value,
+                    notice=notice.to_json(),
+                    facts=frozen_map(
+                        {"supersedes": existing.notice_id}
+                        if existing is not None and existing.open(now, self._settings.lease_s)
+                        else {}
+                    ),
+                )
+            else:  # ours already, or taken over: keep its phase and history, renew the lease
+                assert existing is not None
+                new = replace(existing, holder=self.holder, heartbeat_at=now)
+            try:
+                await self._write(obj, version, new, notice.deadline)
+            except client.Conflict:
+                continue
+            except client.NotFound:
+                return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
+            if status is not ClaimStatus.ALREADY_OURS:
+                log.info(
+                    "claim %s: %s %s (previous %s)",
+                    obj.describe(),
+                    status.value,
+                    notice.id,
+                    existing.notice_id if existing else "none",
+                )
+            return ClaimResult(status, new, existing)
+        raise client.Conflict(
+            f"claim {obj.describe()}",
+            409,
+            f"still conflicting after {self._settings.max_conflicts} re-reads",
+        )
+
+    async def advance(
+        self, obj: ClaimTarget, notice_id: str, phase: Phase | str, **extra: Any
+    ) -> AdvanceResult:
+        """Move our claim forward to ``phase`` (never back) and renew the lease.
+
+        ``extra`` facts are kept on the claim (e.g. ``gangs=3``); values must be JSON.
+        ``LOST`` means another notice or holder owns the object now: stop acting on it.
+        """
+        target_phase = Phase(phase)
+        for _ in range(self._settings.max_conflicts):
+            found = await self._read(obj)
+            if found is None:
+                return AdvanceResult(AdvanceStatus.TARGET_NOT_FOUND)
+            existing, version = found
+            if (
+                existing is None
+                or existing.notice_id != notice_id
+                or existing.holder != self.holder
+            ):
+                return AdvanceResult(AdvanceStatus.LOST, existing)
+            new_phase = max(existing.phase, target_phase, key=lambda p: p.rank)
+            new = replace(
+                existing,
+                phase=new_phase,
+                heartbeat_at=self._clock(),
+                facts=frozen_map({**existing.facts, **extra}),
+            )
+            try:
+                await self._write(obj, version, new, existing.deadline)
+            except client.Conflict:
+                continue
+            except client.NotFound:
+                return AdvanceResult(AdvanceStatus.TARGET_NOT_FOUND)
+            return AdvanceResult(AdvanceStatus.ADVANCED, new)
+        raise client.Conflict(
+            f"advance {obj.describe()}",
+            409,
+            f"still conflicting after {self._settings.max_conflicts} re-reads",
+        )
+
+    async def heartbeat(self, obj: ClaimTarget, notice_id: str) -> AdvanceResult:
+        """Renew the lease without moving the phase (during a long checkpoint wait)."""
+        return await self.advance(obj, notice_id, Phase.CLAIMED)
+
+    async def get(self, obj: ClaimTarget) -> Claim | None:
+        found = await self._read(obj)
+        return found[0] if found is not None else None
+
+    async def list_open(self, namespaces: tuple[str, ...] = ()) -> list[Claim]:
+        """Every unfinished claim on nodes and Workloads (in ``namespaces``, or all)."""
+        claims: list[Claim] = []
+        with client.kube_errors("list nodes"):
+            nodes = await self._core.list_node()
+        for node in nodes.items or ():
+            claims.extend(self._parse(NodeObj(node.metadata.name), node.metadata.annotations))
+        wl = self._settings.workloads
+        try:
+            with client.kube_errors("list workloads"):
+                if namespaces:
+                    items: list[Any] = []
+                    for ns in namespaces:
+                        page = await self._custom.list_namespaced_custom_object(
+                            wl.group, wl.version, ns, wl.plural
+                        )
+                        items.extend(page.get("items") or ())
+                else:
+                    page = await self._custom.list_cluster_custom_object(
+                        wl.group, wl.version, wl.plural
+                    )
+                    items = list(page.get("items") or ())
+        except client.NotFound:
+            items = []  # no Kueue in this cluster
+        for item in items:
+            meta = item.get("metadata") or {}
+            target = WorkloadObj(str(meta.get("namespace")), str(meta.get("name")))
+            claims.extend(self._parse(target, meta.get("annotations")))
+        return [c for c in claims if not c.phase.terminal]
+
+    # --- the object API -----------------------------------------------------------------
+
+    def _parse(self, obj: ClaimTarget, annotations: Mapping[str, str] | None) -> list[Claim]:
+        text = (annotations or {}).get(CLAIM_ANNOTATION)
+        if not text:
+            return []
+        try:
+            return [Claim.from_json(obj, text)]
+        except ParseError as e:
+            log.warning("ignoring unreadable claim: %s", e)
+            return []
+
+    async def _read(self, obj: ClaimTarget) -> tuple[Claim | None, str] | None:
+        """The claim on ``obj`` (None when there is none) and the version read; None if absent.
+
+        An unreadable annotation counts as no claim: a hand-edited value must not block every
+        future notice for that node, and our write replaces it.
+        """
+        try:
+            with client.kube_errors(f"read {obj.describe()}"):
+                if isinstance(obj, NodeObj):
+                    node = await self._core.read_node(obj.name)
+                    annotations: Mapping[str, str] | None = node.metadata.annotations
+                    version = str(node.metadata.resource_version)
+                else:
+                    wl = self._settings.workloads
+                    body = await self._custom.get_namespaced_custom_object(
+                        wl.group, wl.version, obj.namespace, wl.plural, obj.name
+                    )
+                    meta = body.get("metadata") or {}
+                    annotations = meta.get("annotations")
+                    version = str(meta.get("resourceVersion"))
+        except client.NotFound:
+            return None
+        parsed = self._parse(obj, annotations)
+        return (parsed[0] if parsed else None), version
+
+    async def _write(
+        self, obj: ClaimTarget, version: str, claim: Claim, deadline: datetime | None
+    ) -> None:
+        body = {
+            "metadata": {
+                "resourceVersion": version,
+                "annotations": {
+                    CLAIM_ANNOTATION: json.dumps(
+                        claim.to_json(), sort_keys=True, separators=(",", ":")
+                    )
+                },
+            }
+        }
+        await self._limiter.acquire(deadline)
+        with client.kube_errors(f"write claim on {obj.describe()}"):
+            if isinstance(obj, NodeObj):
+                await self._core.patch_node(obj.name, body, **MERGE_PATCH)
+            else:
+                wl = self._settings.workloads
+                await self._custom.patch_namespaced_custom_object(
+                    wl.group, wl.version, obj.namespace, wl.plural, obj.name, body, **MERGE_PATCH
+                )

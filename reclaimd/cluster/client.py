@@ -1,0 +1,172 @@
+"""The Kubernetes client: how one is built, and the one place API errors become ours.
+
+Every module under ``reclaimd.cluster`` talks to the API server through a
+``kubernetes_asyncio`` ``ApiClient`` built here, and turns every failure into a ``KubeError``
+through ``kube_errors()``. The classes carry the retry policy (``retriable``), so callers
+decide on the class, never on a status code or a message string. A message holds the
+operation, the status and at most the first line of the server's ``message`` field, cut to a
+bounded length: a response body can echo a request body (tokens in a Secret, a kubeconfig
+in an annotation) and never reaches a log whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+MESSAGE_LIMIT = 160
+
+
+class KubeError(Exception):
+    """An API call that failed. ``retriable`` says whether the same call may work later."""
+
+    retriable = False
+
+    def __init__(
+        self, what: str, status: int = 0, message: str = "", retry_after_s: float | None = None
+    ) -> None:
+        self.what = what
+        self.status = status
+        self.message = message
+        self.retry_after_s = retry_after_s
+        detail = f" {status}" if status else ""
+        super().__init__(f"{what}: failed{detail}" + (f": {message}" if message else ""))
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    """409: a resourceVersion precondition failed (or the object already exists)."""
+
+    retriable = True
+
+
+class Gone(KubeError):
+    """410: the resourceVersion is older than the server keeps; relist."""
+
+
+class TooManyRequests(KubeError):
+    """429: API priority and fairness, or an eviction that a PodDisruptionBudget blocks."""
+
+    retriable = True
+
+
+class Forbidden(KubeError):
+    pass
+
+
+class Unauthorized(KubeError):
+    pass
+
+
+class Invalid(KubeError):
+    """400/422: the request itself is wrong; retrying it cannot help."""
+
+
+class ServerError(KubeError):
+    """5xx, or a transport failure (connection refused, reset, timed out)."""
+
+    retriable = True
+
+
+class ConfigError(KubeError):
+    """No usable kubeconfig or in-cluster service account."""
+
+
+_BY_STATUS: Mapping[int, type[KubeError]] = {
+    400: Invalid,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    422: Invalid,
+    429: TooManyRequests,
+}
+
+
+def server_message(body: Any) -> str:
+    """The first line of a ``Status`` body's ``message``, bounded; never the whole body."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return ""
+    if not isinstance(body, Mapping):
+        return ""
+    message = str(body.get("message") or "")
+    first = message.splitlines()[0] if message else ""
+    return first if len(first) <= MESSAGE_LIMIT else first[: MESSAGE_LIMIT - 1] + "…"
+
+
+def _retry_after(headers: Any) -> float | None:
+    if not headers:
+        return None
+    try:
+        value = headers.get("Retry-After")
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def error_for(what: str, status: int, body: Any = None, headers: Any = None) -> KubeError:
+    """Map an HTTP status (and the Status body, when there is one) to our class."""
+    cls = _BY_STATUS.get(status) or (ServerError if status >= 500 or status == 0 else KubeError)
+    return cls(what, status, server_message(body), _retry_after(headers))
+
+
+def from_api_exception(what: str, e: ApiException) -> KubeError:
+    return error_for(what, int(e.status or 0), e.body, e.headers)
+
+
+@contextmanager
+def kube_errors(what: str) -> Iterator[None]:
+    """Run an API call, turning its failures into ``KubeError`` (chained, bounded message)."""
+    try:
+        yield
+    except ApiException as e:
+        raise from_api_exception(what, e) from e
+    except (aiohttp.ClientError, TimeoutError) as e:
+        # Connection-level failures carry no status; they are worth another try.
+        raise ServerError(what, 0, type(e).__name__) from e
+
+
+async def build_api_client(
+    kubeconfig: str | None = None, *, context: str | None = None
+) -> k8s.ApiClient:
+    """An ``ApiClient`` from ``kubeconfig``, else in-cluster config, else ``$KUBECONFIG``.
+
+    In a pod (``KUBERNETES_SERVICE_HOST`` set, no path given) the service account is used, so
+    the RBAC in ``deploy/kubernetes/rbac.yaml`` is what the daemon can do.
+    """
+    configuration = k8s.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            # The library leaves this one function unannotated.
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        else:
+            path = kubeconfig or os.environ.get("KUBECONFIG") or None
+            await k8s_config.load_kube_config(
+                config_file=path,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+    except (k8s_config.ConfigException, OSError, ValueError, TypeError, KeyError) as e:
+        reason = str(e).splitlines()[0][:MESSAGE_LIMIT] if str(e) else type(e).__name__
+        raise ConfigError("load Kubernetes config", 0, reason) from e
+    return k8s.ApiClient(configuration=configuration)

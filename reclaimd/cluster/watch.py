@@ -1,0 +1,317 @@
+"""LIST+WATCH: the one module that knows the Kubernetes watch protocol.
+
+``watch_objects`` yields a ``Listed`` snapshot, then ``Changed`` events, forever:
+
+- LIST (paged, one consistent resourceVersion), yield ``Listed`` so the consumer *replaces*
+  its contents: an object deleted while we were not watching is gone from the snapshot, so
+  a gap never leaves a ghost behind.
+- WATCH from the listed resourceVersion with bookmarks on. The resourceVersion advances on
+  every event, BOOKMARK included, so a reconnect resumes where the stream stopped instead of
+  replaying or relisting.
+- A stream that ends (the server's ``timeoutSeconds``) reconnects from the current version.
+- A stream silent for longer than ``inactivity_timeout_s`` is presumed dead (a half-open TCP
+  connection is silent forever) and reconnects the same way.
+- ``410 Gone`` (in the stream as an ERROR event or as the HTTP status) means the version is
+  older than the server's event window: relist.
+- Transient failures (5xx, 429, connection errors) back off with full jitter, capped, and
+  retry the step that failed; anything else (401, 403, 404, ...) is raised to the consumer,
+  which knows whether a missing resource is fatal.
+
+Objects are raw dicts as the server sent them (camelCase), not generated models: the cache
+keeps a few fields of many objects, and parsing each into a model would cost more than the
+rest of the daemon. ``KubeEndpoint`` adapts any ``kubernetes_asyncio`` ``list_*`` function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, cast
+
+from reclaimd.cluster import client
+
+log = logging.getLogger(__name__)
+
+RawObject = Mapping[str, Any]
+ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
+_CHANGE_TYPES: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    inactivity_timeout_s: float = 70.0
+    """The server sends a BOOKMARK about every 60 s on an idle watch; 70 s of silence means
+    the connection is dead, not that nothing happens."""
+
+    server_timeout_s: int = 300
+    """``timeoutSeconds`` asked of the server; it closes the stream then and we reconnect,
+    which also rebalances watches across API servers behind a load balancer."""
+
+    page_size: int = 500
+    """LIST page size: bounds the memory of one response on a large cluster."""
+
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    """Full-jitter backoff after a transient failure: uniform(0, min(cap, base * 2**n))."""
+
+
+@dataclass(frozen=True)
+class Listed:
+    """Everything that exists as of ``resource_version``: replace, do not merge."""
+
+    objects: tuple[RawObject, ...]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class Changed:
+    type: ChangeType
+    object: RawObject
+
+
+WatchEvent = Listed | Changed
+
+
+class Endpoint(Protocol):
+    """One resource collection, as the watch loop needs it."""
+
+    async def list(self) -> tuple[list[RawObject], str]:
+        """Every object and the collection's resourceVersion."""
+        ...
+
+    def watch(
+        self, resource_version: str, timeout_s: int
+    ) -> AbstractAsyncContextManager[AsyncIterator[RawObject]]:
+        """Raw watch events (``{"type": ..., "object": ...}``) after ``resource_version``."""
+        ...
+
+
+class _Relist(Exception):
+    """The stream's resourceVersion is too old: take a new snapshot."""
+
+
+class _Inactive(Exception):
+    """The stream was silent past the inactivity timeout."""
+
+
+class Backoff:
+    """Full-jitter exponential backoff; ``reset`` after a success."""
+
+    def __init__(self, settings: WatchSettings) -> None:
+        self._settings = settings
+        self._failures = 0
+
+    def reset(self) -> None:
+        self._failures = 0
+
+    def next_delay(self, hint_s: float | None = None) -> float:
+        ceiling = min(
+            self._settings.backoff_cap_s,
+            self._settings.backoff_base_s * 2 ** min(self._failures, 30),
+        )
+        self._failures += 1
+        delay = random.uniform(0, ceiling)
+        # A server's Retry-After is a floor: coming back sooner only earns another 429.
+        if hint_s is not None:
+            delay = max(delay, min(hint_s, self._settings.backoff_cap_s))
+        return delay
+
+    async def wait(self, hint_s: float | None = None) -> None:
+        await asyncio.sleep(self.next_delay(hint_s))
+
+
+async def watch_objects(
+    endpoint: Endpoint, *, settings: WatchSettings = WatchSettings(), name: str = ""
+) -> AsyncGenerator[WatchEvent, None]:
+    """``Listed``, then ``Changed`` events, relisting and reconnecting as the protocol says."""
+    backoff = Backoff(settings)
+    label = name or "watch"
+    while True:
+        try:
+            objects, resource_version = await endpoint.list()
+        except client.KubeError as e:
+            if not e.retriable:
+                raise
+            log.warning("%s: list failed, backing off: %s", label, e)
+            await backoff.wait(e.retry_after_s)
+            continue
+        backoff.reset()
+        yield Listed(tuple(objects), resource_version)
+
+        # Watch sessions from the listed version until the version expires.
+        while True:
+            try:
+                async with aclosing(_one_session(endpoint, resource_version, settings)) as session:
+                    async for event in session:
+                        if isinstance(event, str):
+                            resource_version = event
+                            continue
+                        resource_version = _version_of(event.object) or resource_version
+                        backoff.reset()
+                        yield event
+            except _Relist:
+                log.info("%s: resourceVersion %s expired, relisting", label, resource_version)
+                break
+            except client.Gone:
+                log.info("%s: resourceVersion %s gone, relisting", label, resource_version)
+                break
+            except _Inactive:
+                log.info(
+                    "%s: stream silent for %.0fs, reconnecting",
+                    label,
+                    settings.inactivity_timeout_s,
+                )
+                continue
+            except client.KubeError as e:
+                if not e.retriable:
+                    raise
+                log.warning("%s: watch failed, backing off: %s", label, e)
+                await backoff.wait(e.retry_after_s)
+                continue
+            # The server closed the stream (its timeout): resume from where we are.
+
+
+async def _one_session(
+    endpoint: Endpoint, resource_version: str, settings: WatchSettings
+) -> AsyncGenerator[Changed | str, None]:
+    """One watch connection: ``Changed`` events, or a new resourceVersion (a BOOKMARK)."""
+    async with endpoint.watch(resource_version, settings.server_timeout_s) as stream:
+        iterator = aiter(stream)
+        while True:
+            try:
+                async with asyncio.timeout(settings.inactivity_timeout_s) as scope:
+                    raw = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            except TimeoutError as e:
+                if scope.expired():
+                    raise _Inactive from e
+                raise client.ServerError("watch", 0, "read timed out") from e
+            kind = str(raw.get("type", ""))
+            obj = raw.get("object")
+            if not isinstance(obj, Mapping):
+                log.warning("watch: event %r without an object, skipped", kind)
+                continue
+            if kind == "ERROR":
+                code = int(obj.get("code") or 0)
+                if code == 410:
+                    raise _Relist
+                raise client.error_for("watch", code or 500, obj)
+            if kind == "BOOKMARK":
+                version = _version_of(obj)
+                if version:
+                    yield version
+                continue
+            if kind not in _CHANGE_TYPES:
+                log.warning("watch: unknown event type %r, skipped", kind)
+                continue
+            yield Changed(cast(ChangeType, kind), obj)
+
+
+def _version_of(obj: RawObject) -> str:
+    metadata = obj.get("metadata")
+    if isinstance(metadata, Mapping):
+        return str(metadata.get("resourceVersion") or "")
+    return ""
+
+
+# --- the real endpoint ----------------------------------------------------------------------
+
+ListFn = Callable[..., Awaitable[Any]]
+
+
+class KubeEndpoint:
+    """An ``Endpoint`` over a ``kubernetes_asyncio`` ``list_*`` function (and its arguments).
+
+    ``_preload_content=False`` keeps the response raw: the generated client would otherwise
+    build a model for every object, and it would not raise on an error status either, so the
+    status is checked here.
+    """
+
+    def __init__(
+        self, list_fn: ListFn, what: str, *, page_size: int = WatchSettings.page_size, **kwargs: Any
+    ) -> None:
+        self._list_fn = list_fn
+        self._what = what
+        self._kwargs = kwargs
+        self._page_size = page_size
+
+    async def list(self) -> tuple[list[RawObject], str]:
+        objects: list[RawObject] = []
+        token = ""
+        while True:
+            extra: dict[str, Any] = {"limit": self._page_size}
+            if token:
+                extra["_continue"] = token
+            body = await self._call(f"list {self._what}", **self._kwargs, **extra)
+            objects.extend(body.get("items") or [])
+            metadata = body.get("metadata") or {}
+            token = str(metadata.get("continue") or "")
+            if not token:
+                return objects, str(metadata.get("resourceVersion") or "")
+
+    @asynccontextmanager
+    async def watch(
+        self, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[AsyncIterator[RawObject]]:
+        what = f"watch {self._what}"
+        with client.kube_errors(what):
+            response = await self._list_fn(
+                **self._kwargs,
+                watch=True,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_s,
+                _preload_content=False,
+            )
+        try:
+            if response.status != 200:
+                raise client.error_for(
+                    what, response.status, await _read_json(response), response.headers
+                )
+            yield _lines(response, what)
+        finally:
+            response.release()
+
+    async def _call(self, what: str, **kwargs: Any) -> Mapping[str, Any]:
+        with client.kube_errors(what):
+            response = await self._list_fn(**kwargs, _preload_content=False)
+            try:
+                body = await _read_json(response)
+            finally:
+                response.release()
+        if response.status != 200:
+            raise client.error_for(what, response.status, body, response.headers)
+        if not isinstance(body, Mapping):
+            raise client.ServerError(what, response.status, "response is not a JSON object")
+        return body
+
+
+async def _read_json(response: Any) -> Any:
+    with client.kube_errors("read response"):
+        data = await response.read()
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+async def _lines(response: Any, what: str) -> AsyncIterator[RawObject]:
+    while True:
+        with client.kube_errors(what):
+            line = await response.content.readline()
+        if not line:
+            return
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError as e:
+            raise client.ServerError(what, 0, "undecodable watch event") from e
+        if isinstance(event, Mapping):
+            yield event

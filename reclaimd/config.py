@@ -1,0 +1,194 @@
+"""Typed settings: one YAML file, then ``RECLAIMD_*`` environment overrides.
+
+An override names a path with double underscores: ``RECLAIMD_LEDGER__TOPIC=x`` sets
+``ledger.topic``. Every field has a safe default, so an empty file is a valid (if idle)
+configuration; a bad file fails with one line naming the field, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reclaimd.model import Windows
+
+ENV_PREFIX = "RECLAIMD_"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message is one line."""
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos more often than not: refuse them.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EvictionPolicy(StrEnum):
+    RESPECT_PDB = "respect-pdb"  # never break a PDB; report the gang as blocked
+    FORCE_NEAR_DEADLINE = "force-near-deadline"  # delete with grace once the deadline is close
+
+
+class UnknownTarget(StrEnum):
+    DROP = "drop"  # count it and ack the message: the instance is not in this cluster
+    RETRY = "retry"  # leave the message for redelivery (a node may still be registering)
+
+
+class SqsSettings(_Strict):
+    enabled: bool = False
+    queue_url: str = ""
+    endpoint_url: str | None = None  # moto, LocalStack or a VPC endpoint
+    region: str = "us-east-1"
+    wait_time_s: int = Field(20, ge=0, le=20)
+    batch_size: int = Field(10, ge=1, le=10)
+    concurrency: int = Field(10, ge=1, le=100)
+    visibility_timeout_s: int = Field(30, ge=5, le=43200)
+
+
+class ImdsSettings(_Strict):
+    enabled: bool = False
+    url: str = "http://169.254.169.254"
+    poll_interval_s: float = Field(2.0, gt=0)
+    token_ttl_s: int = Field(21600, ge=1, le=21600)
+
+
+class PubSubSettings(_Strict):
+    """A Cloud Logging sink -> Pub/Sub subscription carrying GCE preemption audit entries."""
+
+    enabled: bool = False
+    project: str = ""
+    subscription: str = ""  # the subscription id, not its full path
+    max_messages: int = Field(100, ge=1)  # flow control: leased, unacked messages at most
+    endpoint: str | None = None  # None: PUBSUB_EMULATOR_HOST or the real service
+
+
+class GceMetadataSettings(_Strict):
+    """Per-node mode on GCE: the metadata server's preempted and maintenance-event keys."""
+
+    enabled: bool = False
+    url: str = "http://metadata.google.internal"
+    node_name: str = ""  # this node, from the downward API (spec.nodeName)
+    timeout_s: float = Field(60.0, gt=0)  # wait_for_change hanging GET
+
+
+class KueueSettings(_Strict):
+    """Kueue Workloads whose eviction by preemption is a reclaim notice."""
+
+    enabled: bool = False
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+
+
+class KafkaNoticeSettings(_Strict):
+    """A generic notices topic: CloudEvents 1.0 JSON, one consumer group for all replicas."""
+
+    enabled: bool = False
+    bootstrap: str = ""
+    topic: str = "reclaimd.notices"
+    group_id: str = "reclaimd"
+
+
+class PolicySettings(_Strict):
+    eviction: EvictionPolicy = EvictionPolicy.FORCE_NEAR_DEADLINE
+    # With force-near-deadline: stop honouring a PDB this many seconds before the deadline.
+    force_before_s: float = Field(15.0, ge=0)
+    delete_grace_s: int = Field(5, ge=0)
+    # Time kept back from the checkpoint budget for the drain: min(s, fraction x window).
+    drain_reserve_s: float = Field(30.0, ge=0)
+    drain_reserve_fraction: float = Field(0.34, ge=0, le=0.9)
+    unknown_target: UnknownTarget = UnknownTarget.DROP
+    # A notice whose deadline passed longer ago than this is acked and not acted on.
+    expired_after_s: float = Field(300.0, ge=0)
+    # Drain concurrency per notice; the client-side rate limiter bounds the total.
+    evict_concurrency: int = Field(32, ge=1)
+
+
+class LedgerSettings(_Strict):
+    bootstrap: str = ""  # empty: events stay in the outbox until a broker is configured
+    topic: str = "reclaimd.restart-waste"
+    outbox_path: Path = Path("/var/lib/reclaimd/outbox.sqlite")
+    label_allowlist: tuple[str, ...] = ("tenant", "queue", "sku", "cell", "purchase_option")
+
+
+class KubeSettings(_Strict):
+    kubeconfig: Path | None = None  # None: in-cluster service account
+    qps: float = Field(50.0, gt=0)
+    burst: int = Field(100, ge=1)
+
+
+class TracingSettings(_Strict):
+    span_file: Path | None = Path("/var/lib/reclaimd/spans.jsonl")
+
+
+class Settings(_Strict):
+    cluster_name: str = "default"
+    holder: str = Field(default_factory=socket.gethostname)
+    claim_stale_s: float = Field(20.0, gt=0)
+    windows: Windows = Windows()
+    kube: KubeSettings = KubeSettings()
+    sqs: SqsSettings = SqsSettings()
+    imds: ImdsSettings = ImdsSettings()
+    pubsub: PubSubSettings = PubSubSettings()
+    gce_metadata: GceMetadataSettings = GceMetadataSettings()
+    kueue: KueueSettings = KueueSettings()
+    kafka_notices: KafkaNoticeSettings = KafkaNoticeSettings()
+    policy: PolicySettings = PolicySettings()
+    ledger: LedgerSettings = LedgerSettings()
+    tracing: TracingSettings = TracingSettings()
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    workers: int = Field(16, ge=1, le=1024)
+
+
+def _overlay(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    for key, value in sorted(env.items()):
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        # The RECLAIMD_ prefix is shared with tooling (RECLAIMD_STACK_DIR, ...): only names
+        # of settings are overrides. Below the top level, a misspelt key is still refused.
+        if path[0] not in Settings.model_fields:
+            continue
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{key}: {'.'.join(path[:-1])} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _one_line(e: ValidationError) -> str:
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def load(path: str | Path | None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read ``path`` (optional), apply overrides from ``env``, validate."""
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"{path}: {e.strerror or e}") from e
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}: not valid YAML{at}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    data = _overlay(data, os.environ if env is None else env)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e)) from e

@@ -1,0 +1,121 @@
+"""Dedupe and durable claim, then tell the transport whether it may ack.
+
+The claim is the first write for a notice (ARCHITECTURE §3). A transport deletes, acks or
+commits its message only when ``Admission.ack`` is true: a claim that could not be written
+(apiserver down, conflict storm) leaves the message for redelivery, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Protocol
+
+from reclaimd import logs
+from reclaimd.model import Notice, Target, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class Admission(StrEnum):
+    CLAIMED = "claimed"  # ours now: queued for the runbook
+    RESUMED = "resumed"  # ours already (a redelivery after our own crash): queued again
+    DUPLICATE = "duplicate"  # seen and held, by us or a peer
+    SUPERSEDED = "superseded"  # an earlier notice already holds the node
+    UNKNOWN_TARGET = "unknown_target"  # not in this cluster; dropped per policy
+    EXPIRED = "expired"  # its deadline passed long ago (a replayed backlog): nothing to save
+    RETRY = "retry"  # not claimed: leave the message for redelivery
+
+    @property
+    def ack(self) -> bool:
+        return self is not Admission.RETRY
+
+
+class ClaimWriter(Protocol):
+    async def claim(self, notice: Notice, node: str | None) -> Admission:
+        """Write the claim for ``notice`` on ``node`` (or its workload); one of the admissions."""
+        ...
+
+
+class TargetResolver(Protocol):
+    def resolve_node(self, target: Target) -> str | None: ...
+
+
+class Intake:
+    def __init__(
+        self,
+        *,
+        claims: ClaimWriter,
+        resolver: TargetResolver,
+        submit: Callable[[Notice], Awaitable[object]],
+        drop_unknown: bool,
+        expire_after: timedelta = timedelta(minutes=5),
+        on_admission: Callable[[Notice, Admission], None] | None = None,
+        memory: int = 50_000,
+    ) -> None:
+        self.claims, self.resolver, self.submit = claims, resolver, submit
+        self.drop_unknown = drop_unknown
+        self.expire_after = expire_after
+        self.on_admission = on_admission
+        # Ids claimed by this process: a redelivery costs no apiserver round trip.
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._memory = memory
+        # When each claim was started and stored: the runbook puts it in the notice's trace.
+        self._claim_times: OrderedDict[str, tuple[datetime, datetime]] = OrderedDict()
+
+    def claim_times(self, notice_id: str) -> tuple[datetime, datetime] | None:
+        return self._claim_times.get(notice_id)
+
+    async def admit(self, notice: Notice) -> Admission:
+        admission = await self._admit(notice)
+        logs.event(
+            log,
+            "notice admitted",
+            notice_id=notice.id,
+            source=notice.source,
+            kind=notice.kind.value,
+            target=notice.target.describe(),
+            admission=admission.value,
+        )
+        if self.on_admission is not None:
+            self.on_admission(notice, admission)
+        return admission
+
+    async def _admit(self, notice: Notice) -> Admission:
+        if notice.id in self._seen:
+            return Admission.DUPLICATE
+        if notice.deadline is not None and notice.deadline + self.expire_after < utcnow():
+            # A replayed backlog (new consumer group, outage): the capacity is long gone and
+            # a node recreated under the same name must not be drained for it.
+            return Admission.EXPIRED
+        node: str | None = None
+        if notice.target.workload is None:
+            node = self.resolver.resolve_node(notice.target)
+            if node is None:
+                return Admission.UNKNOWN_TARGET if self.drop_unknown else Admission.RETRY
+        started = utcnow()
+        try:
+            admission = await self.claims.claim(notice, node)
+        except Exception as e:
+            # Whatever failed, the message stays with the transport and comes back.
+            logs.event(
+                log, "claim failed", logging.WARNING, notice_id=notice.id, error=str(e)[:200]
+            )
+            return Admission.RETRY
+        if admission is Admission.UNKNOWN_TARGET and not self.drop_unknown:
+            return Admission.RETRY
+        if admission in (Admission.CLAIMED, Admission.RESUMED):
+            self._remember(notice.id, (started, utcnow()))
+            await self.submit(notice)
+        return admission
+
+    def _remember(self, notice_id: str, times: tuple[datetime, datetime]) -> None:
+        self._seen[notice_id] = None
+        self._claim_times[notice_id] = times
+        while len(self._seen) > self._memory:
+            self._seen.popitem(last=False)
+        while len(self._claim_times) > self._memory:
+            self._claim_times.popitem(last=False)

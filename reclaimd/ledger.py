@@ -1,0 +1,471 @@
+"""The restart-waste ledger: label contract, event shape, and the outbox-backed publisher.
+
+Three parts, in the order data flows:
+
+* **Labels.** ``cost_labels`` maps pod and node labels to the five cost keys (tenant, queue,
+  sku, cell, purchase_option); ``LabelPolicy`` decides which of them reach an event. Keys
+  outside the allowlist, and keys that carry user data whatever the allowlist says (``prompt``,
+  ``user_email``, ``session_raw``), are dropped and counted; a value longer than 63 characters
+  or outside ``[A-Za-z0-9._-]`` is dropped and counted. Nothing here raises into the pipeline
+  or logs a refused value: the ledger is joined with billing data and kept for months, so what
+  gets in must be bounded in cardinality and free of user content.
+* **Event.** ``to_event`` writes one FOCUS-aligned row per gang (FinOps FOCUS column names,
+  reclaimd's own facts in ``x_`` columns). Only enums, ids, times, numbers and allowed labels
+  go in: no pod names, no workload free text. The event id comes from notice + gang, so a
+  consumer dedupes replays on ``EventId``.
+* **Publisher.** ``LedgerWriter.record`` commits the event to the SQLite outbox (fsync'd,
+  idempotent on the event id) and wakes ``run``, which publishes the outbox to Kafka with an
+  idempotent producer (``acks=all``) and marks a row sent only after the broker acked it.
+  A Kafka outage delays events, never loses them; a crash between the broker's ack and the
+  mark re-sends that row once, which the ``EventId`` dedupe absorbs (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import random
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from reclaimd.logs import event as log_event
+from reclaimd.model import RestartWaste, rfc3339
+from reclaimd.outbox import AsyncOutbox, Row
+
+log = logging.getLogger(__name__)
+
+SCHEMA: Final = "reclaimd.restart-waste/v1"
+DEFAULT_ALLOW: Final = ("tenant", "queue", "sku", "cell", "purchase_option")
+# Refused whatever the allowlist says: a misconfigured allowlist must not open these.
+ALWAYS_REFUSED: Final = frozenset({"prompt", "user_email", "session_raw"})
+# Facts the cluster side passes beside the cost labels; they feed x_ columns, not Tags.
+FACT_KEYS: Final = frozenset({"mig_profile"})
+MAX_VALUE_LEN: Final = 63  # a Kubernetes label value's limit
+_VALUE = re.compile(r"[A-Za-z0-9._-]+")
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+MAX_KEY_BYTES: Final = 200
+
+PURCHASE_OPTIONS: Final = ("spot", "on_demand", "reserved", "capacity_block")
+_PURCHASE_ALIASES: Final = {
+    "spot": "spot",
+    "preemptible": "spot",
+    "on_demand": "on_demand",
+    "ondemand": "on_demand",
+    "reserved": "reserved",
+    "capacity_block": "capacity_block",
+    "capacityblock": "capacity_block",
+}
+# FOCUS PricingCategory: Dynamic is "interruptible or low priority resources", i.e. spot.
+_PRICING_CATEGORY: Final = {
+    "spot": "Dynamic",
+    "on_demand": "Standard",
+    "reserved": "Committed",
+    "capacity_block": "Committed",
+}
+
+# Where each cost key comes from, first match wins: explicit reclaimd labels before the
+# scheduler's or the provisioner's.
+_POD_SOURCES: Final = {
+    "tenant": ("reclaimd.io/tenant",),
+    "queue": ("reclaimd.io/queue", "kueue.x-k8s.io/queue-name"),
+    "cell": ("reclaimd.io/cell",),
+}
+_NODE_SOURCES: Final = {
+    "sku": ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"),
+    "cell": ("reclaimd.io/cell",),  # a cell is often a node-pool fact: used when pods say none
+}
+_PURCHASE_SOURCES: Final = (
+    "reclaimd.io/purchase-option",
+    "karpenter.sh/capacity-type",  # spot | on-demand | reserved
+    "eks.amazonaws.com/capacityType",  # SPOT | ON_DEMAND | CAPACITY_BLOCK
+)
+_GKE_SPOT: Final = ("cloud.google.com/gke-spot", "cloud.google.com/gke-preemptible")
+_MIG_SOURCES: Final = ("cloud.google.com/gke-gpu-partition-size", "nvidia.com/mig.config")
+
+
+def bounded(value: object) -> str | None:
+    """``value`` if it is a short ``[A-Za-z0-9._-]`` string, else ``None``."""
+    if isinstance(value, str) and len(value) <= MAX_VALUE_LEN and _VALUE.fullmatch(value):
+        return value
+    return None
+
+
+def normalize_purchase_option(value: str | None) -> str | None:
+    """spot | on_demand | reserved | capacity_block, or ``None`` when unknown."""
+    if not value:
+        return None
+    return _PURCHASE_ALIASES.get(value.strip().lower().replace("-", "_"))
+
+
+def pricing_category(purchase_option: str | None) -> str:
+    return _PRICING_CATEGORY.get(normalize_purchase_option(purchase_option) or "", "Other")
+
+
+def cost_labels(pod_labels: Mapping[str, str], node_labels: Mapping[str, str]) -> dict[str, str]:
+    """The raw cost labels of one rank, for ``Gang.labels``: mapped, not yet policed.
+
+    ``purchase_option`` is normalized here because its sources disagree on spelling; an
+    unrecognized spelling is left out rather than guessed. ``mig_profile`` (a fact, not a
+    tag) is taken from the node's GPU partition label when MIG is on.
+    """
+    out: dict[str, str] = {}
+    for name, keys in _POD_SOURCES.items():
+        if (v := _first(pod_labels, keys)) is not None:
+            out[name] = v
+    for name, keys in _NODE_SOURCES.items():
+        if name not in out and (v := _first(node_labels, keys)) is not None:
+            out[name] = v
+    purchase = normalize_purchase_option(_first(node_labels, _PURCHASE_SOURCES))
+    if purchase is None and any(node_labels.get(k, "").lower() == "true" for k in _GKE_SPOT):
+        purchase = "spot"
+    if purchase is not None:
+        out["purchase_option"] = purchase
+    mig = _first(node_labels, _MIG_SOURCES)
+    if mig is not None and mig != "all-disabled":
+        out["mig_profile"] = mig
+    return out
+
+
+def _first(labels: Mapping[str, str], keys: Iterable[str]) -> str | None:
+    for k in keys:
+        v = labels.get(k)
+        if v:
+            return v
+    return None
+
+
+class LabelPolicy:
+    """The allowlist and value rules for ``Tags``; counts what it drops, never what it saw.
+
+    ``dropped`` counts by reason (``refused_key``, ``bad_value``) so metrics can show that
+    something is being refused without the refused content reaching any sink.
+    """
+
+    def __init__(self, allowed: Iterable[str] = DEFAULT_ALLOW) -> None:
+        self.allowed = frozenset(allowed) - ALWAYS_REFUSED
+        self.dropped: Counter[str] = Counter()
+
+    def tags(self, labels: Mapping[str, str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in labels.items():
+            if key in FACT_KEYS:
+                continue
+            if key not in self.allowed:
+                self.dropped["refused_key"] += 1
+                continue
+            if key == "purchase_option":
+                ok = bounded(normalize_purchase_option(value))
+            else:
+                ok = bounded(value)
+            if ok is None:
+                self.dropped["bad_value"] += 1
+                continue
+            out[key] = ok
+        return dict(sorted(out.items()))
+
+
+def _seconds(a: datetime | None, b: datetime | None) -> float | None:
+    return None if a is None or b is None else round((b - a).total_seconds(), 3)
+
+
+def _time(t: datetime | None) -> str | None:
+    return rfc3339(t) if t is not None else None
+
+
+def to_event(w: RestartWaste, policy: LabelPolicy) -> dict[str, Any]:
+    """The ledger row of one gang (see the module docstring for what may go in)."""
+    notice, gang = w.notice, w.gang
+    attrs = notice.attributes
+    target = notice.target
+    purchase = normalize_purchase_option(gang.labels.get("purchase_option"))
+    start = w.last_good_checkpoint or w.stopped_at
+    return {
+        "schema": SCHEMA,
+        "EventId": w.event_id,
+        "ChargePeriodStart": rfc3339(start),
+        "ChargePeriodEnd": rfc3339(w.stopped_at),
+        "ChargeCategory": "Usage",
+        "PricingCategory": pricing_category(purchase),
+        "ConsumedQuantity": round(w.gpu_seconds_lost / 3600.0, 6),
+        "ConsumedUnit": "GPU-Hours",
+        "ResourceId": target.instance_id or target.provider_id or target.node_name or str(gang.key),
+        "ResourceType": "GPU training gang",
+        "SkuId": bounded(gang.labels.get("sku")) or bounded(attrs.get("instance_type")),
+        "RegionId": bounded(attrs.get("region")),
+        "AvailabilityZone": bounded(attrs.get("zone") or attrs.get("availability_zone")),
+        "Tags": policy.tags(gang.labels),
+        "x_WastedGpuSeconds": round(w.gpu_seconds_lost, 3),
+        "x_GangId": str(gang.key),
+        "x_GangSize": len(gang.members),
+        "x_GpuCount": gang.gpus,
+        "x_MigProfile": bounded(gang.labels.get("mig_profile")),
+        "x_NoticeId": notice.id,
+        "x_NoticeSource": notice.source,
+        "x_NoticeKind": notice.kind.value,
+        "x_NoticeReason": bounded(attrs.get("reason")),
+        "x_NoticeWindowS": _seconds(notice.issued_at, notice.deadline),
+        "x_NoticeReceivedAt": rfc3339(notice.received_at),
+        "x_NoticeDeadline": _time(notice.deadline),
+        "x_CheckpointOutcome": w.outcome.value,
+        "x_DeadlineMet": w.deadline_met,
+        "x_K8sClusterName": bounded(w.cluster),
+        "x_K8sNamespaceName": gang.key.namespace,
+        "x_K8sNodeNames": sorted(gang.nodes),
+        "x_TraceParent": _traceparent(w.traceparent),
+    }
+
+
+def _traceparent(value: str) -> str | None:
+    return value if _TRACEPARENT.fullmatch(value) else None
+
+
+def kafka_key(w: RestartWaste, tags: Mapping[str, str]) -> bytes:
+    """``tenant|gang``: one gang's events stay ordered on one partition; bounded in length."""
+    key = f"{tags.get('tenant', '-')}|{w.gang.key}".encode()
+    if len(key) <= MAX_KEY_BYTES:
+        return key
+    # Too long for a key: keep a readable head and make it unique again with a hash.
+    return key[: MAX_KEY_BYTES - 17] + b"~" + hashlib.sha256(key).hexdigest()[:16].encode()
+
+
+def encode(
+    w: RestartWaste, policy: LabelPolicy
+) -> tuple[str, bytes, bytes, tuple[tuple[str, bytes], ...]]:
+    """(event id, Kafka key, JSON value, headers) for one restart-waste event."""
+    ev = to_event(w, policy)
+    value = json.dumps(ev, sort_keys=True, separators=(",", ":")).encode()
+    headers = [("event_id", w.event_id.encode()), ("schema", SCHEMA.encode())]
+    if ev["x_TraceParent"]:
+        # An empty traceparent is invalid W3C context: send none rather than a bad one.
+        headers.append(("traceparent", ev["x_TraceParent"].encode()))
+    return w.event_id, kafka_key(w, ev["Tags"]), value, tuple(headers)
+
+
+class LedgerWriter:
+    """Durable, idempotent publication of restart-waste events to a Kafka topic.
+
+    ``record`` may be called before ``run`` starts and while Kafka is down: the event waits in
+    the outbox. An empty ``bootstrap_servers`` keeps events in the outbox until a writer with
+    a broker opens the same file.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: str,
+        topic: str,
+        outbox_path: str | Path,
+        policy: LabelPolicy | None = None,
+        batch_size: int = 100,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        request_timeout_ms: int = 30_000,
+        client_id: str = "reclaimd-ledger",
+        retention_s: float = 7 * 86_400,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.policy = policy or LabelPolicy()
+        self._outbox = AsyncOutbox.open(outbox_path)
+        self._batch = batch_size
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._request_timeout_ms = request_timeout_ms
+        self._client_id = client_id
+        # Sent rows are kept this long so a replay of their id stays a no-op, then pruned.
+        self._retention_s = retention_s
+        self._pruned_at: float | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._wake = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.published = 0
+        self.publish_errors = 0
+
+    # --- the pipeline side ---------------------------------------------------------------
+
+    async def record(self, w: RestartWaste) -> None:
+        """Commit the event to the outbox (a repeat of its id is a no-op) and wake ``run``."""
+        event_id, key, value, headers = encode(w, self.policy)
+        new = await self._outbox.put(event_id, key, value, headers)
+        if new:
+            self._wake.set()
+        log_event(log, "restart waste recorded", event_id=event_id, new=new)
+
+    def depth(self) -> int:
+        """Events waiting for the broker's ack."""
+        return self._outbox.depth()
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until the outbox is empty; ``False`` if it is not within ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s), self._changed:
+                await self._changed.wait_for(lambda: self.depth() == 0)
+        except TimeoutError:
+            return False
+        return True
+
+    # --- the publisher -------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task[None]:
+        """Run the publisher as a task of this writer (``close`` ends it)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name="ledger-publisher")
+        return self._task
+
+    async def run(self) -> None:
+        """Publish until ``close``: Kafka errors back off (capped, jittered) and retry."""
+        delay = self._backoff[0]
+        published = self.published
+        while not self._closing.is_set():
+            if not self.bootstrap_servers:
+                self._wake.clear()  # nothing to publish to: only close() ends this wait
+                await self._idle()
+                continue
+            try:
+                await self._publish()
+            except Exception as e:  # this loop must outlive any one failure: rows stay queued
+                if self.published > published:  # it worked since the last failure: start over
+                    delay, published = self._backoff[0], self.published
+                self.publish_errors += 1
+                log_event(
+                    log,
+                    "ledger publish failed, will retry",
+                    logging.WARNING,
+                    error=f"{type(e).__name__}: {e}"[:200],
+                    depth=self.depth(),
+                    retry_in_s=round(delay, 2),
+                )
+                await self._stop_producer()
+                await self._backoff_sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, self._backoff[1])
+
+    async def _publish(self) -> None:
+        producer = await self._ensure_producer()
+        while not self._closing.is_set():
+            # Clear before reading: a record() after the read sets it again, so no wake is lost.
+            self._wake.clear()
+            rows = await self._outbox.pending(self._batch)
+            if not rows:
+                await self._notify()
+                await self._prune()
+                await self._idle()
+                continue
+            await self._send_batch(producer, rows)
+
+    async def _send_batch(self, producer: AIOKafkaProducer, rows: list[Row]) -> None:
+        futures: list[tuple[Row, asyncio.Future[Any]]] = []
+        error: BaseException | None = None
+        try:
+            for row in rows:
+                fut = await producer.send(
+                    self.topic, value=row.value, key=row.key, headers=list(row.headers)
+                )
+                futures.append((row, fut))
+        except (KafkaError, OSError) as e:
+            error = e  # mark what was already handed over, then back off
+        results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
+        acked = [row.id for (row, _), r in zip(futures, results, strict=True) if not _failed(r)]
+        if acked:
+            await self._outbox.mark_sent(acked)
+            self.published += len(acked)
+            await self._notify()
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if error is None and failed:
+            error = failed[0]
+        if isinstance(error, Exception):
+            raise error
+        if error is not None:  # a send future cancelled under us (producer stopping)
+            raise KafkaError(f"send interrupted: {type(error).__name__}")
+
+    async def _prune(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._pruned_at is None or now - self._pruned_at > 3600:
+            self._pruned_at = now
+            await self._outbox.prune(self._retention_s)
+
+    async def _ensure_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap_servers,
+                client_id=self._client_id,
+                enable_idempotence=True,
+                acks="all",
+                request_timeout_ms=self._request_timeout_ms,
+            )
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _stop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(KafkaError, OSError):
+                await producer.stop()
+
+    async def _idle(self) -> None:
+        """Wait for a new event (``record``) or ``close``."""
+        await self._wait_for(self._wake, self._closing)
+
+    async def _backoff_sleep(self, seconds: float) -> None:
+        """Sleep out a backoff; only ``close`` cuts it short, a new event does not."""
+        await self._wait_for(self._closing, limit_s=seconds)
+
+    @staticmethod
+    async def _wait_for(*events: asyncio.Event, limit_s: float | None = None) -> None:
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waits, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def close(self, grace_s: float = 5.0) -> None:
+        """Stop publishing and close the outbox; unsent events stay in it for the next start."""
+        self._closing.set()
+        task, self._task = self._task, None
+        if task is not None:
+            done, _ = await asyncio.wait({task}, timeout=grace_s)
+            if not done:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._stop_producer()
+        await self._outbox.close()
+
+    async def __aenter__(self) -> LedgerWriter:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _failed(result: object) -> bool:
+    return isinstance(result, BaseException)

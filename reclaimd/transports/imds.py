@@ -1,0 +1,128 @@
+"""EC2 instance metadata transport, for per-node mode (one reclaimd per node).
+
+IMDSv2: a session token from ``PUT /latest/api/token``, refreshed before it expires and on 401.
+Polls the spot ``instance-action`` and the rebalance recommendation with jitter (so a fleet of
+DaemonSet pods does not poll in lockstep); a 404 means "no notice". Every non-404 body is
+wrapped in the envelope ``handlers.imds`` reads and admitted; the parser derives the notice id
+from the content, so polling the same notice again is a duplicate the intake absorbs without
+an apiserver call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+
+import aiohttp
+
+from reclaimd import handlers, logs
+from reclaimd.config import ImdsSettings
+from reclaimd.model import Ignored, ParseError, Windows, utcnow
+from reclaimd.transports import Admit, Counters
+
+log = logging.getLogger(__name__)
+
+PATHS = ("spot/instance-action", "events/recommendations/rebalance")
+_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+
+
+class ImdsSource:
+    def __init__(
+        self, settings: ImdsSettings, *, admit: Admit, windows: Windows, node_name: str = ""
+    ) -> None:
+        self.settings, self.admit, self.windows = settings, admit, windows
+        self.node_name = node_name
+        self.base = settings.url.rstrip("/")
+        self.counters = Counters()
+        self._token = ""
+        self._token_expiry = 0.0
+        self._identity: dict[str, str] = {}
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            while True:
+                try:
+                    await self.poll_once(session)
+                except asyncio.CancelledError:
+                    raise
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    self.counters.transport_errors += 1
+                    logs.event(log, "imds poll failed", logging.WARNING, error=str(e)[:200])
+                interval = self.settings.poll_interval_s
+                await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+
+    async def poll_once(self, session: aiohttp.ClientSession) -> int:
+        if not self._identity:
+            self._identity = await self._read_identity(session)
+        found = 0
+        for path in PATHS:
+            body = await self._get(session, path)
+            if body is None:
+                continue
+            found += 1
+            await self._deliver(path, body)
+        return found
+
+    async def _deliver(self, path: str, body: str) -> None:
+        self.counters.received += 1
+        envelope = {"path": path, "body": body, **self._identity}
+        if self.node_name:
+            envelope["node_name"] = self.node_name
+        try:
+            outcome = handlers.parse(
+                "imds", json.dumps(envelope).encode(), received_at=utcnow(), windows=self.windows
+            )
+        except ParseError as e:
+            self.counters.parse_errors += 1
+            logs.event(log, "imds body unreadable", logging.WARNING, path=path, error=str(e))
+            return
+        if isinstance(outcome, Ignored):
+            self.counters.ignored += 1
+            return
+        for notice in outcome:
+            self.counters.notices += 1
+            self.counters.admitted(await self.admit(notice))
+
+    async def _read_identity(self, session: aiohttp.ClientSession) -> dict[str, str]:
+        identity = {}
+        for key, path in (
+            ("instance_id", "instance-id"),
+            ("zone", "placement/availability-zone"),
+            ("region", "placement/region"),
+            ("instance_type", "instance-type"),
+        ):
+            value = await self._get(session, path)
+            if value:
+                identity[key] = value.strip()
+        if "instance_id" not in identity:
+            raise aiohttp.ClientError("IMDS did not return an instance id")
+        return identity
+
+    async def _token_header(self, session: aiohttp.ClientSession) -> dict[str, str]:
+        if not self._token or time.monotonic() > self._token_expiry:
+            ttl = self.settings.token_ttl_s
+            async with session.put(
+                f"{self.base}/latest/api/token",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(ttl)},
+            ) as r:
+                r.raise_for_status()
+                self._token = (await r.text()).strip()
+            # Refresh well before expiry so a poll never carries a stale token.
+            self._token_expiry = time.monotonic() + ttl * 0.8
+        return {"X-aws-ec2-metadata-token": self._token}
+
+    async def _get(self, session: aiohttp.ClientSession, path: str) -> str | None:
+        for _ in range(2):
+            headers = await self._token_header(session)
+            async with session.get(f"{self.base}/latest/meta-data/{path}", headers=headers) as r:
+                if r.status == 404:
+                    return None
+                if r.status == 401:
+                    self._token = ""
+                    continue
+                r.raise_for_status()
+                return await r.text()
+        raise aiohttp.ClientError("IMDS refused a fresh token")

@@ -1,0 +1,192 @@
+"""Kafka notices-topic transport (aiokafka): CloudEvents in, one consumer group for all replicas.
+
+Kafka's unit of acknowledgement is an offset, and committing offset N says "everything
+before N is done". So each partition's records are handled in order, and after a batch the
+partition's offset is committed up to the first record that is not settled: a record is
+settled when every notice in it is admitted for good (claimed, duplicate, superseded,
+dropped), or when it is no notice at all (a parse error or another event type: counted,
+since re-reading cannot fix it).
+
+A record whose admission says retry (the claim was not stored) is not skipped: the consumer
+seeks its partition back to that record and pauses the partition for a moment, so the record
+is read again shortly, while the other partitions go on. Until then nothing at or after it is
+committed, so a crash or a rebalance hands it to the next owner.
+
+A new group starts from the earliest offset: a notice produced before the group first joined
+(the first deploy, a renamed group) must still be seen. A notice handled before is cheap to
+see again: its claim on the node answers duplicate. Dedupe is by notice id: the parser
+derives it from the CloudEvent ``source`` and ``id``, which a producer's retry keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from reclaimd import handlers, logs
+from reclaimd.config import KafkaNoticeSettings
+from reclaimd.intake import Admission
+from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
+from reclaimd.transports import Admit, Counters
+
+log = logging.getLogger(__name__)
+
+RETRY_PAUSE_S = 1.0  # a record whose claim failed is read again after this pause
+MAX_BACKOFF_S = 30.0
+POLL_TIMEOUT_MS = 1000
+MAX_RECORDS = 100
+
+
+def commit_point(offsets: Sequence[int], settled: Sequence[bool]) -> tuple[int | None, int | None]:
+    """``(commit, retry)`` for one partition's records in order: commit up to (excluding) the
+    first unsettled record, and re-read from it. Either may be None."""
+    commit: int | None = None
+    for offset, ok in zip(offsets, settled, strict=True):
+        if not ok:
+            return commit, offset
+        commit = offset + 1
+    return commit, None
+
+
+class KafkaNoticeSource:
+    def __init__(
+        self,
+        settings: KafkaNoticeSettings,
+        *,
+        admit: Admit,
+        windows: Windows,
+        consumer_factory: Any = None,
+    ) -> None:
+        if not settings.bootstrap:
+            raise ValueError("kafka_notices: bootstrap is required")
+        self.settings, self.admit, self.windows = settings, admit, windows
+        self.counters = Counters()
+        self._factory = consumer_factory or _default_consumer
+        self._resumes: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                await self._consume()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.counters.transport_errors += 1
+                logs.event(
+                    log,
+                    "kafka notices consumer failed; restarting",
+                    logging.WARNING,
+                    error=f"{type(e).__name__}: {e}"[:200],
+                    backoff_s=backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    async def _consume(self) -> None:
+        consumer = self._factory(self.settings)
+        await consumer.start()
+        logs.event(
+            log,
+            "kafka notices consumer started",
+            topic=self.settings.topic,
+            group_id=self.settings.group_id,
+        )
+        try:
+            while True:
+                batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
+                if not batch:
+                    continue
+                async with asyncio.TaskGroup() as tg:
+                    for tp, records in batch.items():
+                        tg.create_task(self._partition(consumer, tp, records))
+        finally:
+            for task in self._resumes:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def _partition(self, consumer: Any, tp: Any, records: Sequence[Any]) -> None:
+        offsets, settled = [], []
+        for record in records:
+            ok = await self.handle(record.value or b"", where=f"{tp.topic}/{tp.partition}")
+            offsets.append(record.offset)
+            settled.append(ok)
+            if not ok:
+                break  # records after it wait: the offset must not pass an unclaimed one
+        commit, retry = commit_point(offsets, settled)
+        if commit is not None:
+            try:
+                await consumer.commit({tp: commit})
+                self.counters.acked += 1
+            except Exception as e:
+                # A rebalance took the partition: its next owner re-reads, the intake dedupes.
+                self.counters.transport_errors += 1
+                logs.event(log, "kafka commit failed", logging.WARNING, error=str(e)[:200])
+        if retry is not None:
+            self.counters.left_for_redelivery += 1
+            try:
+                consumer.seek(tp, retry)
+                consumer.pause(tp)
+            except Exception as e:
+                # Revoked meanwhile: uncommitted, the record goes to the partition's next owner.
+                logs.event(log, "kafka seek failed", logging.WARNING, error=str(e)[:200])
+                return
+            task = asyncio.create_task(self._resume_later(consumer, tp))
+            self._resumes.add(task)
+            task.add_done_callback(self._resumes.discard)
+
+    @staticmethod
+    async def _resume_later(consumer: Any, tp: Any) -> None:
+        await asyncio.sleep(RETRY_PAUSE_S)
+        with contextlib.suppress(Exception):  # revoked meanwhile: nothing to resume
+            consumer.resume(tp)
+
+    async def handle(self, value: bytes, *, where: str = "") -> bool:
+        """Parse and admit one record; True when it is settled (may be committed past)."""
+        self.counters.received += 1
+        try:
+            outcome = handlers.parse("kafka", value, received_at=utcnow(), windows=self.windows)
+        except ParseError as e:
+            self.counters.parse_errors += 1
+            logs.event(log, "kafka notice unreadable", logging.WARNING, at=where, error=str(e))
+            return True
+        if isinstance(outcome, Ignored):
+            self.counters.ignored += 1
+            logs.event(log, "kafka record ignored", at=where, reason=outcome.reason)
+            return True
+        self.counters.notices += len(outcome)
+        settled = True
+        for notice in outcome:
+            admission = await _admit(self.admit, notice)
+            self.counters.admitted(admission)
+            settled = settled and admission.ack
+        return settled
+
+
+def _default_consumer(settings: KafkaNoticeSettings) -> Any:
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        settings.topic,
+        bootstrap_servers=settings.bootstrap,
+        group_id=settings.group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        # Only what a transactional producer committed: an aborted notice was never sent.
+        isolation_level="read_committed",
+    )
+
+
+async def _admit(admit: Admit, notice: Notice) -> Admission:
+    """An admission that raised is one to retry: the kafka source must not die of it."""
+    try:
+        return await admit(notice)
+    except Exception as e:
+        logs.event(
+            log, "admission failed", logging.WARNING, notice_id=notice.id, error=str(e)[:200]
+        )
+        return Admission.RETRY

@@ -1,0 +1,155 @@
+"""EventBridge -> SQS transport (boto3).
+
+Long-polls batches of up to 10 and handles a batch's messages concurrently (bounded). A message
+is deleted only after every notice in it is admitted (claimed, or known as a duplicate); a parse
+error or a non-notice is deleted and counted, since redelivery cannot fix it; anything transient
+leaves the message in the queue and shortens its visibility so it comes back within seconds,
+not after the full timeout: a spot notice has two minutes. While a message is in flight its
+visibility is extended so a slow claim does not hand it to a peer replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+from reclaimd import handlers, logs
+from reclaimd.config import SqsSettings
+from reclaimd.model import Ignored, ParseError, Windows, utcnow
+from reclaimd.transports import Admit, Counters
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRY_VISIBILITY_S = 2  # how soon a message we could not claim comes back
+
+
+class SqsSource:
+    def __init__(
+        self,
+        client: Any,
+        settings: SqsSettings,
+        *,
+        admit: Admit,
+        windows: Windows,
+        parser: str = "ec2",
+    ) -> None:
+        self.client, self.settings, self.admit, self.windows = client, settings, admit, windows
+        self.parser = parser
+        self.counters = Counters()
+        # boto3 blocks; a pool of our own keeps long polls from starving other to_thread users.
+        self._pool = ThreadPoolExecutor(
+            max_workers=settings.concurrency + 2, thread_name_prefix="sqs"
+        )
+        self._limit = asyncio.Semaphore(settings.concurrency)
+
+    async def _call(self, fn: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, partial(fn, **kwargs))
+
+    async def run(self) -> None:
+        backoff = 1.0
+        try:
+            while True:
+                try:
+                    await self.poll_once()
+                    backoff = 1.0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    self.counters.transport_errors += 1
+                    logs.event(log, "sqs poll failed", logging.WARNING, error=str(e)[:200])
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def poll_once(self) -> int:
+        reply = await self._call(
+            self.client.receive_message,
+            QueueUrl=self.settings.queue_url,
+            MaxNumberOfMessages=self.settings.batch_size,
+            WaitTimeSeconds=self.settings.wait_time_s,
+            VisibilityTimeout=self.settings.visibility_timeout_s,
+            MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+        )
+        messages = reply.get("Messages", [])
+        if messages:
+            async with asyncio.TaskGroup() as tg:
+                for message in messages:
+                    tg.create_task(self._bounded(message))
+        return len(messages)
+
+    async def _bounded(self, message: dict[str, Any]) -> None:
+        async with self._limit:
+            heartbeat = asyncio.create_task(self._keep_invisible(message["ReceiptHandle"]))
+            try:
+                await self.handle(message)
+            finally:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
+
+    async def handle(self, message: dict[str, Any]) -> bool:
+        """Returns True when the message was deleted."""
+        self.counters.received += 1
+        body = message.get("Body", "").encode()
+        msg_id = message.get("MessageId", "")
+        try:
+            outcome = handlers.parse(self.parser, body, received_at=utcnow(), windows=self.windows)
+        except ParseError as e:
+            self.counters.parse_errors += 1
+            logs.event(
+                log, "sqs message unreadable", logging.WARNING, message_id=msg_id, error=str(e)
+            )
+            return await self._delete(message)
+        if isinstance(outcome, Ignored):
+            self.counters.ignored += 1
+            logs.event(log, "sqs message ignored", message_id=msg_id, reason=outcome.reason)
+            return await self._delete(message)
+        self.counters.notices += len(outcome)
+        admissions = [await self.admit(notice) for notice in outcome]
+        for a in admissions:
+            self.counters.admitted(a)
+        if all(a.ack for a in admissions):
+            return await self._delete(message)
+        self.counters.left_for_redelivery += 1
+        with contextlib.suppress(Exception):
+            await self._call(
+                self.client.change_message_visibility,
+                QueueUrl=self.settings.queue_url,
+                ReceiptHandle=message["ReceiptHandle"],
+                VisibilityTimeout=RETRY_VISIBILITY_S,
+            )
+        return False
+
+    async def _delete(self, message: dict[str, Any]) -> bool:
+        try:
+            await self._call(
+                self.client.delete_message,
+                QueueUrl=self.settings.queue_url,
+                ReceiptHandle=message["ReceiptHandle"],
+            )
+        except Exception as e:
+            # The claim is stored; a redelivery is admitted as a duplicate and deleted then.
+            self.counters.transport_errors += 1
+            logs.event(log, "sqs delete failed", logging.WARNING, error=str(e)[:200])
+            return False
+        self.counters.acked += 1
+        return True
+
+    async def _keep_invisible(self, receipt: str) -> None:
+        period = max(self.settings.visibility_timeout_s / 2, 1)
+        while True:
+            await asyncio.sleep(period)
+            with contextlib.suppress(Exception):
+                await self._call(
+                    self.client.change_message_visibility,
+                    QueueUrl=self.settings.queue_url,
+                    ReceiptHandle=receipt,
+                    VisibilityTimeout=self.settings.visibility_timeout_s,
+                )

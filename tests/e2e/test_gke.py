@@ -1,0 +1,311 @@
+"""GCE/GKE preemption end to end: a real reclaimd process, the Pub/Sub emulator carrying
+Cloud Logging sink entries, kube-apiserver + kwok nodes with GCE providerIDs, Kafka for the
+ledger, fake trainers; and the per-node metadata watcher against chaos/gce_metadata_server.py
+(our stand-in: no emulator of the GCE metadata server exists).
+
+The GCE window is 30 s; every test asserts the runbook finished inside it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from reclaimd.chaos import inject
+from reclaimd.chaos import stack as stackenv
+from reclaimd.chaos.fleet import GangSpec, NodeSpec
+from reclaimd.chaos.gce_metadata_server import GceMetadataServer
+from reclaimd.chaos.harness import Harness
+from reclaimd.chaos.process import DaemonProcess
+from reclaimd.config import PubSubSettings
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, Windows, parse_time, stable_id, utcnow
+from reclaimd.transports import pubsub
+from reclaimd.transports.pubsub import PubSubSource
+
+TAINT = "reclaimd.io/interruption"
+GCE_WINDOW_S = 30.0
+
+
+@pytest.fixture
+async def h(stack: Any) -> AsyncIterator[Harness]:
+    async with Harness(stackenv.load()) as harness:
+        yield harness
+
+
+@pytest.fixture
+async def channel(h: Harness) -> AsyncIterator[inject.PubSubChannel]:
+    ch = await asyncio.to_thread(h.pubsub_channel)
+    yield ch
+    await asyncio.to_thread(ch.delete)
+
+
+def pubsub_config(channel: inject.PubSubChannel) -> dict[str, Any]:
+    return {
+        "sqs": {"enabled": False},
+        "pubsub": {
+            "enabled": True,
+            "project": channel.project,
+            "subscription": channel.name,
+            "max_messages": 10,
+        },
+    }
+
+
+async def four_ranks_on_two_nodes(h: Harness) -> tuple[list[NodeSpec], GangSpec, list[str]]:
+    nodes = [h.gce_node_spec(i) for i in range(2)]
+    await h.add_nodes(nodes)
+    placement = [nodes[0].name, nodes[0].name, nodes[1].name, nodes[1].name]
+    gang = await h.add_gang("gke", placement, gpus_per_rank=4)
+    return nodes, gang, [gang.pod_name(r) for r in range(4)]
+
+
+def admissions_logged(d: DaemonProcess, notice_id: str) -> list[str]:
+    out = []
+    for line in d.log_path.read_text(errors="replace").splitlines():
+        if '"notice admitted"' not in line:
+            continue
+        with_fields = json.loads(line)
+        if with_fields.get("notice_id") == notice_id:
+            out.append(with_fields["admission"])
+    return out
+
+
+async def until_logged(d: DaemonProcess, notice_id: str, count: int, timeout_s: float = 30) -> None:
+    for _ in range(int(timeout_s / 0.2)):
+        if len(admissions_logged(d, notice_id)) >= count:
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{notice_id}: {admissions_logged(d, notice_id)}")
+
+
+async def assert_runbook_inside_the_window(
+    h: Harness, notice: Notice, doomed: NodeSpec, healthy: NodeSpec, pods: list[str]
+) -> dict[str, Any]:
+    """Claimed, cordoned and tainted; every rank asked, every pod gone before the deadline;
+    one ledger event for the gang. Returns the event."""
+    assert notice.deadline is not None
+    assert (notice.deadline - notice.issued_at).total_seconds() == GCE_WINDOW_S
+    events = await h.ledger_events(count=1, timeout_s=GCE_WINDOW_S + 30, settle_s=2.0)
+    assert len(events) == 1, events
+    (event,) = events
+
+    claim = await h.wait_phase(doomed.name, "done")
+    assert claim["notice_id"] == notice.id
+    node = await h.core.read_node(doomed.name)
+    assert node.spec.unschedulable is True
+    assert any(t.key == TAINT for t in node.spec.taints or [])
+    assert not (await h.core.read_node(healthy.name)).spec.unschedulable
+
+    # every rank, the two on the healthy node too
+    assert h.trainers.asked(notice.id) == {f"{h.namespace}/{p}" for p in pods}
+    assert await h.pods_left(pods) == []
+
+    assert event["x_NoticeId"] == notice.id
+    assert event["x_GangId"].rsplit("/", 1)[-1] == "gke"
+    assert event["x_DeadlineMet"] is True
+    assert event["x_CheckpointOutcome"] == "checkpointed"
+    assert parse_time(event["ChargePeriodEnd"]) <= notice.deadline
+
+    # the trace agrees: every eviction ended before the deadline
+    timeline = await h.timeline(notice.id)
+    assert timeline.window_s is not None
+    evictions = [r for r in timeline.rows if r.step == "evict"]
+    assert {r.subject for r in evictions} == {f"{h.namespace}/{p}" for p in pods}
+    assert all(r.ok and r.end_s <= timeline.window_s for r in evictions)
+    assert timeline.deadline_met
+    return event
+
+
+# --- Cloud Logging sink -> Pub/Sub -> reclaimd ------------------------------------------------
+
+
+async def test_preemption_via_pubsub_handled_inside_the_window(
+    h: Harness, channel: inject.PubSubChannel
+) -> None:
+    nodes, _, pods = await four_ranks_on_two_nodes(h)
+    d = await h.start_daemon(**pubsub_config(channel))
+    operation = f"systemevent-{h.run_id}"
+
+    notice = await h.send_gce_preemption(channel, nodes[0], operation_id=operation)
+    assert notice.target.provider_id == nodes[0].provider_id
+    await assert_runbook_inside_the_window(h, notice, nodes[0], nodes[1], pods)
+    print(f"\nGKE via Pub/Sub timings: {json.dumps(await h.timings(notice))}")
+
+    # The sink delivers the same entry again (a replay; a new messageId): same notice, acked
+    # as a duplicate, no second event.
+    again = await h.send_gce_preemption(channel, nodes[0], operation_id=operation)
+    assert again.id == notice.id
+    await until_logged(d, notice.id, 2)
+    assert admissions_logged(d, notice.id) == ["claimed", "duplicate"]
+    assert len(await h.ledger_events(count=2, timeout_s=3)) == 1
+
+
+# --- the Pub/Sub transport itself, on the emulator --------------------------------------------
+
+
+class Scripted:
+    def __init__(self, *answers: Admission, gate: asyncio.Event | None = None) -> None:
+        self.answers, self.gate = list(answers), gate
+        self.seen: list[Notice] = []
+
+    async def __call__(self, notice: Notice) -> Admission:
+        self.seen.append(notice)
+        if self.gate is not None:
+            await self.gate.wait()
+        return self.answers.pop(0) if self.answers else Admission.CLAIMED
+
+
+async def _until(cond: Any, timeout_s: float = 30) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if cond():
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("condition not reached")
+
+
+def _pull(channel: inject.PubSubChannel) -> list[bytes]:
+    reply = channel.subscriber.pull(subscription=channel.subscription, max_messages=10, timeout=10)
+    return [m.message.data for m in reply.received_messages]
+
+
+async def test_pubsub_nack_redelivers_and_cancel_releases_the_stream(
+    channel: inject.PubSubChannel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pubsub, "RETRY_PAUSE_S", 0.2)
+    admit = Scripted(Admission.RETRY)
+    settings = PubSubSettings(
+        enabled=True, project=channel.project, subscription=channel.name, max_messages=4
+    )
+    src = PubSubSource(settings, admit=admit, windows=Windows())
+    run = asyncio.create_task(src.run())
+    try:
+        entry = inject.gce_log_entry(
+            project="reclaimd-local", zone="us-central1-a", instance="vm-nack"
+        )
+        await asyncio.to_thread(channel.publish, entry)
+        await _until(lambda: src.counters.acked == 1)
+        # first delivery not claimed -> nacked -> redelivered -> claimed -> acked
+        assert len(admit.seen) == 2
+        assert len({n.id for n in admit.seen}) == 1
+        assert src.counters.left_for_redelivery == 1
+        assert src.counters.by_admission == {"retry": 1, "claimed": 1}
+    finally:
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    # The stream is closed and holds no lease: a plain pull gets the next message.
+    later = inject.gce_log_entry(
+        project="reclaimd-local", zone="us-central1-a", instance="vm-later"
+    )
+    await asyncio.to_thread(channel.publish, later)
+    pulled = await asyncio.to_thread(_pull, channel)
+    assert [json.loads(p)["operation"]["id"] for p in pulled] == [later["operation"]["id"]]
+    assert len(admit.seen) == 2  # the cancelled source never saw it
+
+
+async def test_pubsub_flow_control_bounds_messages_in_flight(
+    channel: inject.PubSubChannel,
+) -> None:
+    gate = asyncio.Event()
+    admit = Scripted(gate=gate)
+    settings = PubSubSettings(
+        enabled=True, project=channel.project, subscription=channel.name, max_messages=2
+    )
+    src = PubSubSource(settings, admit=admit, windows=Windows())
+    run = asyncio.create_task(src.run())
+    try:
+        for i in range(5):
+            entry = inject.gce_log_entry(
+                project="reclaimd-local", zone="us-central1-a", instance=f"vm-{i}"
+            )
+            await asyncio.to_thread(channel.publish, entry)
+        await _until(lambda: len(admit.seen) >= 2)
+        await asyncio.sleep(1.0)  # room for a third delivery, if flow control let one through
+        assert len(admit.seen) == 2
+        gate.set()
+        await _until(lambda: src.counters.acked == 5)
+        assert len({n.id for n in admit.seen}) == 5
+    finally:
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+
+async def test_pubsub_dead_stream_is_reopened(channel: inject.PubSubChannel) -> None:
+    admit = Scripted()
+    settings = PubSubSettings(enabled=True, project=channel.project, subscription=channel.name)
+    src = PubSubSource(settings, admit=admit, windows=Windows())
+    run = asyncio.create_task(src.run())
+    try:
+        first = inject.gce_log_entry(
+            project="reclaimd-local", zone="us-central1-a", instance="vm-before"
+        )
+        await asyncio.to_thread(channel.publish, first)
+        await _until(lambda: src.counters.acked == 1)  # the stream is up
+        # The subscription goes away under the stream (a non-retryable error), then returns.
+        await asyncio.to_thread(
+            channel.subscriber.delete_subscription, subscription=channel.subscription
+        )
+        await _until(lambda: src.counters.transport_errors >= 1)
+        await asyncio.to_thread(
+            channel.subscriber.create_subscription,
+            name=channel.subscription,
+            topic=channel.topic,
+        )
+        after = inject.gce_log_entry(
+            project="reclaimd-local", zone="us-central1-a", instance="vm-after"
+        )
+        await asyncio.to_thread(channel.publish, after)
+        await _until(lambda: src.counters.acked == 2)
+        assert [n.target.node_name for n in admit.seen] == ["vm-before", "vm-after"]
+        assert not run.done()
+    finally:
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+
+# --- per-node mode: the metadata server ---------------------------------------------------------
+
+
+async def test_metadata_preempted_flip_runs_the_same_runbook(h: Harness) -> None:
+    nodes, _, pods = await four_ranks_on_two_nodes(h)
+    doomed = nodes[0]
+    async with GceMetadataServer(
+        project=doomed.project, zone=doomed.zone, instance=doomed.name
+    ) as metadata:
+        d = await h.start_daemon(
+            sqs={"enabled": False},
+            gce_metadata={
+                "enabled": True,
+                "url": metadata.url,
+                "node_name": doomed.name,
+                "timeout_s": 10,
+            },
+        )
+        await _until(lambda: metadata.waiting == 2)  # both keys watched with hanging GETs
+        flipped = utcnow()
+        etag = await metadata.set("instance/preempted", "TRUE")
+        notice_id = stable_id(
+            "gcp.metadata.preempted", doomed.project, doomed.zone, doomed.name, "TRUE", etag
+        )
+        await until_logged(d, notice_id, 1)
+        claim = await h.wait_phase(doomed.name, "done", timeout_s=GCE_WINDOW_S + 30)
+        notice = Notice.from_json(claim["notice"])  # observed_at is the daemon's
+        assert notice.id == notice_id
+        await assert_runbook_inside_the_window(h, notice, doomed, nodes[1], pods)
+        timings = await h.timings(notice)
+        # The notice's time is when the watcher read the value; add the flip -> read lag.
+        timings["flip_to_read_s"] = (notice.issued_at - flipped).total_seconds()
+        print(f"\nGCE metadata timings: {json.dumps(timings)}")
+        # The watcher hangs on the new ETag again and admits nothing more.
+        await _until(lambda: metadata.waiting == 2)
+        assert admissions_logged(d, notice_id) == ["claimed"]
+        assert any(
+            key == "instance/preempted" and query.get("last_etag") == etag
+            for key, query in metadata.requests
+        )

@@ -1,0 +1,110 @@
+from datetime import timedelta
+
+from reclaimd.intake import Admission, Intake
+from reclaimd.model import Notice, NoticeKind, Target, WorkloadRef, utcnow
+
+
+def notice(nid: str, target: Target) -> Notice:
+    now = utcnow()
+    return Notice(nid, "test", NoticeKind.SPOT_INTERRUPTION, target, now, now, now)
+
+
+class Claims:
+    def __init__(self, answer: Admission | Exception) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str | None]] = []
+
+    async def claim(self, n: Notice, node: str | None) -> Admission:
+        self.calls.append((n.id, node))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+class Resolver:
+    def resolve_node(self, target: Target) -> str | None:
+        return {"i-1": "node-1"}.get(target.instance_id)
+
+
+async def run(claims: Claims, n: Notice, *, drop: bool = True) -> tuple[Admission, list[str]]:
+    submitted: list[str] = []
+
+    async def submit(x: Notice) -> None:
+        submitted.append(x.id)
+
+    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=drop)
+    return await intake.admit(n), submitted
+
+
+async def test_claimed_is_submitted_and_acked() -> None:
+    claims = Claims(Admission.CLAIMED)
+    a, sub = await run(claims, notice("n1", Target(instance_id="i-1")))
+    assert a is Admission.CLAIMED and a.ack and sub == ["n1"]
+    assert claims.calls == [("n1", "node-1")]
+
+
+async def test_redelivery_is_a_duplicate_without_a_second_claim() -> None:
+    claims = Claims(Admission.CLAIMED)
+    submitted: list[str] = []
+
+    async def submit(x: Notice) -> None:
+        submitted.append(x.id)
+
+    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
+    n = notice("n1", Target(instance_id="i-1"))
+    assert await intake.admit(n) is Admission.CLAIMED
+    assert await intake.admit(n) is Admission.DUPLICATE
+    assert len(claims.calls) == 1 and submitted == ["n1"]
+
+
+async def test_claim_failure_leaves_message_for_redelivery() -> None:
+    a, sub = await run(
+        Claims(RuntimeError("apiserver down")), notice("n", Target(instance_id="i-1"))
+    )
+    assert a is Admission.RETRY and not a.ack and sub == []
+
+
+async def test_unknown_instance_follows_policy() -> None:
+    n = notice("n", Target(instance_id="i-unknown"))
+    dropped, _ = await run(Claims(Admission.CLAIMED), n, drop=True)
+    kept, _ = await run(Claims(Admission.CLAIMED), n, drop=False)
+    assert dropped is Admission.UNKNOWN_TARGET and dropped.ack
+    assert kept is Admission.RETRY and not kept.ack
+
+
+async def test_workload_target_needs_no_node() -> None:
+    claims = Claims(Admission.CLAIMED)
+    a, sub = await run(claims, notice("w", Target(workload=WorkloadRef("ns", "wl"))))
+    assert a is Admission.CLAIMED and claims.calls == [("w", None)] and sub == ["w"]
+
+
+async def test_peer_duplicate_is_not_run_here() -> None:
+    a, sub = await run(Claims(Admission.DUPLICATE), notice("n", Target(instance_id="i-1")))
+    assert a is Admission.DUPLICATE and a.ack and sub == []
+
+
+async def test_long_expired_notice_is_acked_without_a_claim() -> None:
+    claims = Claims(Admission.CLAIMED)
+    now = utcnow()
+    old = Notice(
+        "old",
+        "test",
+        NoticeKind.SPOT_INTERRUPTION,
+        Target(instance_id="i-1"),
+        now - timedelta(hours=1),
+        now - timedelta(minutes=58),
+        now,
+    )
+    a, sub = await run(claims, old)
+    assert a is Admission.EXPIRED and a.ack and sub == [] and claims.calls == []
+    recent = Notice(
+        "late",
+        "test",
+        NoticeKind.SPOT_INTERRUPTION,
+        Target(instance_id="i-1"),
+        now - timedelta(minutes=3),
+        now - timedelta(minutes=1),
+        now,
+    )
+    a, _ = await run(claims, recent)
+    assert a is Admission.CLAIMED  # past its deadline, but recent: still worth the cleanup

@@ -1,0 +1,376 @@
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from reclaimd.ledger import (
+    SCHEMA,
+    LabelPolicy,
+    LedgerWriter,
+    cost_labels,
+    encode,
+    kafka_key,
+    normalize_purchase_option,
+    pricing_category,
+    to_event,
+)
+from reclaimd.model import (
+    CheckpointScope,
+    Gang,
+    GangKey,
+    Member,
+    Notice,
+    NoticeKind,
+    RankAck,
+    RestartWaste,
+    Target,
+    frozen_map,
+)
+from reclaimd.outbox import Outbox
+from reclaimd.waste import build_restart_waste
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def make_waste(
+    labels: dict[str, str] | None = None,
+    *,
+    traceparent: str = TRACEPARENT,
+    gang_name: str = "llm",
+    attributes: dict[str, str] | None = None,
+) -> RestartWaste:
+    n = Notice(
+        id="aws-abc",
+        source="aws.sqs",
+        kind=NoticeKind.SPOT_INTERRUPTION,
+        target=Target(instance_id="i-0abc", node_name="ip-10-0-0-1"),
+        issued_at=T0,
+        deadline=T0 + timedelta(seconds=120),
+        received_at=T0 + timedelta(seconds=2),
+        attributes=frozen_map(
+            attributes
+            if attributes is not None
+            else {"region": "us-east-1", "zone": "us-east-1a", "instance_type": "p5.48xlarge"}
+        ),
+    )
+    ms = tuple(
+        Member(
+            namespace="team-a",
+            name=f"llm-worker-{i}",
+            uid=f"u{i}",
+            node=f"node-{i % 2}",
+            gpus=8,
+            checkpoint_url="http://10.0.0.1/c",
+            last_checkpoint=T0 - timedelta(minutes=30),
+        )
+        for i in range(3)
+    )
+    g = Gang(
+        GangKey("jobset", "team-a", gang_name),
+        ms,
+        CheckpointScope.RANK,
+        frozen_map(
+            labels
+            if labels is not None
+            else {
+                "tenant": "acme",
+                "queue": "research",
+                "sku": "p5.48xlarge",
+                "cell": "use1-a",
+                "purchase_option": "spot",
+            }
+        ),
+    )
+    acks = [RankAck(member=ms[0], acked=True, durable=True, checkpoint_time=T0)]
+    return build_restart_waste(
+        n,
+        g,
+        acks,
+        T0 + timedelta(seconds=100),
+        deadline_met=True,
+        traceparent=traceparent,
+        cluster="prod-use1",
+    )
+
+
+# --- label policy ----------------------------------------------------------------------
+
+
+def test_pii_and_unknown_keys_are_dropped_and_counted_not_raised() -> None:
+    p = LabelPolicy()
+    tags = p.tags(
+        {
+            "tenant": "acme",
+            "prompt": "tell me a secret",
+            "user_email": "a@b.c",
+            "session_raw": "xyz",
+            "team": "infra",
+        }
+    )
+    assert tags == {"tenant": "acme"}
+    assert p.dropped["refused_key"] == 4
+
+
+def test_allowlist_cannot_open_a_pii_key() -> None:
+    p = LabelPolicy(allowed=["tenant", "prompt"])
+    assert p.tags({"prompt": "x", "tenant": "t"}) == {"tenant": "t"}
+    assert p.dropped["refused_key"] == 1
+
+
+def test_configured_allowlist_narrows_tags() -> None:
+    p = LabelPolicy(allowed=["tenant"])
+    assert p.tags({"tenant": "t", "queue": "q"}) == {"tenant": "t"}
+
+
+@pytest.mark.parametrize(
+    "value", ["", "x" * 64, "has space", "ümlaut", "a/b", "semi;colon", "line\nbreak"]
+)
+def test_bad_values_are_dropped_and_counted(value: str) -> None:
+    p = LabelPolicy()
+    assert p.tags({"queue": value, "tenant": "ok"}) == {"tenant": "ok"}
+    assert p.dropped["bad_value"] == 1
+
+
+def test_value_at_the_limit_is_kept() -> None:
+    p = LabelPolicy()
+    assert p.tags({"queue": "q" * 63}) == {"queue": "q" * 63}
+    assert sum(p.dropped.values()) == 0
+
+
+def test_mig_profile_is_a_fact_not_a_refused_tag() -> None:
+    p = LabelPolicy()
+    assert p.tags({"mig_profile": "1g.10gb"}) == {}
+    assert sum(p.dropped.values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        ("spot", "spot"),
+        ("SPOT", "spot"),
+        ("on-demand", "on_demand"),
+        ("ON_DEMAND", "on_demand"),
+        ("reserved", "reserved"),
+        ("CAPACITY_BLOCK", "capacity_block"),
+        ("capacity-block", "capacity_block"),
+        ("preemptible", "spot"),
+        ("bid", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_purchase_option_normalization(raw: str | None, want: str | None) -> None:
+    assert normalize_purchase_option(raw) == want
+
+
+@pytest.mark.parametrize(
+    ("opt", "cat"),
+    [
+        ("spot", "Dynamic"),
+        ("on_demand", "Standard"),
+        ("reserved", "Committed"),
+        ("capacity_block", "Committed"),
+        ("weird", "Other"),
+        (None, "Other"),
+    ],
+)
+def test_pricing_category(opt: str | None, cat: str) -> None:
+    assert pricing_category(opt) == cat
+
+
+# --- cost_labels -----------------------------------------------------------------------
+
+
+def test_cost_labels_from_pod_and_node() -> None:
+    pod = {
+        "reclaimd.io/tenant": "acme",
+        "kueue.x-k8s.io/queue-name": "lq-research",
+        "reclaimd.io/cell": "cell-7",
+        "app": "trainer",
+    }
+    node = {
+        "node.kubernetes.io/instance-type": "p5.48xlarge",
+        "karpenter.sh/capacity-type": "on-demand",
+    }
+    assert cost_labels(pod, node) == {
+        "tenant": "acme",
+        "queue": "lq-research",
+        "cell": "cell-7",
+        "sku": "p5.48xlarge",
+        "purchase_option": "on_demand",
+    }
+
+
+def test_explicit_reclaimd_labels_win() -> None:
+    pod = {"reclaimd.io/queue": "explicit", "kueue.x-k8s.io/queue-name": "kueue"}
+    node = {"reclaimd.io/purchase-option": "reserved", "karpenter.sh/capacity-type": "spot"}
+    got = cost_labels(pod, node)
+    assert got["queue"] == "explicit"
+    assert got["purchase_option"] == "reserved"
+
+
+@pytest.mark.parametrize(
+    ("node", "want"),
+    [
+        ({"eks.amazonaws.com/capacityType": "CAPACITY_BLOCK"}, "capacity_block"),
+        ({"eks.amazonaws.com/capacityType": "SPOT"}, "spot"),
+        ({"cloud.google.com/gke-spot": "true"}, "spot"),
+        ({"cloud.google.com/gke-spot": "false"}, None),
+        ({"karpenter.sh/capacity-type": "mystery"}, None),
+    ],
+)
+def test_purchase_option_sources(node: dict[str, str], want: str | None) -> None:
+    assert cost_labels({}, node).get("purchase_option") == want
+
+
+def test_cell_falls_back_to_the_node_and_mig_profile_is_read() -> None:
+    node = {"reclaimd.io/cell": "node-cell", "nvidia.com/mig.config": "all-1g.10gb"}
+    got = cost_labels({}, node)
+    assert got["cell"] == "node-cell"
+    assert got["mig_profile"] == "all-1g.10gb"
+    assert "mig_profile" not in cost_labels({}, {"nvidia.com/mig.config": "all-disabled"})
+
+
+# --- event -----------------------------------------------------------------------------
+
+REQUIRED = {
+    "schema",
+    "EventId",
+    "ChargePeriodStart",
+    "ChargePeriodEnd",
+    "ChargeCategory",
+    "PricingCategory",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "ResourceId",
+    "ResourceType",
+    "SkuId",
+    "RegionId",
+    "AvailabilityZone",
+    "Tags",
+    "x_WastedGpuSeconds",
+    "x_GangId",
+    "x_GangSize",
+    "x_GpuCount",
+    "x_MigProfile",
+    "x_NoticeId",
+    "x_NoticeSource",
+    "x_NoticeKind",
+    "x_NoticeReason",
+    "x_NoticeWindowS",
+    "x_NoticeReceivedAt",
+    "x_NoticeDeadline",
+    "x_CheckpointOutcome",
+    "x_DeadlineMet",
+    "x_K8sClusterName",
+    "x_K8sNamespaceName",
+    "x_K8sNodeNames",
+    "x_TraceParent",
+}
+
+
+def test_event_has_every_column_with_the_right_values() -> None:
+    w = make_waste()
+    ev = to_event(w, LabelPolicy())
+    assert set(ev) == REQUIRED
+    # rank 0 acked at T0 (100 s lost), ranks 1 and 2 from T0-30min (1900 s each), 8 GPUs each.
+    wasted = 8 * 100 + 2 * 8 * 1900
+    assert ev["x_WastedGpuSeconds"] == wasted
+    assert ev["ConsumedQuantity"] == round(wasted / 3600, 6)
+    assert ev["ConsumedUnit"] == "GPU-Hours"
+    assert ev["schema"] == SCHEMA == "reclaimd.restart-waste/v1"
+    assert ev["ChargePeriodStart"] == "2026-03-01T11:30:00Z"
+    assert ev["ChargePeriodEnd"] == "2026-03-01T12:01:40Z"
+    assert ev["ChargeCategory"] == "Usage"
+    assert ev["PricingCategory"] == "Dynamic"
+    assert ev["ResourceId"] == "i-0abc"
+    assert ev["SkuId"] == "p5.48xlarge"
+    assert (ev["RegionId"], ev["AvailabilityZone"]) == ("us-east-1", "us-east-1a")
+    assert ev["Tags"] == {
+        "cell": "use1-a",
+        "purchase_option": "spot",
+        "queue": "research",
+        "sku": "p5.48xlarge",
+        "tenant": "acme",
+    }
+    assert ev["x_GangId"] == "jobset:team-a/llm"
+    assert (ev["x_GangSize"], ev["x_GpuCount"]) == (3, 24)
+    assert ev["x_NoticeWindowS"] == 120.0
+    assert ev["x_NoticeDeadline"] == "2026-03-01T12:02:00Z"
+    assert ev["x_NoticeReceivedAt"] == "2026-03-01T12:00:02Z"
+    assert ev["x_CheckpointOutcome"] == "partial"
+    assert ev["x_DeadlineMet"] is True
+    assert ev["x_K8sClusterName"] == "prod-use1"
+    assert ev["x_K8sNamespaceName"] == "team-a"
+    assert ev["x_K8sNodeNames"] == ["node-0", "node-1"]
+    assert ev["x_TraceParent"] == TRACEPARENT
+    assert ev["EventId"] == w.event_id
+
+
+def test_event_carries_no_pod_names_or_refused_values() -> None:
+    w = make_waste({"tenant": "acme", "prompt": "SECRET-PROMPT", "user_email": "me@x.io"})
+    _, key, value, headers = encode(w, LabelPolicy())
+    text = value.decode() + key.decode() + repr(headers)
+    for leak in ("llm-worker-", "SECRET-PROMPT", "me@x.io", "prompt", "user_email"):
+        assert leak not in text
+
+
+def test_bad_traceparent_and_free_text_attributes_become_null() -> None:
+    w = make_waste(
+        traceparent="not a trace",
+        attributes={"region": "us east 1", "reason": "Preempted by someone <script>"},
+    )
+    ev = to_event(w, LabelPolicy())
+    assert ev["x_TraceParent"] is None
+    assert ev["RegionId"] is None
+    assert ev["x_NoticeReason"] is None
+    _, _, _, headers = encode(w, LabelPolicy())
+    assert [h for h, _ in headers] == ["event_id", "schema"]
+
+
+def test_unknown_purchase_option_prices_as_other_and_sku_falls_back() -> None:
+    w = make_waste({"tenant": "acme"})
+    ev = to_event(w, LabelPolicy())
+    assert ev["PricingCategory"] == "Other"
+    assert ev["SkuId"] == "p5.48xlarge"  # from the notice's instance type
+
+
+def test_encoded_event_is_stable_json_with_headers() -> None:
+    w = make_waste()
+    eid, key, value, headers = encode(w, LabelPolicy())
+    assert (eid, key, value) == encode(make_waste(), LabelPolicy())[:3]
+    assert json.loads(value) == to_event(w, LabelPolicy())
+    assert key == b"acme|jobset:team-a/llm"
+    assert dict(headers) == {
+        "event_id": eid.encode(),
+        "schema": SCHEMA.encode(),
+        "traceparent": TRACEPARENT.encode(),
+    }
+
+
+def test_kafka_key_is_bounded_and_still_unique() -> None:
+    a = make_waste(gang_name="g" * 250 + "a")
+    b = make_waste(gang_name="g" * 250 + "b")
+    ka, kb = kafka_key(a, {"tenant": "acme"}), kafka_key(b, {"tenant": "acme"})
+    assert len(ka) <= 200 and len(kb) <= 200
+    assert ka != kb
+    assert kafka_key(make_waste(), {}) == b"-|jobset:team-a/llm"
+
+
+# --- writer without a broker -----------------------------------------------------------
+
+
+async def test_writer_without_broker_keeps_events_once_in_the_outbox(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite"
+    async with LedgerWriter(bootstrap_servers="", topic="t", outbox_path=path) as writer:
+        await writer.record(make_waste())
+        await writer.record(make_waste())  # same notice and gang: same event id
+        await writer.record(make_waste(gang_name="other"))
+        assert writer.depth() == 2
+        assert not await writer.flush(0.05)
+    box = Outbox(path)
+    rows = box.pending()
+    assert [r.id for r in rows] == [make_waste().event_id, make_waste(gang_name="other").event_id]
+    assert json.loads(rows[0].value)["EventId"] == rows[0].id

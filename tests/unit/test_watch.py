@@ -1,0 +1,299 @@
+"""The watch policy (LIST, WATCH from the version, bookmarks, 410, silence, backoff) on
+scripted streams. Each scenario is a named constant: what the server says, in order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from reclaimd.cluster import client
+from reclaimd.cluster.watch import (
+    Backoff,
+    Changed,
+    Listed,
+    WatchEvent,
+    WatchSettings,
+    watch_objects,
+)
+
+FAST = WatchSettings(inactivity_timeout_s=30.0, backoff_base_s=0.0, backoff_cap_s=0.0)
+
+
+class Hang:
+    """The stream goes silent without closing (a half-open connection)."""
+
+
+HANG = Hang()
+
+
+class ScriptDone(Exception):
+    """The server has nothing more scripted: ends the test's iteration."""
+
+
+def pod(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}}
+
+
+def event(kind: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": kind, "object": obj}
+
+
+def bookmark(rv: str) -> dict[str, Any]:
+    return event("BOOKMARK", {"kind": "Pod", "metadata": {"resourceVersion": rv}})
+
+
+def error(code: int) -> dict[str, Any]:
+    return event("ERROR", {"kind": "Status", "code": code, "message": "too old resource version"})
+
+
+ListStep = tuple[list[Mapping[str, Any]], str] | Exception
+StreamItem = Mapping[str, Any] | Exception | Hang
+StreamStep = Sequence[StreamItem] | Exception
+
+
+@dataclass
+class ScriptedEndpoint:
+    lists: list[ListStep]
+    streams: list[StreamStep]
+    list_calls: int = 0
+    watched_from: list[str] = field(default_factory=list)
+
+    async def list(self) -> tuple[list[Mapping[str, Any]], str]:
+        self.list_calls += 1
+        if not self.lists:
+            raise ScriptDone
+        step = self.lists.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    @asynccontextmanager
+    async def watch(
+        self, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[AsyncIterator[Mapping[str, Any]]]:
+        self.watched_from.append(resource_version)
+        if not self.streams:
+            raise ScriptDone
+        step = self.streams.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        yield _play(step)
+
+
+async def _play(items: Sequence[StreamItem]) -> AsyncIterator[Mapping[str, Any]]:
+    for item in items:
+        if isinstance(item, Hang):
+            await asyncio.Event().wait()
+        elif isinstance(item, Exception):
+            raise item
+        else:
+            yield item
+
+
+async def collect(endpoint: ScriptedEndpoint, settings: WatchSettings = FAST) -> list[WatchEvent]:
+    seen: list[WatchEvent] = []
+    with pytest.raises(ScriptDone):
+        async for ev in watch_objects(endpoint, settings=settings):
+            seen.append(ev)
+    return seen
+
+
+def names(ev: WatchEvent) -> list[str]:
+    objs = ev.objects if isinstance(ev, Listed) else (ev.object,)
+    return [o["metadata"]["name"] for o in objs]
+
+
+# --- scenarios ----------------------------------------------------------------------------
+
+LIST_THEN_EVENTS_THEN_SERVER_CLOSE = dict(
+    lists=[([pod("a", "9")], "10")],
+    streams=[
+        [
+            event("ADDED", pod("b", "11")),
+            event("MODIFIED", pod("a", "12")),
+            event("DELETED", pod("b", "13")),
+        ]
+    ],
+)
+BOOKMARK_ONLY = dict(
+    lists=[([], "10")],
+    streams=[[bookmark("20")], [bookmark("25")]],
+)
+EXPIRED_IN_STREAM = dict(
+    lists=[([pod("a", "9"), pod("b", "9")], "10"), ([pod("a", "30")], "31")],
+    streams=[[event("ADDED", pod("c", "11")), error(410)], []],
+)
+GONE_ON_CONNECT = dict(
+    lists=[([pod("a", "9")], "10"), ([pod("a", "9")], "40")],
+    streams=[client.Gone("watch pods", 410)],
+)
+SILENT_STREAM = dict(
+    lists=[([], "10")],
+    streams=[[event("ADDED", pod("a", "11")), HANG], [event("ADDED", pod("b", "12"))]],
+)
+LIST_FAILS_THEN_WORKS = dict(
+    lists=[
+        client.ServerError("list pods", 503),
+        client.ServerError("list pods", 0),
+        ([pod("a", "9")], "10"),
+    ],
+    streams=[],
+)
+STREAM_BREAKS_MIDWAY = dict(
+    lists=[([], "10")],
+    streams=[
+        [event("ADDED", pod("a", "11")), client.ServerError("watch pods", 0)],
+        [event("ADDED", pod("b", "12"))],
+    ],
+)
+LIST_FORBIDDEN = dict(
+    lists=[client.Forbidden("list pods", 403)],
+    streams=[],
+)
+ERROR_EVENT_INTERNAL = dict(
+    lists=[([], "10")],
+    streams=[[event("ADDED", pod("a", "11")), error(500)], []],
+)
+ERROR_EVENT_FORBIDDEN = dict(
+    lists=[([], "10")],
+    streams=[[error(403)]],
+)
+UNKNOWN_AND_MALFORMED_EVENTS = dict(
+    lists=[([], "10")],
+    streams=[
+        [
+            {"type": "SURPRISE", "object": pod("x", "11")},
+            {"type": "ADDED"},
+            event("ADDED", pod("a", "12")),
+        ]
+    ],
+)
+
+
+def endpoint(scenario: Mapping[str, Any]) -> ScriptedEndpoint:
+    return ScriptedEndpoint(lists=list(scenario["lists"]), streams=list(scenario["streams"]))
+
+
+async def test_lists_then_watches_from_the_listed_version() -> None:
+    ep = endpoint(LIST_THEN_EVENTS_THEN_SERVER_CLOSE)
+    seen = await collect(ep)
+    assert seen[0] == Listed((pod("a", "9"),), "10")
+    assert [(e.type, names(e)) for e in seen[1:] if isinstance(e, Changed)] == [
+        ("ADDED", ["b"]),
+        ("MODIFIED", ["a"]),
+        ("DELETED", ["b"]),
+    ]
+    assert len(seen) == 4
+    # The server closed the stream: resume from the last event's version, no relist.
+    assert ep.watched_from == ["10", "13"]
+    assert ep.list_calls == 1
+
+
+async def test_bookmarks_advance_the_version_and_are_not_emitted() -> None:
+    ep = endpoint(BOOKMARK_ONLY)
+    seen = await collect(ep)
+    assert seen == [Listed((), "10")]
+    assert ep.watched_from == ["10", "20", "25"]
+
+
+async def test_410_in_stream_relists_and_the_snapshot_replaces() -> None:
+    ep = endpoint(EXPIRED_IN_STREAM)
+    seen = await collect(ep)
+    listed = [e for e in seen if isinstance(e, Listed)]
+    assert [names(e) for e in listed] == [["a", "b"], ["a"]]
+    assert listed[1].resource_version == "31"
+    assert ep.watched_from[:2] == ["10", "31"]
+
+
+async def test_410_on_connect_relists() -> None:
+    ep = endpoint(GONE_ON_CONNECT)
+    seen = await collect(ep)
+    assert [e.resource_version for e in seen if isinstance(e, Listed)] == ["10", "40"]
+    assert ep.watched_from[0] == "10"
+    assert ep.watched_from[1] == "40"
+
+
+async def test_silent_stream_reconnects_from_the_current_version() -> None:
+    ep = endpoint(SILENT_STREAM)
+    seen = await collect(ep, WatchSettings(inactivity_timeout_s=0.05, backoff_base_s=0.0))
+    assert [names(e) for e in seen if isinstance(e, Changed)] == [["a"], ["b"]]
+    assert ep.watched_from == ["10", "11", "12"]
+    assert ep.list_calls == 1  # a silent stream is reconnected, not relisted
+
+
+async def test_transient_list_failures_back_off_and_retry() -> None:
+    ep = endpoint(LIST_FAILS_THEN_WORKS)
+    seen = await collect(ep)
+    assert seen == [Listed((pod("a", "9"),), "10")]
+    assert ep.list_calls == 3
+
+
+async def test_broken_stream_resumes_without_relisting() -> None:
+    ep = endpoint(STREAM_BREAKS_MIDWAY)
+    seen = await collect(ep)
+    assert [names(e) for e in seen if isinstance(e, Changed)] == [["a"], ["b"]]
+    assert ep.watched_from == ["10", "11", "12"]
+    assert ep.list_calls == 1
+
+
+async def test_permanent_list_error_is_raised() -> None:
+    ep = endpoint(LIST_FORBIDDEN)
+    with pytest.raises(client.Forbidden):
+        async for _ in watch_objects(ep, settings=FAST):
+            pass
+
+
+async def test_internal_error_event_reconnects_from_the_version() -> None:
+    ep = endpoint(ERROR_EVENT_INTERNAL)
+    await collect(ep)
+    assert ep.watched_from == ["10", "11", "11"]
+    assert ep.list_calls == 1
+
+
+async def test_forbidden_error_event_is_raised() -> None:
+    ep = endpoint(ERROR_EVENT_FORBIDDEN)
+    with pytest.raises(client.Forbidden):
+        async for _ in watch_objects(ep, settings=FAST):
+            pass
+
+
+async def test_unknown_and_malformed_events_are_skipped() -> None:
+    ep = endpoint(UNKNOWN_AND_MALFORMED_EVENTS)
+    seen = await collect(ep)
+    assert [(e.type, names(e)) for e in seen if isinstance(e, Changed)] == [("ADDED", ["a"])]
+
+
+async def test_closing_the_consumer_closes_the_stream() -> None:
+    closed = asyncio.Event()
+
+    class Tracking(ScriptedEndpoint):
+        @asynccontextmanager
+        async def watch(
+            self, resource_version: str, timeout_s: int
+        ) -> AsyncIterator[AsyncIterator[Mapping[str, Any]]]:
+            try:
+                yield _play([event("ADDED", pod("a", "11")), HANG])
+            finally:
+                closed.set()
+
+    gen = watch_objects(Tracking(lists=[([], "10")], streams=[]), settings=FAST)
+    assert isinstance(await anext(gen), Listed)
+    assert isinstance(await anext(gen), Changed)
+    await gen.aclose()
+    assert closed.is_set()
+
+
+def test_backoff_is_capped_jittered_and_honours_retry_after() -> None:
+    b = Backoff(WatchSettings(backoff_base_s=1.0, backoff_cap_s=8.0))
+    ceilings = [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    delays = [b.next_delay() for _ in ceilings]
+    assert all(0.0 <= d <= c for d, c in zip(delays, ceilings, strict=True))
+    assert b.next_delay(hint_s=5.0) >= 5.0
+    assert b.next_delay(hint_s=600.0) <= 8.0  # a hint beyond the cap is capped
+    b.reset()
+    assert b.next_delay() <= 1.0
