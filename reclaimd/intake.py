@@ -7,6 +7,7 @@ commits its message only when ``Admission.ack`` is true: a claim that could not 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -65,11 +66,31 @@ class Intake:
         self._memory = memory
         # When each claim was started and stored: the runbook puts it in the notice's trace.
         self._claim_times: OrderedDict[str, tuple[datetime, datetime]] = OrderedDict()
+        self._flights: dict[str, asyncio.Future[Admission]] = {}
 
     def claim_times(self, notice_id: str) -> tuple[datetime, datetime] | None:
         return self._claim_times.get(notice_id)
 
     async def admit(self, notice: Notice) -> Admission:
+        """Admit ``notice``; concurrent deliveries of one notice share one admission."""
+        flight = self._flights.get(notice.id)
+        if flight is not None:
+            return await asyncio.shield(flight)
+        flight = asyncio.get_running_loop().create_future()
+        self._flights[notice.id] = flight
+        try:
+            admission = await self._admit_logged(notice)
+        except BaseException:
+            # A cancelled or failed admission tells the waiters to retry, never to ack.
+            flight.set_result(Admission.RETRY)
+            raise
+        else:
+            flight.set_result(admission)
+            return admission
+        finally:
+            del self._flights[notice.id]
+
+    async def _admit_logged(self, notice: Notice) -> Admission:
         admission = await self._admit(notice)
         logs.event(
             log,

@@ -7,13 +7,28 @@ acks, deletes or commits its message only when every admission allows it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from reclaimd import logs
 from reclaimd.intake import Admission
 from reclaimd.model import Notice
 
+log = logging.getLogger(__name__)
+
 Admit = Callable[[Notice], Awaitable[Admission]]
+
+
+async def admit_or_retry(admit: Admit, notice: Notice) -> Admission:
+    """An admission that raised is one to retry: a source must not die of one bad notice."""
+    try:
+        return await admit(notice)
+    except Exception as e:
+        logs.event(
+            log, "admission failed", logging.WARNING, notice_id=notice.id, error=str(e)[:200]
+        )
+        return Admission.RETRY
 
 
 @dataclass

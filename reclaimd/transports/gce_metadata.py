@@ -28,9 +28,8 @@ import aiohttp
 
 from reclaimd import handlers, logs
 from reclaimd.config import GceMetadataSettings
-from reclaimd.intake import Admission
-from reclaimd.model import Ignored, Notice, ParseError, Windows, rfc3339, utcnow
-from reclaimd.transports import Admit, Counters
+from reclaimd.model import Ignored, ParseError, Windows, rfc3339, utcnow
+from reclaimd.transports import Admit, Counters, admit_or_retry
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +225,7 @@ class GceMetadataSource:
         self.counters.notices += len(outcome)
         settled = True
         for notice in outcome:
-            admission = await _admit(self.admit, notice)
+            admission = await admit_or_retry(self.admit, notice)
             self.counters.admitted(admission)
             settled = settled and admission.ack
         if settled:
@@ -234,14 +233,3 @@ class GceMetadataSource:
         else:
             self.counters.left_for_redelivery += 1
         return settled
-
-
-async def _admit(admit: Admit, notice: Notice) -> Admission:
-    """An admission that raised is one to retry: the gce metadata source must not die of it."""
-    try:
-        return await admit(notice)
-    except Exception as e:
-        logs.event(
-            log, "admission failed", logging.WARNING, notice_id=notice.id, error=str(e)[:200]
-        )
-        return Admission.RETRY

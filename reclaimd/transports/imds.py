@@ -21,7 +21,7 @@ import aiohttp
 from reclaimd import handlers, logs
 from reclaimd.config import ImdsSettings
 from reclaimd.model import Ignored, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters
+from reclaimd.transports import Admit, Counters, admit_or_retry
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class ImdsSource:
             return
         for notice in outcome:
             self.counters.notices += 1
-            self.counters.admitted(await self.admit(notice))
+            self.counters.admitted(await admit_or_retry(self.admit, notice))
 
     async def _read_identity(self, session: aiohttp.ClientSession) -> dict[str, str]:
         identity = {}

@@ -28,9 +28,8 @@ from typing import Any
 
 from reclaimd import handlers, logs
 from reclaimd.config import KafkaNoticeSettings
-from reclaimd.intake import Admission
-from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters
+from reclaimd.model import Ignored, ParseError, Windows, utcnow
+from reclaimd.transports import Admit, Counters, admit_or_retry
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +160,7 @@ class KafkaNoticeSource:
         self.counters.notices += len(outcome)
         settled = True
         for notice in outcome:
-            admission = await _admit(self.admit, notice)
+            admission = await admit_or_retry(self.admit, notice)
             self.counters.admitted(admission)
             settled = settled and admission.ack
         return settled
@@ -179,14 +178,3 @@ def _default_consumer(settings: KafkaNoticeSettings) -> Any:
         # Only what a transactional producer committed: an aborted notice was never sent.
         isolation_level="read_committed",
     )
-
-
-async def _admit(admit: Admit, notice: Notice) -> Admission:
-    """An admission that raised is one to retry: the kafka source must not die of it."""
-    try:
-        return await admit(notice)
-    except Exception as e:
-        logs.event(
-            log, "admission failed", logging.WARNING, notice_id=notice.id, error=str(e)[:200]
-        )
-        return Admission.RETRY

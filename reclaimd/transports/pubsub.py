@@ -17,7 +17,7 @@ Settling a message (``handle`` decides, the bridge applies it):
 
 Dedupe: the parser derives the notice id from the LogEntry's ``operation.id``, which a
 redelivery or a second publish of the same entry keeps; concurrent deliveries of one notice
-share a single admission (single flight), later ones hit the intake's memory.
+share a single admission (the intake's single flight), later ones hit its memory.
 
 Lifecycle: ``run()`` opens the stream and waits on its future. A stream that dies (a
 non-retryable error: subscription deleted, permission denied) is reopened with a fresh client
@@ -41,8 +41,8 @@ from typing import Any
 from reclaimd import handlers, logs
 from reclaimd.config import PubSubSettings
 from reclaimd.intake import Admission
-from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters
+from reclaimd.model import Ignored, ParseError, Windows, utcnow
+from reclaimd.transports import Admit, Counters, admit_or_retry
 
 log = logging.getLogger(__name__)
 
@@ -62,35 +62,6 @@ def verdict(admissions: Sequence[Admission]) -> Verdict:
     return Verdict.ACK if all(a.ack for a in admissions) else Verdict.NACK
 
 
-class SingleFlight:
-    """One admission per notice id at a time: concurrent deliveries await the first one."""
-
-    def __init__(self, admit: Admit) -> None:
-        self._admit = admit
-        self._flights: dict[str, asyncio.Future[Admission]] = {}
-
-    async def admit(self, notice: Notice) -> Admission:
-        flight = self._flights.get(notice.id)
-        if flight is not None:
-            return await asyncio.shield(flight)
-        flight = asyncio.get_running_loop().create_future()
-        self._flights[notice.id] = flight
-        try:
-            admission = await self._admit(notice)
-        except BaseException:
-            # A cancelled or failed admission tells the waiters to retry, never to ack.
-            flight.set_result(Admission.RETRY)
-            raise
-        else:
-            flight.set_result(admission)
-            return admission
-        finally:
-            del self._flights[notice.id]
-
-    def __len__(self) -> int:
-        return len(self._flights)
-
-
 class PubSubSource:
     def __init__(
         self,
@@ -104,8 +75,8 @@ class PubSubSource:
         if not settings.project or not settings.subscription:
             raise ValueError("pubsub: project and subscription are required")
         self.settings, self.windows, self.parser = settings, windows, parser
+        self.admit = admit
         self.counters = Counters()
-        self._flight = SingleFlight(admit)
         self._factory = subscriber_factory or _default_subscriber
         # Settlements scheduled from client threads; the set is shared with those threads.
         self._pending: set[concurrent.futures.Future[Verdict]] = set()
@@ -231,7 +202,7 @@ class PubSubSource:
             logs.event(log, "pubsub message ignored", message_id=message_id, reason=outcome.reason)
             return Verdict.ACK
         self.counters.notices += len(outcome)
-        admissions = [await self._flight.admit(notice) for notice in outcome]
+        admissions = [await admit_or_retry(self.admit, notice) for notice in outcome]
         for a in admissions:
             self.counters.admitted(a)
         return verdict(admissions)

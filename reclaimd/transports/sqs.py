@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from reclaimd import handlers, logs
 from reclaimd.config import SqsSettings
 from reclaimd.model import Ignored, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters
+from reclaimd.transports import Admit, Counters, admit_or_retry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -112,7 +112,7 @@ class SqsSource:
             logs.event(log, "sqs message ignored", message_id=msg_id, reason=outcome.reason)
             return await self._delete(message)
         self.counters.notices += len(outcome)
-        admissions = [await self.admit(notice) for notice in outcome]
+        admissions = [await admit_or_retry(self.admit, notice) for notice in outcome]
         for a in admissions:
             self.counters.admitted(a)
         if all(a.ack for a in admissions):

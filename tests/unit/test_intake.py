@@ -1,3 +1,4 @@
+import asyncio
 from datetime import timedelta
 
 from reclaimd.intake import Admission, Intake
@@ -108,3 +109,52 @@ async def test_long_expired_notice_is_acked_without_a_claim() -> None:
     )
     a, _ = await run(claims, recent)
     assert a is Admission.CLAIMED  # past its deadline, but recent: still worth the cleanup
+
+
+class Gated(Claims):
+    """Claims that wait for ``gate`` (or raise ``fail``) so deliveries can overlap."""
+
+    def __init__(self, answer: Admission | Exception) -> None:
+        super().__init__(answer)
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def claim(self, n: Notice, node: str | None) -> Admission:
+        self.entered.set()
+        await self.gate.wait()
+        return await super().claim(n, node)
+
+
+async def test_concurrent_deliveries_of_one_notice_share_one_claim() -> None:
+    claims = Gated(Admission.CLAIMED)
+    submitted: list[str] = []
+
+    async def submit(x: Notice) -> None:
+        submitted.append(x.id)
+
+    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
+    n = notice("n1", Target(instance_id="i-1"))
+    first = asyncio.create_task(intake.admit(n))
+    await claims.entered.wait()
+    second = asyncio.create_task(intake.admit(n))
+    await asyncio.sleep(0)
+    claims.gate.set()
+    assert await asyncio.gather(first, second) == [Admission.CLAIMED, Admission.CLAIMED]
+    assert len(claims.calls) == 1 and submitted == ["n1"]
+
+
+async def test_a_cancelled_admission_tells_its_waiters_to_retry() -> None:
+    claims = Gated(Admission.CLAIMED)
+
+    async def submit(x: Notice) -> None:
+        return None
+
+    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
+    n = notice("n1", Target(instance_id="i-1"))
+    leader = asyncio.create_task(intake.admit(n))
+    await claims.entered.wait()
+    follower = asyncio.create_task(intake.admit(n))
+    await asyncio.sleep(0)
+    leader.cancel()
+    assert await follower is Admission.RETRY
+    assert intake._flights == {}
