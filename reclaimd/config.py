@@ -143,6 +143,9 @@ class Settings(_Strict):
     tracing: TracingSettings = TracingSettings()
     metrics_port: int = Field(9464, ge=0, le=65535)
     workers: int = Field(16, ge=1, le=1024)
+    # A notice is acted on this long before its deadline at the earliest (a Health change
+    # weeks out is claimed now, drained then).
+    schedule_horizon_s: float = Field(600.0, gt=0)
 
 
 def _overlay(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:

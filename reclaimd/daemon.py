@@ -230,7 +230,7 @@ class Daemon:
             finally:
                 alive.cancel()
 
-        scheduler = Scheduler(handle, workers=s.workers)
+        scheduler = Scheduler(handle, workers=s.workers, horizon_s=s.schedule_horizon_s)
         intake = Intake(
             claims=claim_log,
             resolver=view,

@@ -14,6 +14,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from reclaimd.model import GangKey, Notice
@@ -21,18 +22,26 @@ from reclaimd.model import GangKey, Notice
 log = logging.getLogger(__name__)
 
 
-def _deadline_key(notice: Notice) -> float:
-    return notice.deadline.timestamp() if notice.deadline else float("inf")
-
-
 class EdfQueue:
-    """An asyncio priority queue ordered by notice deadline, deduplicated by notice id."""
+    """An asyncio priority queue ordered by deadline, deduplicated by notice id.
 
-    def __init__(self) -> None:
+    A notice becomes *due* ``horizon_s`` before its deadline: an AWS Health change two weeks
+    out is claimed at once but not drained until then. A notice without a deadline (an early
+    warning) is due at once and sorts as if its deadline were ``horizon_s`` after its receipt,
+    so it never jumps ahead of a notice that is about to take capacity away.
+    """
+
+    def __init__(self, horizon_s: float = 600.0) -> None:
+        self._horizon = horizon_s
         self._heap: list[tuple[float, int, Notice]] = []
         self._ids: set[str] = set()
         self._seq = itertools.count()
         self._ready = asyncio.Condition()
+
+    def key(self, notice: Notice) -> float:
+        if notice.deadline is not None:
+            return notice.deadline.timestamp()
+        return notice.received_at.timestamp() + self._horizon
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -43,16 +52,24 @@ class EdfQueue:
             if notice.id in self._ids:
                 return False
             self._ids.add(notice.id)
-            heapq.heappush(self._heap, (_deadline_key(notice), next(self._seq), notice))
-            self._ready.notify()
+            heapq.heappush(self._heap, (self.key(notice), next(self._seq), notice))
+            self._ready.notify_all()
             return True
 
     async def get(self) -> Notice:
         async with self._ready:
-            await self._ready.wait_for(lambda: bool(self._heap))
-            _, _, notice = heapq.heappop(self._heap)
-            self._ids.discard(notice.id)
-            return notice
+            while True:
+                if not self._heap:
+                    await self._ready.wait()
+                    continue
+                wait = self._heap[0][0] - self._horizon - time.time()
+                if wait <= 0:
+                    _, _, notice = heapq.heappop(self._heap)
+                    self._ids.discard(notice.id)
+                    return notice
+                # Sleep until the head is due, or until a put brings an earlier one.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ready.wait(), wait)
 
 
 class GangFlights:
@@ -95,9 +112,15 @@ class GangFlights:
 class Scheduler:
     """``workers`` tasks that take notices EDF and run ``handle`` on each."""
 
-    def __init__(self, handle: Callable[[Notice], Awaitable[object]], *, workers: int) -> None:
+    def __init__(
+        self,
+        handle: Callable[[Notice], Awaitable[object]],
+        *,
+        workers: int,
+        horizon_s: float = 600.0,
+    ) -> None:
         self._handle = handle
-        self._queue = EdfQueue()
+        self._queue = EdfQueue(horizon_s)
         self._workers = workers
         self._running: set[str] = set()
         self._idle = asyncio.Event()

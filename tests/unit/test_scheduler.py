@@ -19,7 +19,7 @@ def notice(nid: str, in_s: float | None) -> Notice:
 
 
 async def test_edf_order_and_dedupe() -> None:
-    q = EdfQueue()
+    q = EdfQueue(horizon_s=600)
     for nid, s in (("late", 100), ("none", None), ("soon", 5), ("mid", 50)):
         assert await q.put(notice(nid, s))
     assert not await q.put(notice("soon", 5))
@@ -61,3 +61,27 @@ async def test_scheduler_runs_everything_and_survives_a_failure() -> None:
     await asyncio.wait_for(s.wait_idle(), 5)
     task.cancel()
     assert sorted(done) == ["a", "b", "c"]
+
+
+async def test_far_deadline_waits_until_its_horizon_but_urgent_work_does_not() -> None:
+    q = EdfQueue(horizon_s=60)
+    await q.put(notice("far", 3600))  # due in ~59 minutes
+    got: list[str] = []
+
+    async def take() -> None:
+        got.append((await q.get()).id)
+
+    taker = asyncio.create_task(take())
+    await asyncio.sleep(0.05)
+    assert got == []  # not due yet
+    await q.put(notice("urgent", 30))  # inside the horizon: due now, wakes the taker
+    await asyncio.wait_for(taker, 2)
+    assert got == ["urgent"] and len(q) == 1
+
+
+async def test_early_warning_is_due_at_once_and_sorts_after_imminent_deadlines() -> None:
+    q = EdfQueue(horizon_s=600)
+    await q.put(notice("rebalance", None))
+    await q.put(notice("spot", 120))
+    assert (await asyncio.wait_for(q.get(), 1)).id == "spot"
+    assert (await asyncio.wait_for(q.get(), 1)).id == "rebalance"
