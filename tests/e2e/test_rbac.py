@@ -1,0 +1,79 @@
+"""The shipped RBAC, as the real apiserver's authorizer sees it for user ``reclaimd``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from reclaimd.chaos import kube
+from reclaimd.chaos.harness import RBAC
+from reclaimd.cluster.client import build_api_client
+
+ALLOWED = [
+    ("", "nodes", "", "patch"),
+    ("", "nodes", "", "watch"),
+    ("", "pods", "", "list"),
+    ("", "pods", "eviction", "create"),
+    ("", "pods", "", "delete"),
+    ("kueue.x-k8s.io", "workloads", "", "patch"),
+]
+DENIED = [
+    ("", "secrets", "", "get"),
+    ("", "secrets", "", "list"),
+    ("", "configmaps", "", "get"),
+    ("", "nodes", "", "delete"),
+    ("", "nodes", "", "create"),
+    ("", "pods", "", "patch"),
+    ("", "pods", "", "create"),
+    ("", "pods", "exec", "create"),
+    ("", "serviceaccounts", "token", "create"),
+    ("rbac.authorization.k8s.io", "clusterroles", "", "escalate"),
+    ("kueue.x-k8s.io", "workloads", "", "delete"),
+    ("coordination.k8s.io", "leases", "", "create"),
+]
+
+
+@pytest.fixture
+async def as_reclaimd(stack: Any) -> AsyncIterator[k8s.ApiClient]:
+    admin = await build_api_client(str(stack.kubeconfig))
+    try:
+        await kube.apply_file(admin, RBAC)
+    finally:
+        await admin.close()
+    api = await build_api_client(str(stack.reclaimd_kubeconfig))
+    yield api
+    await api.close()
+
+
+async def can(api: k8s.ApiClient, group: str, resource: str, sub: str, verb: str) -> bool:
+    review = await k8s.AuthorizationV1Api(api).create_self_subject_access_review(
+        {
+            "spec": {
+                "resourceAttributes": {
+                    "group": group,
+                    "resource": resource,
+                    "subresource": sub,
+                    "verb": verb,
+                    "namespace": "default" if resource not in ("nodes", "clusterroles") else "",
+                }
+            }
+        }
+    )
+    return bool(review.status.allowed)
+
+
+@pytest.mark.parametrize(("group", "resource", "sub", "verb"), ALLOWED)
+async def test_reclaimd_may(
+    as_reclaimd: k8s.ApiClient, group: str, resource: str, sub: str, verb: str
+) -> None:
+    assert await can(as_reclaimd, group, resource, sub, verb)
+
+
+@pytest.mark.parametrize(("group", "resource", "sub", "verb"), DENIED)
+async def test_reclaimd_may_not(
+    as_reclaimd: k8s.ApiClient, group: str, resource: str, sub: str, verb: str
+) -> None:
+    assert not await can(as_reclaimd, group, resource, sub, verb)
