@@ -38,8 +38,10 @@ stack-status: venv
 test: lint stack-up
 	$(BIN)/pytest -v -ra tests
 
+# One Spot warning shown step by step, then a zone-wide storm drill judged against ground truth.
 demo: stack-up
-	$(STACK) status
+	$(BIN)/python -m reclaimd.chaos.demo
+	$(BIN)/reclaimd drill run chaos/scenarios/spot-az-storm.yaml --timeline --json .stack/demo-storm.json
 
-bench: venv
+bench: stack-up
 	$(BIN)/python -m reclaimd.bench

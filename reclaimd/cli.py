@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True)
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_run)
+
+    from reclaimd.chaos import drill
+
+    drill.add_parser(sub)
     return p
 
 

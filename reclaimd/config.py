@@ -130,6 +130,8 @@ class Settings(_Strict):
     cluster_name: str = "default"
     holder: str = Field(default_factory=socket.gethostname)
     claim_stale_s: float = Field(20.0, gt=0)
+    # Where the per-gang Leases live (reclaimd's own namespace: its Role covers only this one).
+    lease_namespace: str = "reclaimd"
     windows: Windows = Windows()
     kube: KubeSettings = KubeSettings()
     sqs: SqsSettings = SqsSettings()

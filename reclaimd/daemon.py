@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from reclaimd import checkpoint, ledger, logs, tracing, waste
-from reclaimd.cluster import actions, cache, claims, client, ratelimit
+from reclaimd.cluster import actions, cache, claims, client, gangclaims, ratelimit
 from reclaimd.config import Settings, UnknownTarget
 from reclaimd.intake import Admission, Intake
 from reclaimd.model import Gang, Member, Notice, ParseError, RankAck, utcnow
@@ -209,6 +209,7 @@ class Daemon:
             signaller=_Signaller(session, tracer),
             ledger=ledger_writer,
             progress=claim_log,
+            gang_lock=gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter),
             budget=Budget(
                 drain_reserve_s=s.policy.drain_reserve_s,
                 drain_reserve_fraction=s.policy.drain_reserve_fraction,

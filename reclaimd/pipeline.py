@@ -71,6 +71,12 @@ class Ledger(Protocol):
     async def record(self, waste: RestartWaste) -> None: ...
 
 
+class GangLock(Protocol):
+    async def acquire(self, gang: Gang, notice: Notice) -> bool:
+        """True when this notice charges the gang (cluster-wide, across replicas)."""
+        ...
+
+
 class Progress(Protocol):
     async def advance(self, notice: Notice, phase: str, **facts: Any) -> None: ...
 
@@ -147,6 +153,7 @@ class Runbook:
         signaller: Signaller,
         ledger: Ledger,
         progress: Progress,
+        gang_lock: GangLock,
         budget: Budget,
         build_waste: WasteBuilder,
         tracer: trace.Tracer,
@@ -157,6 +164,7 @@ class Runbook:
     ) -> None:
         self.view, self.writer, self.signaller = view, writer, signaller
         self.ledger, self.progress, self.budget = ledger, progress, budget
+        self.gang_lock = gang_lock
         self.build_waste = build_waste
         self.tracer = tracer
         self.cluster_name = cluster_name
@@ -164,9 +172,6 @@ class Runbook:
         self.on_report = on_report
         self.claim_times = claim_times
         self.flights = GangFlights()
-        # Gangs already charged, by member uids: a second notice for another node of the same
-        # gang finds them here and does not checkpoint, drain or charge the gang again.
-        self._charged: dict[GangKey, frozenset[str]] = {}
 
     async def handle(self, notice: Notice) -> Report:
         report = Report(notice)
@@ -195,12 +200,15 @@ class Runbook:
         report.plan = plan
         report.mark("resolved")
         await self.cordon(plan, report)
+        if notice.response is Response.CHECKPOINT_ONLY:
+            # An early warning takes nothing away: it asks every gang to save and charges
+            # none, so it must not hold the gangs against the notice that will.
+            await self.checkpoint(notice, plan.gangs, report)
+            await self.progress.advance(notice, "done", outcome="checkpoint-only")
+            return
         async with self.flights.hold(g.key for g in plan.gangs):
-            gangs = self._not_yet_charged(plan.gangs, report)
+            gangs = await self._ours(plan.gangs, report)
             acks = await self.checkpoint(notice, gangs, report)
-            if notice.response is Response.CHECKPOINT_ONLY:
-                await self.progress.advance(notice, "done", outcome="checkpoint-only")
-                return
             stopped = await self.drain(notice, gangs, report)
             await self.record(notice, gangs, acks, stopped, report)
         await self.progress.advance(notice, "done", deadline_met=report.deadline_met)
@@ -319,7 +327,6 @@ class Runbook:
                 )
                 await self.ledger.record(waste)
                 report.wastes.append(waste)
-                self._charged[gang.key] = frozenset(m.uid for m in gang.members)
             span.set_attribute("reclaimd.events", len(gangs))
         report.mark("recorded")
         await self.progress.advance(notice, "recorded")
@@ -332,15 +339,12 @@ class Runbook:
             deadline_met=report.deadline_met,
         )
 
-    def _not_yet_charged(self, gangs: Sequence[Gang], report: Report) -> tuple[Gang, ...]:
-        todo = []
-        for gang in gangs:
-            charged = self._charged.get(gang.key)
-            if charged is not None and {m.uid for m in gang.members} <= charged:
-                report.skipped_gangs.append(gang.key)
-                continue
-            todo.append(gang)
-        return tuple(todo)
+    async def _ours(self, gangs: Sequence[Gang], report: Report) -> tuple[Gang, ...]:
+        """The gangs this notice charges; the others belong to an earlier notice (another node
+        of the same gang), here or on another replica."""
+        owned = await asyncio.gather(*(self.gang_lock.acquire(g, report.notice) for g in gangs))
+        report.skipped_gangs.extend(g.key for g, mine in zip(gangs, owned, strict=True) if not mine)
+        return tuple(g for g, mine in zip(gangs, owned, strict=True) if mine)
 
 
 def _ns(t: datetime) -> int:

@@ -19,6 +19,7 @@ ALLOWED = [
     ("", "pods", "eviction", "create"),
     ("", "pods", "", "delete"),
     ("kueue.x-k8s.io", "workloads", "", "patch"),
+    ("coordination.k8s.io", "leases", "", "create"),  # in its own namespace only
 ]
 DENIED = [
     ("", "secrets", "", "get"),
@@ -32,7 +33,8 @@ DENIED = [
     ("", "serviceaccounts", "token", "create"),
     ("rbac.authorization.k8s.io", "clusterroles", "", "escalate"),
     ("kueue.x-k8s.io", "workloads", "", "delete"),
-    ("coordination.k8s.io", "leases", "", "create"),
+    ("coordination.k8s.io", "leases", "", "update"),
+    ("coordination.k8s.io", "leases", "", "delete"),
 ]
 
 
@@ -48,7 +50,15 @@ async def as_reclaimd(stack: Any) -> AsyncIterator[k8s.ApiClient]:
     await api.close()
 
 
-async def can(api: k8s.ApiClient, group: str, resource: str, sub: str, verb: str) -> bool:
+def namespace_for(resource: str, verb: str) -> str:
+    if resource in ("nodes", "clusterroles"):
+        return ""
+    return "reclaimd" if resource == "leases" and verb in ("get", "create") else "default"
+
+
+async def can(
+    api: k8s.ApiClient, group: str, resource: str, sub: str, verb: str, *, namespace: str = ""
+) -> bool:
     review = await k8s.AuthorizationV1Api(api).create_self_subject_access_review(
         {
             "spec": {
@@ -57,7 +67,7 @@ async def can(api: k8s.ApiClient, group: str, resource: str, sub: str, verb: str
                     "resource": resource,
                     "subresource": sub,
                     "verb": verb,
-                    "namespace": "default" if resource not in ("nodes", "clusterroles") else "",
+                    "namespace": namespace or namespace_for(resource, verb),
                 }
             }
         }
@@ -77,3 +87,10 @@ async def test_reclaimd_may_not(
     as_reclaimd: k8s.ApiClient, group: str, resource: str, sub: str, verb: str
 ) -> None:
     assert not await can(as_reclaimd, group, resource, sub, verb)
+
+
+async def test_gang_leases_only_in_its_own_namespace(as_reclaimd: k8s.ApiClient) -> None:
+    lease = ("coordination.k8s.io", "leases", "", "create")
+    assert await can(as_reclaimd, *lease, namespace="reclaimd")
+    assert not await can(as_reclaimd, *lease, namespace="default")
+    assert not await can(as_reclaimd, *lease, namespace="kube-system")

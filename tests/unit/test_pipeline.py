@@ -37,6 +37,7 @@ class World:
     def __init__(self) -> None:
         self.log: list[str] = []
         self.recorded: list[RestartWaste] = []
+        self.owners: dict[GangKey, str] = {}
 
     # ClusterView
     def resolve_node(self, target: Target) -> str | None:
@@ -69,6 +70,11 @@ class World:
         now = utcnow()
         return tuple(RankAck(m, True, True, now) for m in gang.members)
 
+    # GangLock: first notice wins, as the Lease create does
+    async def acquire(self, gang: Gang, notice: Notice) -> bool:
+        owner = self.owners.setdefault(gang.key, notice.id)
+        return owner == notice.id
+
     # Ledger / Progress
     async def record(self, w: RestartWaste) -> None:
         self.recorded.append(w)
@@ -84,6 +90,7 @@ def runbook(world: World) -> Runbook:
         signaller=world,
         ledger=world,
         progress=world,
+        gang_lock=world,
         budget=Budget(30, 0.34, 120),
         build_waste=waste.build_restart_waste,
         tracer=TracerProvider().get_tracer("t"),
@@ -130,9 +137,13 @@ async def test_second_notice_for_same_gang_charges_nothing_twice() -> None:
 
 async def test_checkpoint_only_neither_cordons_nor_drains() -> None:
     world = World()
-    await runbook(world).handle(spot("r", "i-1", Response.CHECKPOINT_ONLY))
+    rb = runbook(world)
+    await rb.handle(spot("r", "i-1", Response.CHECKPOINT_ONLY))
     assert not [e for e in world.log if e.startswith(("cordon", "evict"))]
     assert "signal g" in world.log and world.recorded == []
+    # ...and it holds no gang: the interruption that follows still drains and charges them
+    await rb.handle(spot("a", "i-1"))
+    assert sorted(w.gang.key.name for w in world.recorded) == ["g", "solo"]
 
 
 def test_budget_keeps_the_drain_reserve() -> None:

@@ -1,0 +1,968 @@
+"""``reclaimd drill run SCENARIO``: rehearse an interruption on the local stack, then judge it.
+
+One drill, top to bottom:
+
+1. **Plan** the scenario (``chaos.scenario``): nodes, gangs, behaviours and notices, seeded.
+2. **Build** the cluster on kwok with bounded concurrency: labelled nodes, one fake trainer per
+   opted-in rank (``chaos.trainers.ScriptedTrainer``), the gangs' pods backdated to their start
+   time, PDBs, and for Kueue gangs an admitted Workload.
+3. **Start reclaimd** as real processes: ``replicas`` central daemons with every source the
+   scenario uses (SQS, Pub/Sub, Kafka notices, Kueue), plus one per-node daemon for each node
+   an IMDS or metadata-server notice targets, each with its own mock server.
+4. **Inject** each notice through its real transport at its planned time (``chaos.inject``),
+   with its duplicates and the garbage around it, and keep the notice each payload must become
+   (parsed from the very bytes sent): that is the ground truth of ids and deadlines.
+5. **Wait** for the ledger events of every affected gang and for every claim to be done,
+   reading Kafka as events arrive (one progress line each, on stderr), then a settle period
+   to catch duplicates.
+6. **Judge** (``chaos.report``): stop reclaimd (its spans flush), gather what is left of the
+   pods, what each trainer received, the claims, the queue and the spans, and check it all.
+
+Exit status: 0 when every expectation holds, 1 when one does not, 2 for a bad scenario or a
+stack that is not running. Heavy clients are imported when a drill runs, not when the CLI
+starts, so ``reclaimd parse`` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import socket
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from reclaimd.model import Notice, utcnow
+
+from . import report
+from .scenario import (
+    Integration,
+    Plan,
+    PlannedGang,
+    PlannedGarbage,
+    PlannedNotice,
+    Scenario,
+    ScenarioError,
+    Source,
+)
+from .scenario import load as load_scenario
+from .scenario import plan as plan_scenario
+
+if TYPE_CHECKING:
+    from .fleet import GangSpec, NodeSpec
+    from .gce_metadata_server import GceMetadataServer
+    from .harness import Harness
+    from .inject import ImdsMock
+    from .stack import StackEnv
+    from .trainers import ScriptedTrainer
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+KUEUE_CLUSTER_QUEUE = "cq-drill"
+SPAWN_LIMIT = 2  # reclaimd processes started at once: each import costs a core-second
+
+
+class Progress:
+    """One line per event, with seconds since the drill started, on ``out`` (stderr)."""
+
+    def __init__(self, out: TextIO | None = None, *, quiet: bool = False) -> None:
+        self.out = out if out is not None else sys.stderr
+        self.quiet = quiet
+        self._start: datetime = utcnow()
+
+    def __call__(self, message: str) -> None:
+        if self.quiet:
+            return
+        at = (utcnow() - self._start).total_seconds()
+        print(f"+{at:7.2f}s  {message}", file=self.out, flush=True)
+
+
+@dataclass
+class _Built:
+    """What the drill created, and the ground truth it recorded while doing so."""
+
+    nodes: dict[str, NodeSpec] = field(default_factory=dict)  # by node key
+    specs: dict[str, GangSpec] = field(default_factory=dict)  # by gang name
+    trainers: dict[str, ScriptedTrainer] = field(default_factory=dict)  # by pod name
+    annotated: dict[str, datetime] = field(default_factory=dict)  # gang -> last checkpoint
+    started: dict[str, datetime] = field(default_factory=dict)  # pod -> status.startTime
+    imds: dict[str, ImdsMock] = field(default_factory=dict)  # node key -> its mock
+    gce: dict[str, GceMetadataServer] = field(default_factory=dict)  # node key -> stand-in
+    pubsub_topic: str = ""
+    pubsub_subscription: str = ""
+    notices_topic: str = ""
+
+
+class Drill:
+    """One run of one scenario against the stack; ``run`` returns the verdict."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        stack: StackEnv,
+        *,
+        progress: Progress | None = None,
+        run_id: str = "",
+    ) -> None:
+        self.plan: Plan = plan_scenario(scenario, run_id=run_id or uuid.uuid4().hex[:8])
+        self.stack = stack
+        self.say = progress or Progress()
+        self.built = _Built()
+        self.sent: list[report.NoticeFacts] = []
+        self.garbage_sent = 0
+        self.events: list[dict[str, Any]] = []
+        self._publisher: Any = None
+        self._producer: Any = None
+        self._stop_pods: list[asyncio.Task[None]] = []
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.plan.scenario
+
+    @property
+    def sources(self) -> frozenset[Source]:
+        return self.plan.sources()
+
+    # --- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> report.Verdict:
+        from .harness import Harness
+
+        # A failing or cut-off fake trainer is the scenario working, not news for the console.
+        logging.getLogger("reclaimd.workload").setLevel(logging.ERROR)
+        p = self.plan
+        ranks = sum(len(g.ranks) for g in p.gangs)
+        self.say(
+            f"drill {self.scenario.name} run {p.run_id}: {len(p.nodes)} nodes, {len(p.gangs)}"
+            f" gangs ({ranks} ranks), {len(p.notices)} notices, {len(p.garbage)} garbage"
+        )
+        async with Harness(self.stack, name=p.run_id) as h:
+            try:
+                await self._build(h)
+                await self._transports(h)
+                await self._start_reclaimd(h)
+                reader = asyncio.create_task(self._read_ledger(h))
+                try:
+                    await self._inject(h)
+                    await self._wait(h, reader)
+                finally:
+                    reader.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reader
+                return await self._judge(h)
+            finally:
+                await self._teardown(h)
+
+    # --- build ------------------------------------------------------------------------------
+
+    async def _build(self, h: Harness) -> None:
+        from kubernetes_asyncio import client as k8s
+
+        from . import fleet
+        from .trainers import ScriptedTrainer, add_trainer
+
+        p, api = self.plan, h.api
+        assert api is not None
+        run_label = {fleet.DRILL_LABEL: p.run_id}
+        specs = [
+            fleet.NodeSpec(
+                name=n.name,
+                instance_id=n.instance_id,
+                zone=n.zone,
+                gpus=n.gpus,
+                sku=n.sku,
+                purchase_option=n.purchase_option,
+                cell=n.cell,
+                cloud=n.cloud.value,
+                project=n.project,
+            )
+            for n in p.nodes
+        ]
+        self.built.nodes = {n.key: s for n, s in zip(p.nodes, specs, strict=True)}
+        h.nodes.extend(specs)  # the harness deletes them at the end
+        await fleet.create_nodes_labelled(api, specs, run_label)
+        core = k8s.CoreV1Api(api)
+        selector = f"{fleet.DRILL_LABEL}={p.run_id}"
+        await fleet.wait_listed(
+            api,
+            what="nodes",
+            names=[s.name for s in specs],
+            ready=fleet.node_is_ready,
+            list_call=lambda: core.list_node(label_selector=selector),
+        )
+        self.say(f"nodes: {len(specs)} Ready")
+
+        # One trainer per opted-in rank, each on its own loopback port.
+        todo = [(g, r) for g in p.gangs if g.opt_in for r in g.ranks]
+        trainers = [
+            ScriptedTrainer(
+                f"{h.namespace}/{g.name}-{r.rank}",
+                latency_s=r.latency_s,
+                fail=r.fail,
+                hang=r.hang,
+                durable=r.durable,
+            )
+            for g, r in todo
+        ]
+        urls = await fleet.bounded((add_trainer(h.trainers, t) for t in trainers), 16)
+        self.built.trainers = {t.key.rsplit("/", 1)[-1]: t for t in trainers}
+        url_of = {t.key.rsplit("/", 1)[-1]: u for t, u in zip(trainers, urls, strict=True)}
+
+        now = utcnow()
+        gang_specs = []
+        for g in p.gangs:
+            checkpoint = now - timedelta(seconds=g.last_checkpoint_age_s)
+            self.built.annotated[g.name] = checkpoint
+            labels = {**g.labels, **run_label}
+            if g.integration is Integration.KUEUE:
+                labels |= fleet.kueue_labels(g.name, g.queue)
+            spec = fleet.GangSpec(
+                name=g.name,
+                ranks=[
+                    fleet.RankSpec(
+                        node=self.built.nodes[r.node].name,
+                        checkpoint_url=url_of.get(f"{g.name}-{r.rank}", ""),
+                        last_checkpoint=checkpoint,
+                    )
+                    for r in g.ranks
+                ],
+                gpus_per_rank=g.gpus_per_rank,
+                tenant=g.tenant,
+                queue=g.queue,
+                scope=g.scope.value,
+                checkpoint_timeout=f"{g.timeout_s:g}s",
+                extra_labels=labels,
+            )
+            gang_specs.append(spec)
+            self.built.specs[g.name] = spec
+        names = await fleet.create_gangs(api, gang_specs, h.namespace)
+        await fleet.wait_listed(
+            api,
+            what="pods",
+            names=names,
+            ready=fleet.pod_is_running,
+            list_call=lambda: core.list_namespaced_pod(h.namespace, label_selector=selector),
+        )
+        # The trainers have been running for a while: set each pod's start accordingly.
+        starts = {
+            f"{g.name}-{r.rank}": now - timedelta(seconds=g.pod_age_s)
+            for g in p.gangs
+            for r in g.ranks
+        }
+        await fleet.bounded(
+            fleet.backdate_start(api, h.namespace, pod, at) for pod, at in starts.items()
+        )
+        pods = await core.list_namespaced_pod(h.namespace, label_selector=selector)
+        self.built.started = {
+            pod.metadata.name: pod.status.start_time for pod in pods.items if pod.status
+        }
+        for g in p.gangs:
+            if g.pdb_max_unavailable is not None:
+                await fleet.create_pdb(api, h.namespace, g.name, g.pdb_max_unavailable)
+            if g.integration is Integration.KUEUE:
+                await fleet.create_admitted_workload(
+                    api,
+                    self.built.specs[g.name],
+                    h.namespace,
+                    cluster_queue=KUEUE_CLUSTER_QUEUE,
+                    local_queue=g.queue,
+                )
+        kueue = sum(1 for g in p.gangs if g.integration is Integration.KUEUE)
+        self.say(
+            f"gangs: {len(p.gangs)} running ({len(names)} pods, {len(trainers)} trainers"
+            + (f", {kueue} admitted Kueue workloads" if kueue else "")
+            + ")"
+        )
+
+    async def _transports(self, h: Harness) -> None:
+        """The per-run pieces of each transport the scenario uses."""
+        from .gce_metadata_server import GceMetadataServer
+        from .inject import ImdsMock
+
+        p = self.plan
+        await self._kafka_topics(h)
+        if Source.GKE_PUBSUB in self.sources:
+            await self._pubsub_setup()
+        if Source.KAFKA in self.sources:
+            await self._kafka_setup()
+        aemm = _aemm_binary(self.stack)
+        for n in p.notices:
+            if n.node is None:
+                continue
+            node = p.node(n.node)
+            if n.source is Source.IMDS and n.node not in self.built.imds:
+                if aemm is None:
+                    raise ScenarioError("imds: amazon-ec2-metadata-mock not found in the stack")
+                self.built.imds[n.node] = ImdsMock(aemm, h.workdir / "imds", _free_port())
+            if n.source is Source.GCE_METADATA and n.node not in self.built.gce:
+                server = GceMetadataServer(project=node.project, zone=node.zone, instance=node.name)
+                await server.start()
+                self.built.gce[n.node] = server
+
+    async def _pubsub_setup(self) -> None:
+        from google.cloud import pubsub_v1
+
+        project = self.stack["PUBSUB_PROJECT_ID"]
+        publisher = pubsub_v1.PublisherClient()
+        subscriber = pubsub_v1.SubscriberClient()
+        topic = publisher.topic_path(project, f"gce-system-events-{self.plan.run_id}")
+        sub_id = f"reclaimd-{self.plan.run_id}"
+        sub = subscriber.subscription_path(project, sub_id)
+        await asyncio.to_thread(publisher.create_topic, name=topic)
+        await asyncio.to_thread(
+            subscriber.create_subscription, name=sub, topic=topic, ack_deadline_seconds=10
+        )
+        await asyncio.to_thread(subscriber.close)
+        self._publisher = publisher
+        self.built.pubsub_topic, self.built.pubsub_subscription = topic, sub_id
+
+    def _pubsub_cleanup(self) -> None:
+        """Delete the run's subscription and topic (the emulator keeps them otherwise)."""
+        from google.cloud import pubsub_v1
+
+        subscriber = pubsub_v1.SubscriberClient()
+        path = subscriber.subscription_path(
+            self.stack["PUBSUB_PROJECT_ID"], self.built.pubsub_subscription
+        )
+        with contextlib.suppress(Exception):
+            subscriber.delete_subscription(subscription=path)
+        subscriber.close()
+        with contextlib.suppress(Exception):
+            self._publisher.delete_topic(topic=self.built.pubsub_topic)
+
+    async def _kafka_topics(self, h: Harness) -> None:
+        """The run's ledger topic (so the reader finds it before the first event), and its
+        notices topic when the scenario sends CloudEvents."""
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        topics = [NewTopic(h.topic, num_partitions=1, replication_factor=1)]
+        if Source.KAFKA in self.sources:
+            self.built.notices_topic = f"reclaimd.notices.{self.plan.run_id}"
+            topics.append(
+                NewTopic(self.built.notices_topic, num_partitions=3, replication_factor=1)
+            )
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.stack.kafka)
+        await admin.start()
+        try:
+            await admin.create_topics(topics)
+        finally:
+            await admin.close()
+
+    async def _kafka_setup(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.stack.kafka, acks="all")
+        await self._producer.start()
+
+    # --- reclaimd ---------------------------------------------------------------------------
+
+    def _central_overrides(self, h: Harness, name: str) -> dict[str, Any]:
+        s = self.sources
+        o: dict[str, Any] = dict(self.scenario.reclaimd.as_settings())
+        o["tracing"] = {"span_file": str(h.workdir / f"spans-{name}.jsonl")}
+        if Source.GKE_PUBSUB in s:
+            o["pubsub"] = {
+                "enabled": True,
+                "project": self.stack["PUBSUB_PROJECT_ID"],
+                "subscription": self.built.pubsub_subscription,
+            }
+        if Source.KAFKA in s:
+            o["kafka_notices"] = {
+                "enabled": True,
+                "bootstrap": self.stack.kafka,
+                "topic": self.built.notices_topic,
+                "group_id": f"reclaimd-{self.plan.run_id}",
+            }
+        if Source.KUEUE in s:
+            o["kueue"] = {"enabled": True, "namespaces": [h.namespace]}
+        return o
+
+    async def _start_reclaimd(self, h: Harness) -> None:
+        gate = asyncio.Semaphore(SPAWN_LIMIT)
+        starts: list[tuple[str, dict[str, Any]]] = []
+        for i in range(self.scenario.reclaimd.replicas):
+            name = f"reclaimd-{i}"
+            starts.append((name, self._central_overrides(h, name)))
+        base = dict(self.scenario.reclaimd.as_settings())
+        for key, mock in self.built.imds.items():
+            name = f"imds-{key}"
+            starts.append(
+                (
+                    name,
+                    {
+                        **base,
+                        "tracing": {"span_file": str(h.workdir / f"spans-{name}.jsonl")},
+                        "sqs": {"enabled": False},
+                        "imds": {"enabled": True, "url": mock.url, "poll_interval_s": 0.5},
+                    },
+                )
+            )
+        for key, server in self.built.gce.items():
+            name = f"gce-{key}"
+            starts.append(
+                (
+                    name,
+                    {
+                        **base,
+                        "tracing": {"span_file": str(h.workdir / f"spans-{name}.jsonl")},
+                        "sqs": {"enabled": False},
+                        "gce_metadata": {
+                            "enabled": True,
+                            "url": server.url,
+                            "node_name": self.built.nodes[key].name,
+                        },
+                    },
+                )
+            )
+
+        async def one(name: str, overrides: dict[str, Any]) -> None:
+            async with gate:
+                await h.start_daemon(name, **overrides)
+
+        await asyncio.gather(*(one(n, o) for n, o in starts))
+        self.say(f"reclaimd: {len(starts)} process(es) running ({', '.join(n for n, _ in starts)})")
+
+    # --- inject -----------------------------------------------------------------------------
+
+    async def _inject(self, h: Harness) -> None:
+        loop = asyncio.get_running_loop()
+        t0, wall0 = loop.time(), utcnow()
+
+        async def at(offset: float) -> None:
+            await asyncio.sleep(max(0.0, t0 + offset - loop.time()))
+
+        async def notice(n: PlannedNotice) -> None:
+            await at(n.send_at_s)
+            facts = await self._send(h, n, wall0 + timedelta(seconds=n.issued_at_s))
+            self.sent.append(facts)
+            dup = f" x{n.copies}" if n.copies > 1 else ""
+            self.say(f"sent {n.label} {n.kind} -> {facts.target}{dup}")
+
+        async def garbage(g: PlannedGarbage) -> None:
+            await at(g.send_at_s)
+            await self._send_garbage(h, g)
+            self.garbage_sent += 1
+
+        await asyncio.gather(
+            *(notice(n) for n in self.plan.notices), *(garbage(g) for g in self.plan.garbage)
+        )
+        if self.garbage_sent:
+            self.say(f"sent {self.garbage_sent} malformed payload(s) among the notices")
+
+    async def _send(self, h: Harness, n: PlannedNotice, issued: datetime) -> report.NoticeFacts:
+        """Send one notice (with its duplicates) through its transport; what it must become."""
+        p = self.plan
+        sent_at = utcnow()
+        senders = {
+            Source.EC2_SQS: self._send_sqs,
+            Source.IMDS: self._send_imds,
+            Source.GKE_PUBSUB: self._send_pubsub,
+            Source.GCE_METADATA: self._send_gce_metadata,
+            Source.KUEUE: self._send_kueue,
+            Source.KAFKA: self._send_kafka,
+        }
+        parser, payload = await senders[n.source](h, n, issued, sent_at)
+        notice = _expected_notice(parser, payload, sent_at, p)
+        node = p.node(n.node) if n.node is not None else None
+        gangs = (n.gang,) if n.gang is not None else tuple(g.name for g in p.gangs_on(n.node or ""))
+        return report.NoticeFacts(
+            label=n.label,
+            source=n.source.value,
+            kind=n.kind,
+            target=_describe(n, node.instance_id if node is not None else ""),
+            notice_id=notice.id,
+            response=notice.response.value,
+            deadline=notice.deadline,
+            sent_at=sent_at,
+            gangs=gangs,
+            copies=n.copies,
+            claim_key=f"{h.namespace}/{n.gang}"
+            if n.gang is not None
+            else node.name
+            if node
+            else "",
+        )
+
+    async def _send_sqs(
+        self, h: Harness, n: PlannedNotice, issued: datetime, sent_at: datetime
+    ) -> tuple[str, bytes]:
+        from . import inject
+
+        node = self.plan.node(_some(n.node))
+        zone, region, event_id = node.zone, node.zone[:-1], str(uuid.uuid4())
+        if n.kind == "rebalance-recommendation":
+            event = inject.rebalance_event(
+                node.instance_id, zone=zone, region=region, at=issued, event_id=event_id
+            )
+        else:
+            event = inject.spot_itn_event(
+                node.instance_id, zone=zone, region=region, at=issued, action=n.action,
+                event_id=event_id,
+            )  # fmt: skip
+        body = json.dumps(event)
+        await self._copies(n, lambda: asyncio.to_thread(inject.send_sqs, h.sqs, h.queue_url, body))
+        return "ec2", body.encode()
+
+    async def _send_imds(
+        self, h: Harness, n: PlannedNotice, issued: datetime, sent_at: datetime
+    ) -> tuple[str, bytes]:
+        from . import inject
+
+        node = self.plan.node(_some(n.node))
+        deadline = issued + timedelta(seconds=self.plan.windows.ec2_spot_s)
+        identity = {
+            "instance_id": node.instance_id,
+            "zone": node.zone,
+            "region": node.zone[:-1],
+            "instance_type": node.sku,
+        }
+        await self.built.imds[node.key].start(**identity, action=n.action, deadline=deadline)
+        envelope = inject.imds_envelope(**identity, action=n.action, at=deadline)
+        return "imds", json.dumps(envelope).encode()
+
+    async def _send_pubsub(
+        self, h: Harness, n: PlannedNotice, issued: datetime, sent_at: datetime
+    ) -> tuple[str, bytes]:
+        from . import inject
+
+        node = self.plan.node(_some(n.node))
+        entry = inject.gce_log_entry(
+            project=node.project, zone=node.zone, instance=node.name, kind=n.kind, at=issued
+        )
+        topic = self.built.pubsub_topic
+        await self._copies(n, lambda: inject.publish_pubsub(self._publisher, topic, entry))
+        return "gke", json.dumps(entry).encode()
+
+    async def _send_gce_metadata(
+        self, h: Harness, n: PlannedNotice, issued: datetime, sent_at: datetime
+    ) -> tuple[str, bytes]:
+        from . import inject
+
+        node = self.plan.node(_some(n.node))
+        key, value = inject.GCE_METADATA[n.kind]
+        etag = await self.built.gce[node.key].set(key, value)
+        envelope = inject.gce_metadata_envelope(
+            project=node.project, zone=node.zone, instance=node.name, kind=n.kind, etag=etag,
+            at=sent_at,
+        )  # fmt: skip
+        return "gce-metadata", json.dumps(envelope).encode()
+
+    async def _send_kueue(
+        self, h: Harness, n: PlannedNotice, issued: datetime, sent_at: datetime
+    ) -> tuple[str, bytes]:
+        from . import inject
+
+        gang = _some(n.gang)
+        assert h.api is not None
+        stored = await inject.evict_workload(h.api, h.namespace, gang, reason=n.reason, at=issued)
+        pods = [f"{gang}-{r.rank}" for r in self.plan.gang(gang).ranks]
+        self._stop_pods.append(asyncio.create_task(self._stop_later(h, pods, n)))
+        return "kueue", json.dumps(stored).encode()
+
+    async def _send_kafka(
+        self, h: Harness, n: PlannedNotice, issued: datetime, sent_at: datetime
+    ) -> tuple[str, bytes]:
+        from . import inject
+
+        target: dict[str, Any]
+        if n.gang is not None:
+            target = {"workload": {"namespace": h.namespace, "name": n.gang}}
+            pods = [f"{n.gang}-{r.rank}" for r in self.plan.gang(n.gang).ranks]
+            self._stop_pods.append(asyncio.create_task(self._stop_later(h, pods, n)))
+        else:
+            node = self.plan.node(_some(n.node))
+            target = {"node_name": node.name, "provider_id": self.built.nodes[node.key].provider_id}
+        deadline = issued + timedelta(seconds=n.window_s) if n.window_s is not None else None
+        event = inject.cloudevent_notice(n.kind, target, at=issued, deadline=deadline)
+        value = json.dumps(event).encode()
+        topic, key = self.built.notices_topic, str(event["id"])
+        await self._copies(n, lambda: inject.send_kafka(self._producer, topic, value, key=key))
+        return "kafka", value
+
+    async def _copies(self, n: PlannedNotice, send: Callable[[], Any]) -> None:
+        """The notice, then its duplicates (a redelivery: same identity, new message)."""
+        for i in range(n.copies):
+            if i:
+                await asyncio.sleep(n.duplicate_delay_s)
+            await send()
+
+    async def _stop_later(self, h: Harness, pods: list[str], n: PlannedNotice) -> None:
+        """The scheduler that reclaims a workload (Kueue suspends its job at once) stops its
+        pods: they run for their grace period, then are gone."""
+        from . import inject
+
+        assert h.api is not None
+        await asyncio.sleep(n.pods_stop_after_s)
+        await inject.stop_pods(h.api, h.namespace, pods)
+
+    async def _send_garbage(self, h: Harness, g: PlannedGarbage) -> None:
+        from . import inject
+
+        if g.source is Source.EC2_SQS:
+            body = inject.garbage_sqs(g.variant)
+            await asyncio.to_thread(inject.send_sqs, h.sqs, h.queue_url, body)
+        elif g.source is Source.GKE_PUBSUB:
+            await inject.publish_pubsub(
+                self._publisher, self.built.pubsub_topic, inject.garbage_pubsub(g.variant)
+            )
+        elif g.source is Source.KAFKA:
+            await inject.send_kafka(
+                self._producer, self.built.notices_topic, inject.garbage_kafka(g.variant)
+            )
+
+    # --- wait -------------------------------------------------------------------------------
+
+    async def _read_ledger(self, h: Harness) -> None:
+        """Read the run's ledger topic from the start for as long as the drill runs."""
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(
+            h.topic,
+            bootstrap_servers=self.stack.kafka,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            group_id=None,
+        )
+        await consumer.start()
+        try:
+            while True:
+                batch = await consumer.getmany(timeout_ms=300)
+                for records in batch.values():
+                    for r in records:
+                        event = json.loads(r.value)
+                        self.events.append(event)
+                        self._say_event(event)
+        finally:
+            await consumer.stop()
+
+    def _say_event(self, e: dict[str, Any]) -> None:
+        label = next(
+            (n.label for n in self.sent if n.notice_id == e.get("x_NoticeId")), "an unknown notice"
+        )
+        met = "" if e.get("x_DeadlineMet") else ", DEADLINE MISSED"
+        self.say(
+            f"ledger: {report.gang_of(e)} charged by {label}: {e.get('x_WastedGpuSeconds')} GPU-s"
+            f" ({e.get('x_CheckpointOutcome')}{met})"
+        )
+
+    async def _wait(self, h: Harness, reader: asyncio.Task[None]) -> None:
+        expect = self.scenario.expect
+        charging = {g for n in self.sent if n.response != "checkpoint_only" for g in n.gangs}
+        keys = {n.claim_key for n in self.sent if n.claim_key}
+        loop = asyncio.get_running_loop()
+        end = loop.time() + expect.timeout_s
+        self.say(f"waiting for {len(charging)} ledger event(s) and {len(keys)} claim(s) done")
+        claims: dict[str, str] = {}
+        while loop.time() < end:
+            if reader.done():
+                reader.result()  # the reader died: say why
+            claims = await self._claims(h)
+            charged = {report.gang_of(e) for e in self.events}
+            if charged >= charging and all(claims.get(k) == "done" for k in keys):
+                break
+            await asyncio.sleep(1.0)
+        else:
+            open_ = sum(1 for k in keys if claims.get(k) != "done")
+            self.say(
+                f"gave up after {expect.timeout_s:g}s: {len(self.events)}/{len(charging)} events,"
+                f" {open_} claim(s) not done"
+            )
+        await asyncio.sleep(expect.settle_s)  # a duplicate would arrive now
+
+    async def _claims(self, h: Harness) -> dict[str, str]:
+        """Claim phase on every drill node, and on every Workload of the run's namespace."""
+        from kubernetes_asyncio import client as k8s
+
+        from . import fleet
+        from .harness import CLAIM
+
+        assert h.api is not None
+        out: dict[str, str] = {}
+        nodes = await k8s.CoreV1Api(h.api).list_node(
+            label_selector=f"{fleet.DRILL_LABEL}={self.plan.run_id}"
+        )
+        for n in nodes.items:
+            out[n.metadata.name] = _phase((n.metadata.annotations or {}).get(CLAIM))
+        if any(g.integration is Integration.KUEUE for g in self.plan.gangs):
+            wls = await k8s.CustomObjectsApi(h.api).list_namespaced_custom_object(
+                fleet.KUEUE_GROUP, fleet.KUEUE_VERSION, h.namespace, "workloads"
+            )
+            for w in wls.get("items", []):
+                annotations = w["metadata"].get("annotations") or {}
+                out[f"{h.namespace}/{w['metadata']['name']}"] = _phase(annotations.get(CLAIM))
+        return out
+
+    # --- judge ------------------------------------------------------------------------------
+
+    async def _judge(self, h: Harness) -> report.Verdict:
+        from kubernetes_asyncio import client as k8s
+
+        from reclaimd import postmortem
+
+        for d in h.daemons:
+            await d.stop()  # SIGTERM: the tracer flushes its last spans
+        assert h.api is not None
+        claims = await self._claims(h)
+        pods = await k8s.CoreV1Api(h.api).list_namespaced_pod(h.namespace)
+        alive = {
+            p.metadata.name
+            for p in pods.items
+            if not p.metadata.deletion_timestamp
+            and (p.status is None or p.status.phase not in ("Succeeded", "Failed"))
+        }
+        spans: list[dict[str, Any]] = []
+        for path in sorted(h.workdir.glob("spans-*.jsonl")):  # one per reclaimd process
+            spans.extend(postmortem.read_spans(path))
+        sqs_used = any(n.source is Source.EC2_SQS for n in self.plan.notices) or any(
+            g.source is Source.EC2_SQS for g in self.plan.garbage
+        )
+        depth = await asyncio.to_thread(h.queue_depth) if sqs_used else None
+        e = self.scenario.expect
+        verdict = report.evaluate(
+            scenario=self.scenario.name,
+            run_id=self.plan.run_id,
+            expect=report.Expectations(
+                deadlines_met=e.deadlines_met,
+                all_signaled=e.all_signaled,
+                evicted=e.evicted,
+                ledger_exact=e.ledger_exact,
+                gpu_seconds_tolerance=e.gpu_seconds_tolerance,
+                max_notice_to_drained_s=e.max_notice_to_drained_s,
+                traces=e.traces,
+                transport_drained=e.transport_drained,
+            ),
+            notices=self.sent,
+            gangs=[self._gang_facts(g, h.namespace, alive) for g in self.plan.gangs],
+            observed=report.Observed(
+                events=self.events,
+                spans=spans,
+                claims=claims,
+                queue_depth=depth,
+                garbage_sent=self.garbage_sent,
+            ),
+        )
+        files = tuple(str(p) for p in sorted(h.workdir.glob("spans-*.jsonl")))
+        return dataclasses.replace(verdict, span_files=files)
+
+    def _gang_facts(self, g: PlannedGang, namespace: str, alive: set[str]) -> report.GangFacts:
+        ranks = []
+        for r in g.ranks:
+            pod = f"{g.name}-{r.rank}"
+            trainer = self.built.trainers.get(pod)
+            saves = (
+                {
+                    nid: report.Save(
+                        received_at=s.received_at,
+                        deadline=s.deadline,
+                        finished_at=s.finished_at,
+                        saved=s.saved,
+                        durable=s.durable,
+                        checkpoint_time=s.checkpoint_time,
+                    )
+                    for nid, s in trainer.saves.items()
+                }
+                if trainer is not None
+                else {}
+            )
+            ranks.append(
+                report.RankFacts(
+                    pod=pod,
+                    rank=r.rank,
+                    gpus=g.gpus_per_rank,
+                    annotated_checkpoint=self.built.annotated[g.name],
+                    started_at=self.built.started.get(pod),
+                    opted_in=g.opt_in,
+                    leader=r.rank == 0,
+                    saves=saves,
+                )
+            )
+        return report.GangFacts(
+            name=g.name,
+            namespace=namespace,
+            scope=g.scope.value,
+            ranks=tuple(ranks),
+            pods_left=tuple(p for r in g.ranks if (p := f"{g.name}-{r.rank}") in alive),
+        )
+
+    async def _teardown(self, h: Harness) -> None:
+        from . import fleet
+
+        for task in self._stop_pods:
+            task.cancel()
+        for mock in self.built.imds.values():
+            await mock.stop()
+        for server in self.built.gce.values():
+            await server.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._publisher is not None:
+            await asyncio.to_thread(self._pubsub_cleanup)
+        if h.api is not None:
+            with contextlib.suppress(Exception):
+                await fleet.delete_namespace(h.api, h.namespace)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _expected_notice(parser: str, payload: bytes, received: datetime, plan: Plan) -> Notice:
+    """What reclaimd must make of the payload: the same parser, the same windows."""
+    from reclaimd import handlers
+
+    outcome = handlers.parse(parser, payload, received_at=received, windows=plan.windows)
+    if not isinstance(outcome, tuple) or len(outcome) != 1:
+        raise RuntimeError(f"the drill built a {parser} payload that is not one notice: {outcome}")
+    return outcome[0]
+
+
+def _some(value: str | None) -> str:
+    assert value is not None, "the plan gives this source a target of this kind"
+    return value
+
+
+def _describe(n: PlannedNotice, instance_id: str) -> str:
+    if n.gang is not None:
+        return f"workload {n.gang}"
+    return f"{n.node} {instance_id}" if n.source in (Source.EC2_SQS, Source.IMDS) else str(n.node)
+
+
+def _phase(raw: str | None) -> str:
+    if not raw:
+        return ""
+    try:
+        return str(json.loads(raw).get("phase", ""))
+    except (ValueError, AttributeError):
+        return "unreadable"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _aemm_binary(stack: StackEnv) -> Path | None:
+    """The mock stack.sh runs (same version), from the stack's cache."""
+    version = stack.values.get("AEMM_VERSION", "")
+    for base in (Path.home() / ".cache" / "reclaimd", stack.dir.parent / ".cache"):
+        candidate = base / f"aemm-{version}" / "ec2-metadata-mock"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+async def run_drill(
+    scenario: Scenario,
+    *,
+    stack: StackEnv | None = None,
+    progress: Progress | None = None,
+    run_id: str = "",
+) -> report.Verdict:
+    """Run ``scenario`` on the local stack and return its verdict (the e2e tests' entry)."""
+    from . import stack as stackenv
+
+    env = stack or stackenv.load()
+    drill = Drill(scenario, env, progress=progress, run_id=run_id)
+    return await drill.run()
+
+
+def slowest_timeline(verdict: report.Verdict) -> str | None:
+    """The post-mortem timeline of the notice that took longest to drain (``make demo``)."""
+    from reclaimd import postmortem
+
+    slowest = verdict.slowest
+    if slowest is None:
+        return None
+    for path in verdict.span_files:
+        try:
+            return postmortem.render_text(postmortem.load(Path(path), slowest.facts.notice_id))
+        except postmortem.NotFound:
+            continue
+    return None
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    """``drill run`` and ``drill check`` under ``reclaimd``'s subcommands."""
+    p = sub.add_parser("drill", help="chaos drills: rehearse interruptions on the local stack")
+    drills = p.add_subparsers(dest="drill_command", metavar="ACTION")
+    drills.required = True
+    r = drills.add_parser("run", help="run a scenario against the local stack and judge it")
+    r.add_argument("scenario", help="scenario YAML (see docs/drills.md)")
+    r.add_argument("--json", metavar="REPORT", help="write the JSON report here")
+    r.add_argument("--all-rows", action="store_true", help="print every notice and gang")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    r.add_argument(
+        "--timeline", action="store_true", help="print the slowest notice's post-mortem timeline"
+    )
+    r.set_defaults(func=cmd_drill)
+    c = drills.add_parser("check", help="validate a scenario and print its plan (no stack)")
+    c.add_argument("scenario")
+    c.set_defaults(func=cmd_drill)
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    """0: every expectation met; 1: one is not; 2: bad scenario or no stack."""
+    from . import stack as stackenv
+
+    try:
+        scenario = load_scenario(args.scenario)
+        if args.drill_command == "check":
+            print(describe_plan(plan_scenario(scenario, run_id="check")))
+            return EXIT_OK
+        verdict = asyncio.run(
+            run_drill(scenario, progress=Progress(quiet=bool(getattr(args, "quiet", False))))
+        )
+    except (ScenarioError, stackenv.StackNotRunning) as e:
+        print(f"reclaimd drill: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(report.render(verdict, all_rows=bool(args.all_rows)))
+    if args.timeline:
+        timeline = slowest_timeline(verdict)
+        print(f"\n== slowest notice\n{timeline or '(no trace found)'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(verdict), indent=2) + "\n")
+    return EXIT_OK if verdict.ok else EXIT_FAILED
+
+
+def describe_plan(plan: Plan) -> str:
+    s = plan.scenario
+    per_source: dict[str, int] = {}
+    for n in plan.notices:
+        per_source[n.source.value] = per_source.get(n.source.value, 0) + 1
+    affected = {g.name for n in plan.notices for g in plan.gangs_on(n.node or "")} | {
+        n.gang for n in plan.notices if n.gang
+    }
+    lines = [
+        f"{s.name}: {len(plan.nodes)} nodes in {len(s.cluster.pools)} pool(s),"
+        f" {len(plan.gangs)} gangs ({sum(len(g.ranks) for g in plan.gangs)} ranks)",
+        f"notices: {', '.join(f'{k} x{v}' for k, v in sorted(per_source.items()))};"
+        f" {len(plan.garbage)} malformed; {len(affected)} gang(s) touched",
+        f"reclaimd: {s.reclaimd.replicas} replica(s)"
+        + (
+            f", settings {json.dumps(s.reclaimd.as_settings())}" if s.reclaimd.as_settings() else ""
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m reclaimd.chaos.drill run SCENARIO`` (what ``reclaimd drill`` calls)."""
+    parser = argparse.ArgumentParser(prog="reclaimd")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

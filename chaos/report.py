@@ -1,0 +1,757 @@
+"""A drill's verdict: what happened, checked against what had to happen (pure).
+
+The drill hands over two kinds of facts. **Ground truth** it controls itself: the notices it
+sent (their ids, parsed from the very payloads it sent, and their deadlines), the gangs it
+built (each rank's GPUs, the last-checkpoint annotation it wrote, the pod start time it set)
+and what every fake trainer received and did. **Observations** of reclaimd: the ledger events
+read back from Kafka, the spans of its trace files, what is left of the gangs' pods, the
+claims on the targets and the transport's leftovers.
+
+``evaluate`` checks one against the other and returns a ``Verdict``; ``render`` prints it as a
+table and ``to_json`` as the drill's JSON report. The GPU-seconds rule is the one in
+``reclaimd.waste`` and ARCHITECTURE §5, recomputed here from the ground truth, never from
+reclaimd's own numbers: a rank loses ``gpus x (stop - start)`` where ``start`` is the latest of
+its annotated checkpoint, its pod's start and, if reclaimd got it in time, the durable
+checkpoint it just acked. "In time" is decided from the trainer's record: a save that ended
+within ``ACK_MARGIN_S`` of reclaimd's patience could have gone either way, and then the
+expected value is a range.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from reclaimd.model import ParseError, parse_time, rfc3339
+
+ACK_MARGIN_S = 1.0  # reclaimd polls a 202 every 0.5 s: an ack this close to the end is a race
+SHOWN = 25  # rows of a table before it is cut (the JSON report has them all)
+
+
+# --- facts -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Save:
+    """One trainer's handling of one notice's request."""
+
+    received_at: datetime
+    deadline: datetime  # when reclaimd stops waiting for this rank
+    finished_at: datetime | None  # None: it hung
+    saved: bool
+    durable: bool
+    checkpoint_time: datetime | None
+
+    def counted(self) -> bool | None:
+        """Did reclaimd get a durable ack in time? ``None`` when it was too close to call."""
+        if not (self.saved and self.durable) or self.finished_at is None:
+            return False
+        slack = (self.deadline - self.finished_at).total_seconds()
+        if slack > ACK_MARGIN_S:
+            return True
+        if slack < -ACK_MARGIN_S:
+            return False
+        return None
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    pod: str
+    rank: int
+    gpus: int
+    annotated_checkpoint: datetime | None
+    started_at: datetime | None
+    opted_in: bool
+    leader: bool
+    saves: Mapping[str, Save] = field(default_factory=dict)  # by notice id
+
+
+@dataclass(frozen=True)
+class GangFacts:
+    name: str
+    namespace: str
+    scope: str  # rank | leader
+    ranks: tuple[RankFacts, ...]
+    pods_left: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NoticeFacts:
+    label: str  # source#index
+    source: str
+    kind: str
+    target: str
+    notice_id: str
+    response: str  # full | checkpoint_only | no_cordon
+    deadline: datetime | None
+    sent_at: datetime
+    gangs: tuple[str, ...]  # gangs that had a rank on the target (or the workload's gang)
+    copies: int = 1
+    claim_key: str = ""  # the object its claim sits on (node or namespace/workload)
+
+
+@dataclass(frozen=True)
+class Observed:
+    events: Sequence[Mapping[str, Any]]
+    spans: Sequence[Mapping[str, Any]]
+    claims: Mapping[str, str]  # claim key -> phase found at the end
+    queue_depth: int | None = None  # SQS messages left (garbage included); None: no SQS
+    garbage_sent: int = 0
+
+
+@dataclass(frozen=True)
+class Expectations:
+    deadlines_met: bool = True
+    all_signaled: bool = True
+    evicted: bool = True
+    ledger_exact: bool = True
+    gpu_seconds_tolerance: float = 0.05
+    max_notice_to_drained_s: float | None = None
+    traces: bool = True
+    transport_drained: bool = True
+
+
+# --- verdict ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+    required: bool = True  # False: shown, not part of the verdict (the scenario opted out)
+
+
+@dataclass(frozen=True)
+class NoticeRow:
+    facts: NoticeFacts
+    claimed_at: datetime | None = None
+    cordoned_at: datetime | None = None
+    all_signaled_at: datetime | None = None
+    drained_at: datetime | None = None
+    deadline: datetime | None = None  # from the trace when reclaimd recorded it
+    traced: bool = False
+    events: int = 0
+    deadline_met: bool | None = None  # None: nothing to be late for (no deadline)
+
+    def after_send(self, t: datetime | None) -> float | None:
+        return None if t is None else (t - self.facts.sent_at).total_seconds()
+
+    @property
+    def to_drained_s(self) -> float | None:
+        return self.after_send(self.drained_at)
+
+
+@dataclass(frozen=True)
+class GangRow:
+    name: str
+    notice_id: str  # the notice that charged it ("" if none did)
+    events: int
+    ledger_gpu_s: float | None
+    expected_gpu_s: tuple[float, float] | None  # a range when an ack raced the budget
+    outcome: str = ""
+    deadline_met: bool | None = None
+    ranks_asked: int = 0
+    ranks_to_ask: int = 0
+    pods_left: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    scenario: str
+    run_id: str
+    checks: tuple[Check, ...]
+    notices: tuple[NoticeRow, ...]
+    gangs: tuple[GangRow, ...]
+    garbage_sent: int = 0
+    span_files: tuple[str, ...] = ()  # where reclaimd's traces are, for `reclaimd postmortem`
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks if c.required)
+
+    @property
+    def slowest(self) -> NoticeRow | None:
+        drained = [n for n in self.notices if n.to_drained_s is not None]
+        return max(drained, key=lambda n: n.to_drained_s or 0.0, default=None)
+
+
+def evaluate(
+    *,
+    scenario: str,
+    run_id: str,
+    expect: Expectations,
+    notices: Sequence[NoticeFacts],
+    gangs: Sequence[GangFacts],
+    observed: Observed,
+) -> Verdict:
+    by_gang = {g.name: g for g in gangs}
+    traces = index_traces(observed.spans)
+    rows = {n.notice_id: _notice_row(n, traces.get(n.notice_id, []), observed.events)
+            for n in _unique(notices)}  # fmt: skip
+    charging = [n for n in _unique(notices) if n.response != "checkpoint_only"]
+    expected = {g for n in charging for g in n.gangs}
+    events_by_gang: dict[str, list[Mapping[str, Any]]] = {}
+    foreign: list[str] = []
+    for e in observed.events:
+        name = gang_of(e)
+        if name in by_gang and e.get("x_K8sNamespaceName") == by_gang[name].namespace:
+            events_by_gang.setdefault(name, []).append(e)
+        else:
+            foreign.append(str(e.get("x_GangId")))
+    gang_rows = tuple(
+        _gang_row(by_gang[name], events_by_gang.get(name, []), expect)
+        for name in sorted(expected | set(events_by_gang), key=natural)
+    )
+    checks = [
+        _ledger_check(expected, events_by_gang, foreign, notices, expect),
+        _gpu_check(gang_rows, expect),
+        _deadline_check(rows.values(), observed.events, expect),
+        _signaled_check(notices, by_gang, events_by_gang, expect),
+        _evicted_check(expected, by_gang, expect),
+        _claims_check(notices, observed.claims),
+        _trace_check(rows.values(), observed.events, traces, expect),
+    ]
+    if expect.max_notice_to_drained_s is not None:
+        checks.append(_latency_check(rows.values(), expect.max_notice_to_drained_s))
+    if observed.queue_depth is not None:
+        checks.append(
+            Check(
+                "transport drained",
+                observed.queue_depth == 0,
+                f"{observed.queue_depth} message(s) left in the queue"
+                f" ({observed.garbage_sent} garbage sent)",
+                required=expect.transport_drained,
+            )
+        )
+    return Verdict(
+        scenario=scenario,
+        run_id=run_id,
+        checks=tuple(checks),
+        notices=tuple(rows.values()),
+        gangs=gang_rows,
+        garbage_sent=observed.garbage_sent,
+    )
+
+
+def _unique(notices: Iterable[NoticeFacts]) -> list[NoticeFacts]:
+    """One per notice id: a redelivery (or the same notice named twice) is one notice."""
+    seen: dict[str, NoticeFacts] = {}
+    for n in notices:
+        seen.setdefault(n.notice_id, n)
+    return list(seen.values())
+
+
+def natural(name: str) -> tuple[str, int]:
+    """``llm-2`` before ``llm-10``."""
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (name, -1)
+
+
+def gang_of(event: Mapping[str, Any]) -> str:
+    return str(event.get("x_GangId", "")).rsplit("/", 1)[-1]
+
+
+# --- GPU-seconds: the rule, from ground truth ------------------------------------------------
+
+
+def expected_gpu_seconds(gang: GangFacts, stopped: datetime) -> tuple[float, float]:
+    """(low, high) GPU-seconds lost by ``gang`` when its ranks stopped at ``stopped``.
+
+    A rank's clock starts at the latest of its annotated checkpoint, its pod's start and every
+    durable checkpoint reclaimd got an ack for in time before the stop: the charging notice's,
+    or an earlier one's (a rebalance recommendation's checkpoint is just as good). The two values
+    differ only when an ack raced reclaimd's budget: low counts such acks, high does not.
+    """
+    leader = next((r for r in gang.ranks if r.leader and r.opted_in), None)
+    if gang.scope == "leader" and leader is None:
+        opted = [r for r in gang.ranks if r.opted_in]
+        leader = min(opted, key=lambda r: r.rank) if opted else None
+    low = high = 0.0
+    for rank in gang.ranks:
+        speaker = leader if gang.scope == "leader" else rank
+        sure: list[datetime] = [t for t in (rank.annotated_checkpoint, rank.started_at) if t]
+        maybe: list[datetime] = []
+        for save in speaker.saves.values() if speaker is not None else ():
+            t = save.checkpoint_time
+            if t is None or t > stopped:
+                continue
+            counted = save.counted()
+            if counted is True:
+                sure.append(t)
+            elif counted is None:
+                maybe.append(t)
+        low += _lost(rank.gpus, [*sure, *maybe], stopped)
+        high += _lost(rank.gpus, sure, stopped)
+    return low, high
+
+
+def _lost(gpus: int, starts: Sequence[datetime], stopped: datetime) -> float:
+    if not starts:
+        return 0.0  # no known start: the ledger counts zero rather than invent one
+    return gpus * max(0.0, (stopped - max(starts)).total_seconds())
+
+
+# --- rows ------------------------------------------------------------------------------------
+
+
+def _notice_row(
+    n: NoticeFacts, spans: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]]
+) -> NoticeRow:
+    times = phase_times(spans)
+    deadline = n.deadline
+    for s in spans:
+        raw = s["attributes"].get("reclaimd.deadline") if s["name"] == ROOT else None
+        if raw:
+            deadline = _time(raw) or deadline
+    mine = [e for e in events if e.get("x_NoticeId") == n.notice_id]
+    met: bool | None = None
+    if deadline is not None:
+        done = times.get("drained") or times.get("all_signaled")
+        met = done is not None and done <= deadline
+        met = met and all(e.get("x_DeadlineMet") is True for e in mine)
+    return NoticeRow(
+        facts=n,
+        claimed_at=times.get("claimed"),
+        cordoned_at=times.get("cordoned"),
+        all_signaled_at=times.get("all_signaled"),
+        drained_at=times.get("drained"),
+        deadline=deadline,
+        traced=bool(spans),
+        events=len(mine),
+        deadline_met=met,
+    )
+
+
+def _gang_row(g: GangFacts, events: Sequence[Mapping[str, Any]], expect: Expectations) -> GangRow:
+    first = events[0] if events else None
+    notice_id = str(first.get("x_NoticeId", "")) if first else ""
+    expected: tuple[float, float] | None = None
+    ledger: float | None = None
+    if first is not None:
+        stopped = _time(first.get("ChargePeriodEnd"))
+        if stopped is not None:
+            expected = expected_gpu_seconds(g, stopped)
+        raw = first.get("x_WastedGpuSeconds")
+        ledger = float(raw) if isinstance(raw, int | float) else None
+    asked, to_ask = _asked(g, notice_id)
+    return GangRow(
+        name=g.name,
+        notice_id=notice_id,
+        events=len(events),
+        ledger_gpu_s=ledger,
+        expected_gpu_s=expected,
+        outcome=str(first.get("x_CheckpointOutcome", "")) if first else "",
+        deadline_met=first.get("x_DeadlineMet") if first else None,
+        ranks_asked=asked,
+        ranks_to_ask=to_ask,
+        pods_left=len(g.pods_left),
+    )
+
+
+def _asked(g: GangFacts, notice_id: str) -> tuple[int, int]:
+    """(ranks that got the request, ranks that had to): every opted-in rank, or the leader."""
+    opted = [r for r in g.ranks if r.opted_in]
+    if g.scope == "leader" and opted:
+        opted = [next((r for r in opted if r.leader), min(opted, key=lambda r: r.rank))]
+    return sum(1 for r in opted if notice_id in r.saves), len(opted)
+
+
+def _within(row: GangRow, tolerance: float) -> bool:
+    if row.ledger_gpu_s is None or row.expected_gpu_s is None:
+        return False
+    low, high = row.expected_gpu_s
+    return low - tolerance <= row.ledger_gpu_s <= high + tolerance
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+
+def _few(items: Iterable[str], n: int = 4) -> str:
+    items = list(items)
+    more = f" (+{len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def _ledger_check(
+    expected: set[str],
+    events: Mapping[str, Sequence[Mapping[str, Any]]],
+    foreign: Sequence[str],
+    notices: Sequence[NoticeFacts],
+    expect: Expectations,
+) -> Check:
+    missing = sorted(expected - set(events))
+    extra = sorted(set(events) - expected)
+    doubled = sorted(g for g, es in events.items() if len(es) > 1)
+    ids = Counter(str(e.get("EventId")) for es in events.values() for e in es)
+    touching = {g: {n.notice_id for n in notices if g in n.gangs} for g in expected}
+    wrong = sorted(
+        g for g, es in events.items() if g in touching
+        for e in es if e.get("x_NoticeId") not in touching[g]
+    )  # fmt: skip
+    problems = [
+        f"missing for {_few(missing)}" if missing else "",
+        f"unexpected for {_few(extra + list(foreign))}" if extra or foreign else "",
+        f"{_few(doubled)} charged more than once" if doubled else "",
+        "an EventId repeats" if any(c > 1 for c in ids.values()) else "",
+        f"{_few(wrong)} charged by a notice that did not touch it" if wrong else "",
+    ]
+    problems = [p for p in problems if p]
+    total = sum(len(es) for es in events.values()) + len(foreign)
+    return Check(
+        "ledger: one event per affected gang",
+        not problems,
+        "; ".join(problems) or f"{total} event(s) for {len(expected)} gang(s)",
+        required=expect.ledger_exact,
+    )
+
+
+def _gpu_check(rows: Sequence[GangRow], expect: Expectations) -> Check:
+    charged = [r for r in rows if r.events]
+    off = [
+        f"{r.name} ledger {r.ledger_gpu_s} vs {_span(r.expected_gpu_s)}"
+        for r in charged
+        if not _within(r, expect.gpu_seconds_tolerance)
+    ]
+    total = sum(r.ledger_gpu_s or 0.0 for r in charged)
+    return Check(
+        "GPU-seconds equal the ground truth",
+        not off,
+        _few(off, 3) if off else f"{len(charged)} gang(s), {total:.1f} GPU-s lost in all",
+        required=expect.ledger_exact,
+    )
+
+
+def _deadline_check(
+    rows: Iterable[NoticeRow], events: Sequence[Mapping[str, Any]], expect: Expectations
+) -> Check:
+    late = [r.facts.label for r in rows if r.deadline_met is False]
+    missed = [gang_of(e) for e in events if e.get("x_DeadlineMet") is not True]
+    problems = []
+    if late:
+        problems.append(f"notices late: {_few(late)}")
+    if missed:
+        problems.append(f"ledger says deadline missed for {_few(missed)}")
+    return Check(
+        "every deadline met",
+        not problems,
+        "; ".join(problems) or "all notices done before their deadlines",
+        required=expect.deadlines_met,
+    )
+
+
+def _signaled_check(
+    notices: Sequence[NoticeFacts],
+    gangs: Mapping[str, GangFacts],
+    events: Mapping[str, Sequence[Mapping[str, Any]]],
+    expect: Expectations,
+) -> Check:
+    """Every opted-in rank (or the leader) of each affected gang got the notice's request:
+    a charged gang for the notice that charged it, a checkpoint-only notice's gangs for it."""
+    short: list[str] = []
+    asked = to_ask = 0
+    wanted: dict[str, set[str]] = {}  # gang -> the notices one of which must have asked it
+    for n in _unique(notices):
+        if n.response == "checkpoint_only":
+            for g in n.gangs:
+                wanted.setdefault(f"{g} {n.notice_id}", set()).add(n.notice_id)
+        else:
+            for g in n.gangs:
+                wanted.setdefault(g, set()).add(n.notice_id)
+    for name, es in events.items():
+        wanted[name] = {str(es[0].get("x_NoticeId"))}  # the notice that charged it
+    for key, ids in sorted(wanted.items()):
+        name = key.split(" ", 1)[0]
+        got, need = max(_asked(gangs[name], nid) for nid in sorted(ids))
+        asked, to_ask = asked + got, to_ask + need
+        if got < need:
+            short.append(f"{name} {got}/{need}")
+    return Check(
+        "every rank of every affected gang signaled",
+        not short,
+        f"short: {_few(short)}" if short else f"{asked}/{to_ask} ranks asked",
+        required=expect.all_signaled,
+    )
+
+
+def _evicted_check(
+    expected: set[str], gangs: Mapping[str, GangFacts], expect: Expectations
+) -> Check:
+    left = [f"{g} ({len(gangs[g].pods_left)} pods)" for g in sorted(expected) if gangs[g].pods_left]
+    pods = sum(len(gangs[g].ranks) for g in expected)
+    return Check(
+        "evictions done",
+        not left,
+        f"still running: {_few(left)}"
+        if left
+        else f"{pods} pod(s) of {len(expected)} gang(s) gone",
+        required=expect.evicted,
+    )
+
+
+def _claims_check(notices: Sequence[NoticeFacts], claims: Mapping[str, str]) -> Check:
+    keys = sorted({n.claim_key for n in notices if n.claim_key})
+    open_ = [f"{k}: {claims.get(k) or 'no claim'}" for k in keys if claims.get(k) != "done"]
+    return Check(
+        "every claim done",
+        not open_,
+        f"open: {_few(open_)}" if open_ else f"{len(keys)} claim(s) in phase done",
+    )
+
+
+def _trace_check(
+    rows: Iterable[NoticeRow],
+    events: Sequence[Mapping[str, Any]],
+    traces: Mapping[str, Sequence[Mapping[str, Any]]],
+    expect: Expectations,
+) -> Check:
+    rows = list(rows)
+    untraced = [r.facts.label for r in rows if not r.traced]
+    trace_ids = {nid: {s["trace_id"] for s in spans} for nid, spans in traces.items()}
+    unlinked = []
+    for e in events:
+        tp = str(e.get("x_TraceParent") or "")
+        trace_id = tp.split("-")[1] if tp.count("-") == 3 else ""
+        if trace_id not in trace_ids.get(str(e.get("x_NoticeId")), set()):
+            unlinked.append(gang_of(e))
+    problems = []
+    if untraced:
+        problems.append(f"no trace for {_few(untraced)}")
+    if unlinked:
+        problems.append(f"event traceparent not in its notice's trace: {_few(unlinked)}")
+    return Check(
+        "traces present",
+        not problems,
+        "; ".join(problems) or f"{len(rows)} trace(s), every event linked",
+        required=expect.traces,
+    )
+
+
+def _latency_check(rows: Iterable[NoticeRow], limit_s: float) -> Check:
+    rows = [r for r in rows if r.facts.response != "checkpoint_only"]
+    slow = [f"{r.facts.label} {r.to_drained_s:.1f}s" for r in rows
+            if r.to_drained_s is not None and r.to_drained_s > limit_s]  # fmt: skip
+    never = [r.facts.label for r in rows if r.to_drained_s is None]
+    problems = [
+        f"slower: {_few(slow)}" if slow else "",
+        f"never drained: {_few(never)}" if never else "",
+    ]
+    problems = [p for p in problems if p]
+    worst = max((r.to_drained_s or 0.0 for r in rows), default=0.0)
+    return Check(
+        f"notice to drained within {limit_s:g}s",
+        not problems,
+        "; ".join(problems) or f"slowest {worst:.2f}s",
+    )
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+ROOT = "reclaimd.notice"
+
+
+def index_traces(spans: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Spans by notice id: every trace whose root names the notice (a resumed notice, or one
+    handled again by a peer, has more than one)."""
+    by_trace: dict[str, list[Mapping[str, Any]]] = {}
+    notice_of: dict[str, str] = {}
+    for s in spans:
+        by_trace.setdefault(s["trace_id"], []).append(s)
+        if s["name"] == ROOT:
+            notice_of[s["trace_id"]] = str(s["attributes"].get("reclaimd.notice.id", ""))
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for trace_id, notice_id in notice_of.items():
+        out.setdefault(notice_id, []).extend(by_trace[trace_id])
+    return out
+
+
+def phase_times(spans: Sequence[Mapping[str, Any]]) -> dict[str, datetime]:
+    """When the notice was claimed, cordoned, had every rank asked, and was drained.
+
+    ``all_signaled`` is when the last rank's request went out (the latest start of a
+    per-rank span), or when the checkpoint step began if there was nobody to ask.
+    """
+
+    def at(ns: int) -> datetime:
+        return _EPOCH + timedelta(microseconds=ns // 1000)
+
+    def ends(name: str) -> list[datetime]:
+        return [at(s["end_ns"]) for s in spans if s["name"] == name and s.get("end_ns")]
+
+    out: dict[str, datetime] = {}
+    for step, name, pick in (
+        ("claimed", "reclaimd.claim", min),
+        ("cordoned", "reclaimd.cordon", min),
+        ("drained", "reclaimd.drain", max),
+    ):
+        found = ends(name)
+        if found:
+            out[step] = pick(found)
+    ranks = [at(s["start_ns"]) for s in spans if s["name"] == "reclaimd.checkpoint.rank"]
+    steps = [at(s["start_ns"]) for s in spans if s["name"] == "reclaimd.checkpoint"]
+    if ranks:
+        out["all_signaled"] = max(ranks)
+    elif steps:
+        out["all_signaled"] = min(steps)
+    return out
+
+
+_EPOCH = datetime.fromisoformat("1970-01-01T00:00:00+00:00")
+
+
+def _time(raw: object) -> datetime | None:
+    if not isinstance(raw, str):
+        return None
+    try:
+        return parse_time(raw)
+    except ParseError:
+        return None
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def _span(r: tuple[float, float] | None) -> str:
+    if r is None:
+        return "-"
+    low, high = r
+    return f"{low:.3f}" if abs(high - low) < 1e-9 else f"{low:.3f}..{high:.3f}"
+
+
+def _s(v: float | None) -> str:
+    return f"{'-':>6}" if v is None else f"{v:6.2f}"
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    return statistics.quantiles(ordered, n=100, method="inclusive")[int(q) - 1]
+
+
+def latency_summary(v: Verdict) -> dict[str, dict[str, float]]:
+    """p50 / p95 / max seconds from each notice's send to each step, over all notices."""
+    out: dict[str, dict[str, float]] = {}
+    for step in ("claimed_at", "cordoned_at", "all_signaled_at", "drained_at"):
+        values = [s for r in v.notices if (s := r.after_send(getattr(r, step))) is not None]
+        if values:
+            out[step.removesuffix("_at")] = {
+                "p50": round(_pct(values, 50), 3),
+                "p95": round(_pct(values, 95), 3),
+                "max": round(max(values), 3),
+                "n": len(values),
+            }
+    return out
+
+
+def render(v: Verdict, *, all_rows: bool = False) -> str:
+    """The table printed at the end of a drill."""
+    lines = [f"== drill {v.scenario} (run {v.run_id})", "", "notices (seconds after send):"]
+    head = (
+        f"  {'notice':<16} {'kind':<20} {'target':<28} {'claim':>6} {'cordon':>6}"
+        f" {'signal':>6} {'drain':>6} {'window':>6}  deadline"
+    )
+    lines.append(head)
+    rows = sorted(v.notices, key=lambda r: r.facts.sent_at)
+    for r in rows if all_rows else rows[:SHOWN]:
+        window = (r.deadline - r.facts.sent_at).total_seconds() if r.deadline is not None else None
+        met = {True: "met", False: "MISSED", None: "none"}[r.deadline_met]
+        lines.append(
+            f"  {r.facts.label:<16} {r.facts.kind[:20]:<20} {r.facts.target[:28]:<28}"
+            f" {_s(r.after_send(r.claimed_at))} {_s(r.after_send(r.cordoned_at))}"
+            f" {_s(r.after_send(r.all_signaled_at))} {_s(r.after_send(r.drained_at))}"
+            f" {_s(window)}  {met}"
+        )
+    if not all_rows and len(rows) > SHOWN:
+        lines.append(f"  ... {len(rows) - SHOWN} more notices in the JSON report")
+    summary = latency_summary(v)
+    if summary:
+        lines.append("")
+        lines.append("  step         p50 s   p95 s   max s   notices")
+        for step, s in summary.items():
+            lines.append(
+                f"  {step:<12} {s['p50']:6.2f}  {s['p95']:6.2f}  {s['max']:6.2f}   {int(s['n'])}"
+            )
+    lines += ["", "gangs (GPU-seconds lost):"]
+    lines.append(
+        f"  {'gang':<22} {'events':>6} {'ledger':>12} {'expected':>20} {'asked':>7}"
+        f" {'left':>4}  outcome"
+    )
+    for g in v.gangs if all_rows else v.gangs[:SHOWN]:
+        ledger = "-" if g.ledger_gpu_s is None else f"{g.ledger_gpu_s:.3f}"
+        lines.append(
+            f"  {g.name[:22]:<22} {g.events:>6} {ledger:>12} {_span(g.expected_gpu_s):>20}"
+            f" {g.ranks_asked:>3}/{g.ranks_to_ask:<3} {g.pods_left:>4}  {g.outcome}"
+        )
+    if not all_rows and len(v.gangs) > SHOWN:
+        lines.append(f"  ... {len(v.gangs) - SHOWN} more gangs in the JSON report")
+    lines += ["", "checks:"]
+    for c in v.checks:
+        mark = "PASS" if c.ok else ("FAIL" if c.required else "info")
+        lines.append(f"  [{mark}] {c.name}: {c.detail}")
+    lines += ["", f"== verdict: {'PASS' if v.ok else 'FAIL'}"]
+    return "\n".join(lines)
+
+
+def _iso(t: datetime | None) -> str | None:
+    return rfc3339(t) if t is not None else None
+
+
+def to_json(v: Verdict) -> dict[str, Any]:
+    """The ``--json`` report: every notice and every gang, with the checks."""
+    slowest = v.slowest
+    return {
+        "scenario": v.scenario,
+        "run_id": v.run_id,
+        "ok": v.ok,
+        "checks": [
+            {"name": c.name, "ok": c.ok, "required": c.required, "detail": c.detail}
+            for c in v.checks
+        ],
+        "latency_s": latency_summary(v),
+        "slowest_notice": slowest.facts.notice_id if slowest else None,
+        "span_files": list(v.span_files),
+        "garbage_sent": v.garbage_sent,
+        "notices": [
+            {
+                "label": r.facts.label,
+                "notice_id": r.facts.notice_id,
+                "source": r.facts.source,
+                "kind": r.facts.kind,
+                "response": r.facts.response,
+                "target": r.facts.target,
+                "copies_sent": r.facts.copies,
+                "sent_at": _iso(r.facts.sent_at),
+                "deadline": _iso(r.deadline),
+                "claimed_at": _iso(r.claimed_at),
+                "cordoned_at": _iso(r.cordoned_at),
+                "all_signaled_at": _iso(r.all_signaled_at),
+                "drained_at": _iso(r.drained_at),
+                "to_drained_s": r.to_drained_s,
+                "deadline_met": r.deadline_met,
+                "traced": r.traced,
+                "ledger_events": r.events,
+                "gangs": list(r.facts.gangs),
+            }
+            for r in sorted(v.notices, key=lambda r: r.facts.sent_at)
+        ],
+        "gangs": [
+            {
+                "gang": g.name,
+                "notice_id": g.notice_id,
+                "ledger_events": g.events,
+                "ledger_gpu_seconds": g.ledger_gpu_s,
+                "expected_gpu_seconds": list(g.expected_gpu_s) if g.expected_gpu_s else None,
+                "checkpoint_outcome": g.outcome,
+                "deadline_met": g.deadline_met,
+                "ranks_asked": g.ranks_asked,
+                "ranks_to_ask": g.ranks_to_ask,
+                "pods_left": g.pods_left,
+            }
+            for g in v.gangs
+        ],
+    }
