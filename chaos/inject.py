@@ -385,31 +385,41 @@ async def evict_workload(
         f"Preempted to accommodate a workload (UID: {preemptor}, JobUID: {uuid.uuid4()})"
         f" due to {_KUEUE_WHY.get(reason, 'preemption')}"
     )
-    wl = await custom.get_namespaced_custom_object(group, version, namespace, "workloads", name)
-    status = wl.setdefault("status", {})
-    kept = [c for c in status.get("conditions", []) if c["type"] not in ("Evicted", "Preempted")]
-    status["conditions"] = [
-        *kept,
-        {
-            "type": "Evicted",
-            "status": "True",
-            "reason": "Preempted",
-            "message": message,
-            "observedGeneration": wl["metadata"].get("generation", 1),
-            "lastTransitionTime": when,
-        },
-        {
-            "type": "Preempted",
-            "status": "True",
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": when,
-        },
-    ]
-    stored: dict[str, Any] = await custom.replace_namespaced_custom_object_status(
-        group, version, namespace, "workloads", name, wl
-    )
-    return stored
+    # Kueue itself (when the stack runs it) writes the same status: re-read on a conflict.
+    for attempt in range(20):
+        wl = await custom.get_namespaced_custom_object(group, version, namespace, "workloads", name)
+        status = wl.setdefault("status", {})
+        kept = [
+            c for c in status.get("conditions", []) if c["type"] not in ("Evicted", "Preempted")
+        ]
+        status["conditions"] = [
+            *kept,
+            {
+                "type": "Evicted",
+                "status": "True",
+                "reason": "Preempted",
+                "message": message,
+                "observedGeneration": wl["metadata"].get("generation", 1),
+                "lastTransitionTime": when,
+            },
+            {
+                "type": "Preempted",
+                "status": "True",
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": when,
+            },
+        ]
+        try:
+            stored: dict[str, Any] = await custom.replace_namespaced_custom_object_status(
+                group, version, namespace, "workloads", name, wl
+            )
+        except ApiException as e:
+            if e.status != 409 or attempt == 19:
+                raise
+            continue
+        return stored
+    raise AssertionError("unreachable")
 
 
 _KUEUE_WHY = {
