@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -147,9 +147,13 @@ class Harness:
         """Holder names carry the run id: a daemon must never resume another run's claims."""
         return f"{name}-{self.run_id}"
 
-    async def start_daemon(self, name: str = "reclaimd", **overrides: Any) -> DaemonProcess:
+    async def start_daemon(
+        self, name: str = "reclaimd", *, env: Mapping[str, str] | None = None, **overrides: Any
+    ) -> DaemonProcess:
+        """``reclaimd run`` with the run's config plus ``overrides``; ``env`` adds variables to
+        its environment (OTEL_* for one daemon, ...)."""
         config = self.daemon_config(holder=self.holder(name), **overrides)
-        d = DaemonProcess(config, self.workdir, name)
+        d = DaemonProcess(config, self.workdir, name, env=env)
         await d.start()
         self.daemons.append(d)
         return d

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,16 @@ import yaml
 class DaemonProcess:
     """``reclaimd run --config FILE`` in a subprocess; ``start`` returns once it is running."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "reclaimd") -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        name: str = "reclaimd",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.name = name
+        self.env = dict(env or {})  # on top of this process's environment (OTEL_*, ...)
         self.config_path = workdir / f"{name}.yaml"
         self.log_path = workdir / f"{name}.log"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -36,7 +44,7 @@ class DaemonProcess:
             str(self.config_path),
             stdout=log,
             stderr=log,
-            env={**os.environ},
+            env={**os.environ, **self.env},
         )
         log.close()
         end = asyncio.get_running_loop().time() + timeout_s

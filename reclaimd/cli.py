@@ -96,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_run)
 
+    from reclaimd import postmortem
     from reclaimd.chaos import drill
 
+    postmortem.add_parser(sub)
     drill.add_parser(sub)
     return p
 

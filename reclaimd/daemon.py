@@ -19,8 +19,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
+from opentelemetry import trace as otel
 
-from reclaimd import checkpoint, ledger, logs, tracing, waste
+from reclaimd import checkpoint, health, ledger, logs, metrics, tracing, waste
 from reclaimd.cluster import actions, cache, claims, client, gangclaims, ratelimit
 from reclaimd.config import Settings, UnknownTarget
 from reclaimd.intake import Admission, Intake
@@ -47,17 +48,18 @@ class _Signaller:
         def traceparent(m: Member) -> str:
             span = self.tracer.start_span(
                 "reclaimd.checkpoint.rank",
+                kind=otel.SpanKind.CLIENT,  # the checkpoint request: an HTTP call to the pod
                 attributes={
                     "k8s.namespace.name": m.namespace,
                     "k8s.pod.name": m.name,
+                    "k8s.pod.uid": m.uid,
                     "k8s.node.name": m.node,
+                    "http.request.method": "POST",
                     "reclaimd.rank": -1 if m.rank is None else m.rank,
                     "reclaimd.gang": str(gang.key),
                 },
             )
             spans[m.uid] = span
-            from opentelemetry import trace as otel
-
             with otel.use_span(span, end_on_exit=False):
                 return tracing.current_traceparent()
 
@@ -67,8 +69,12 @@ class _Signaller:
                 return
             span.set_attribute("reclaimd.acked", ack.acked)
             span.set_attribute("reclaimd.durable", ack.durable)
+            if ack.step is not None:
+                span.set_attribute("reclaimd.checkpoint.step", ack.step)
             if ack.error:
                 span.set_attribute("reclaimd.error", ack.error[:200])
+            if not ack.acked:
+                span.set_status(otel.StatusCode.ERROR, ack.error[:200] or "no ack")
             span.end()
 
         try:
@@ -81,7 +87,8 @@ class _Signaller:
                 on_ack=on_ack,
             )
         finally:
-            for span in spans.values():
+            for span in spans.values():  # cut short (cancelled) before the rank answered
+                span.set_status(otel.StatusCode.ERROR, "checkpoint step ended before the answer")
                 span.end()
 
 
@@ -154,6 +161,8 @@ class _Parts:
     ledger: ledger.LedgerWriter
     scheduler: Scheduler
     intake: Intake
+    limiter: ratelimit.RateLimiter
+    receipts: tracing.Receipts
 
 
 @dataclass
@@ -161,7 +170,6 @@ class Daemon:
     """Everything one reclaimd process holds; ``run`` drives it."""
 
     settings: Settings
-    reports: list[Report] = field(default_factory=list)
     on_report: Callable[[Report], None] | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -198,8 +206,17 @@ class Daemon:
             policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
         )
 
+        receipts = tracing.Receipts(
+            tracer,
+            destinations={
+                "aws_sqs": s.sqs.queue_url.rsplit("/", 1)[-1],
+                "gcp_pubsub": s.pubsub.subscription,
+                "kafka": s.kafka_notices.topic,
+            },
+        )
+
         def keep(report: Report) -> None:
-            self.reports.append(report)
+            # Looked up at call time: run() wraps on_report to feed the metrics.
             if self.on_report is not None:
                 self.on_report(report)
 
@@ -222,6 +239,8 @@ class Daemon:
             on_report=keep,
             # late-bound: the intake is built below, once the scheduler exists
             claim_times=lambda notice_id: intake.claim_times(notice_id),  # noqa: PLW0108
+            receipts=receipts.context,
+            ledger_topic=s.ledger.topic,
         )
 
         async def handle(notice: Notice) -> Report:
@@ -239,11 +258,18 @@ class Daemon:
             drop_unknown=s.policy.unknown_target is UnknownTarget.DROP,
             expire_after=timedelta(seconds=s.policy.expired_after_s),
         )
-        return _Parts(view, store, claim_log, ledger_writer, scheduler, intake)
+        return _Parts(view, store, claim_log, ledger_writer, scheduler, intake, limiter, receipts)
 
     async def run(self, *, ready: asyncio.Event | None = None) -> None:
         s = self.settings
-        provider = tracing.setup(service="reclaimd", span_file=s.tracing.span_file)
+        provider = tracing.setup(
+            service="reclaimd",
+            span_file=s.tracing.span_file,
+            resource_attributes={
+                "k8s.cluster.name": s.cluster_name,
+                "service.instance.id": s.holder,
+            },
+        )
         tracer = provider.get_tracer(tracing.TRACER_NAME)
         api = await client.build_api_client(str(s.kube.kubeconfig) if s.kube.kubeconfig else None)
         session = aiohttp.ClientSession(
@@ -252,7 +278,19 @@ class Daemon:
         parts = self._wire(api, tracer, session)
         view, scheduler, ledger_writer = parts.view, parts.scheduler, parts.ledger
         self.intake, self.scheduler, self.ledger = parts.intake, scheduler, ledger_writer
+        caller_hook = self.on_report
+        serving = contextlib.AsyncExitStack()
         try:
+            sources_by_name = self._sources(parts.intake, api)
+            self.metrics = observed = _observe(self, parts, sources_by_name)
+            readiness = health.Readiness(
+                {
+                    "cache": lambda: view.synced,
+                    "outbox": health.outbox_writable(s.ledger.outbox_path),
+                }
+            )
+            # Up before the cache syncs: /healthz answers and /readyz says why not yet.
+            await serving.enter_async_context(observed.serve(s.metrics_port, readiness))
             await view.start()
             if not await view.wait_synced(timeout_s=60):
                 raise RuntimeError("cluster cache did not sync within 60 s")
@@ -266,7 +304,7 @@ class Daemon:
                 ]
                 sources = [
                     tg.create_task(source.run(), name=f"source-{name}")
-                    for name, source in self._sources(parts.intake).items()
+                    for name, source in sources_by_name.items()
                 ]
                 logs.event(log, "reclaimd running", holder=s.holder, cluster=s.cluster_name)
                 if ready is not None:
@@ -284,6 +322,8 @@ class Daemon:
                 for task in background:
                     task.cancel()
         finally:
+            self.on_report = caller_hook
+            await serving.aclose()
             await session.close()
             with contextlib.suppress(Exception):
                 await ledger_writer.close()
@@ -322,7 +362,7 @@ class Daemon:
                 logs.event(log, "resuming notice", notice_id=notice.id, phase=claim.phase.value)
                 await scheduler.submit(notice)
 
-    def _sources(self, intake: Intake) -> dict[str, Any]:
+    def _sources(self, intake: Intake, api: Any) -> dict[str, Any]:
         s = self.settings
         sources: dict[str, Any] = {}
         if s.sqs.enabled:
@@ -346,6 +386,10 @@ class Daemon:
             sources["gce_metadata"] = GceMetadataSource(
                 s.gce_metadata, admit=intake.admit, windows=s.windows
             )
+        if s.kueue.enabled:
+            from reclaimd.transports.kueue import KueueSource
+
+            sources["kueue"] = KueueSource(s.kueue, admit=intake.admit, windows=s.windows, api=api)
         if s.kafka_notices.enabled:
             from reclaimd.transports.kafka_notices import KafkaNoticeSource
 
@@ -353,6 +397,38 @@ class Daemon:
                 s.kafka_notices, admit=intake.admit, windows=s.windows
             )
         return sources
+
+
+def _observe(daemon: Daemon, parts: _Parts, sources: dict[str, Any]) -> metrics.Metrics:
+    """A receive span and a count per admitted notice, metrics per report (through the
+    daemon's ``on_report``, whose earlier hook still runs), and the parts' own counters read
+    at scrape time."""
+    observed = metrics.Metrics(label_policy=parts.ledger.policy)
+    receipts = parts.receipts
+
+    def admitted(notice: Notice, admission: Admission) -> None:
+        receipts.on_admission(notice, admission)
+        observed.observe_admission(notice, admission)
+
+    parts.intake.on_admission = admitted
+    caller_hook = daemon.on_report
+
+    def reported(report: Report) -> None:
+        observed.observe_report(report)
+        if caller_hook is not None:
+            caller_hook(report)
+
+    daemon.on_report = reported  # read by _wire's keep() at each report
+    ledger_writer, scheduler = parts.ledger, parts.scheduler
+    observed.bind(
+        ledger=ledger_writer,
+        label_drops=lambda: ledger_writer.policy.dropped,
+        transports={name: source.counters for name, source in sources.items()},
+        scheduler_depth=lambda: scheduler.depth,
+        kube_waiting=lambda: parts.limiter.waiting,
+        kube_throttled=lambda: parts.limiter.throttled,
+    )
+    return observed
 
 
 async def run(settings: Settings) -> int:

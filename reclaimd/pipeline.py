@@ -161,6 +161,8 @@ class Runbook:
         evict_concurrency: int = 32,
         on_report: Callable[[Report], None] | None = None,
         claim_times: Callable[[str], tuple[datetime, datetime] | None] = lambda _: None,
+        receipts: Callable[[str], trace.SpanContext | None] = lambda _: None,
+        ledger_topic: str = "",
     ) -> None:
         self.view, self.writer, self.signaller = view, writer, signaller
         self.ledger, self.progress, self.budget = ledger, progress, budget
@@ -171,24 +173,21 @@ class Runbook:
         self.evict_concurrency = evict_concurrency
         self.on_report = on_report
         self.claim_times = claim_times
+        self.receipts = receipts  # the notice's receive span, to link the trace to its message
+        self.ledger_topic = ledger_topic
         self.flights = GangFlights()
 
     async def handle(self, notice: Notice) -> Report:
         report = Report(notice)
         report.mark("received", notice.received_at)
-        attrs = notice_attributes(notice)
         # The trace starts when the notice was received, so the window spent in the transport
-        # and in the claim shows in the post-mortem.
-        with self.tracer.start_as_current_span(
-            "reclaimd.notice", attributes=attrs, start_time=_ns(notice.received_at)
+        # and in the claim shows in the post-mortem; an exception is recorded on the root.
+        with tracing.notice_span(
+            self.tracer, notice, cluster=self.cluster_name, receipt=self.receipts(notice.id)
         ) as root:
             self._claim_span(notice, report)
             try:
                 await self._run(notice, report)
-            except Exception as e:
-                root.record_exception(e)
-                root.set_status(trace.StatusCode.ERROR, str(e)[:200])
-                raise
             finally:
                 root.set_attribute("reclaimd.deadline_met", report.deadline_met)
         if self.on_report is not None:
@@ -241,7 +240,8 @@ class Runbook:
     async def cordon(self, plan: Plan, report: Report) -> None:
         if plan.notice.response is not Response.FULL:
             return
-        with self.tracer.start_as_current_span("reclaimd.cordon"):
+        nodes = {"k8s.node.name": plan.nodes[0]} if plan.nodes else {}
+        with self.tracer.start_as_current_span("reclaimd.cordon", attributes=nodes):
             for node in plan.nodes:
                 await self.writer.cordon_and_taint(node, plan.notice)
         report.mark("cordoned")
@@ -270,13 +270,15 @@ class Runbook:
         deadline = notice.deadline or utcnow() + timedelta(seconds=120)
         limit = asyncio.Semaphore(self.evict_concurrency)
 
-        async def one(member: Member) -> Stop:
+        async def one(gang: Gang, member: Member) -> Stop:
             with self.tracer.start_as_current_span(
                 "reclaimd.evict",
                 attributes={
                     "k8s.namespace.name": member.namespace,
                     "k8s.pod.name": member.name,
+                    "k8s.pod.uid": member.uid,
                     "k8s.node.name": member.node,
+                    "reclaimd.gang": str(gang.key),
                 },
             ) as span:
                 async with limit:
@@ -298,7 +300,7 @@ class Runbook:
 
         with self.tracer.start_as_current_span("reclaimd.drain"):
             per_gang = await asyncio.gather(
-                *(asyncio.gather(*(one(m) for m in g.members)) for g in gangs)
+                *(asyncio.gather(*(one(g, m) for m in g.members)) for g in gangs)
             )
         stopped = {g.key: Stop.last(stops) for g, stops in zip(gangs, per_gang, strict=True)}
         report.mark("drained", max((s.at for s in stopped.values()), default=utcnow()))
@@ -313,7 +315,11 @@ class Runbook:
         stopped: Mapping[GangKey, Stop],
         report: Report,
     ) -> None:
-        with self.tracer.start_as_current_span("reclaimd.ledger") as span:
+        with self.tracer.start_as_current_span(
+            "reclaimd.ledger",
+            kind=trace.SpanKind.PRODUCER,  # it creates the events; the outbox sends them later
+            attributes=tracing.producer_attributes("kafka", self.ledger_topic, len(gangs)),
+        ) as span:
             traceparent = tracing.current_traceparent()
             for gang in gangs:
                 waste = self.build_waste(
@@ -349,22 +355,3 @@ class Runbook:
 
 def _ns(t: datetime) -> int:
     return int(t.timestamp() * 1e9)
-
-
-def notice_attributes(notice: Notice) -> dict[str, str | float]:
-    """Span attributes for the root span (semantic conventions where they exist)."""
-    attrs: dict[str, str | float] = {
-        "reclaimd.notice.id": notice.id,
-        "reclaimd.notice.source": notice.source,
-        "reclaimd.notice.kind": notice.kind.value,
-        "reclaimd.notice.target": notice.target.describe(),
-    }
-    if notice.deadline is not None:
-        attrs["reclaimd.deadline"] = notice.deadline.isoformat()
-        attrs["reclaimd.window_s"] = (notice.deadline - notice.issued_at).total_seconds()
-    if notice.target.instance_id:
-        attrs["host.id"] = notice.target.instance_id
-    for key, otel in (("region", "cloud.region"), ("zone", "cloud.availability_zone")):
-        if notice.attributes.get(key):
-            attrs[otel] = notice.attributes[key]
-    return attrs

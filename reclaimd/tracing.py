@@ -1,16 +1,38 @@
-"""One OpenTelemetry trace per notice.
+"""One OpenTelemetry trace per notice, in the semantic conventions' words.
 
-Export goes to OTLP when the standard ``OTEL_EXPORTER_OTLP_*`` variables are set, otherwise to
-a local JSON-lines file that ``reclaimd postmortem`` reads. The file exporter writes one span
-per line, flushed per batch, so a crash loses at most the spans still in the batch queue.
+Export: OTLP when any standard ``OTEL_EXPORTER_OTLP_*`` variable is set (gRPC, or HTTP/protobuf
+when ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` says ``http/...``;
+endpoint, headers and TLS come from the same variables, read by the exporter itself), otherwise a
+local JSON-lines file that ``reclaimd postmortem`` reads. The file exporter writes one span per
+line, flushed per batch, so a crash loses at most the spans still in the batch queue.
+
+Shape of a notice's telemetry:
+
+* ``receive <queue>`` (``Receipts``): one short span per delivery of a notice, from parse to the
+  transport's settle, with ``messaging.*`` and the admission (claimed, duplicate, ...). It is
+  its own trace, linked to the producer's context when the message carried a ``traceparent``.
+* ``reclaimd.notice`` (``notice_span``): the root of the notice's trace, from receipt to the
+  last ledger write; the *process* span of the message (kind CONSUMER for a messaging
+  transport). It carries ``cloud.*``, ``host.id`` (the instance id: the join key to billing),
+  ``k8s.*`` and ``messaging.*`` beside reclaimd's facts (deadline, window), an event at the
+  provider's notice time so the detection lag shows, and span links to the receive span and to
+  the producer. Links, not parentage: one message may carry several notices and a notice may be
+  resumed by another process, as the messaging conventions recommend.
+* The pipeline's steps are its children; errors are recorded on the span where they happen.
+
+Attribute values are bounded: ids, enums, times, numbers. No payload text reaches a span.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +46,24 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+from reclaimd import __version__
+from reclaimd.model import Notice, rfc3339, utcnow
 
 TRACER_NAME = "reclaimd"
+ROOT_SPAN = "reclaimd.notice"
+RECEIVE_SPAN = "reclaimd.receive"  # a receipt from a source that is no message queue
+# Which link is which, on the root span: the receive span or the producer's context.
+LINK_KIND = "reclaimd.link"
+# The semantic conventions release the attribute names follow (messaging: the v1.26+ names).
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.30.0"
+
 _propagator = TraceContextTextMapPropagator()
+Attributes = dict[str, AttributeValue]
+
+
+# --- export -------------------------------------------------------------------------------
 
 
 class JsonLinesExporter(SpanExporter):
@@ -55,42 +92,69 @@ def span_to_json(s: ReadableSpan) -> dict[str, Any]:
         "span_id": f"{ctx.span_id:016x}" if ctx else "",
         "parent_id": f"{parent.span_id:016x}" if parent else "",
         "name": s.name,
+        "kind": s.kind.name,
         "start_ns": s.start_time,
         "end_ns": s.end_time,
         "status": s.status.status_code.name,
+        "status_message": s.status.description or "",
         "attributes": dict(s.attributes or {}),
         "events": [
             {"name": e.name, "ts_ns": e.timestamp, "attributes": dict(e.attributes or {})}
             for e in s.events
         ],
         "links": [
-            {"trace_id": f"{lk.context.trace_id:032x}", "span_id": f"{lk.context.span_id:016x}"}
+            {
+                "trace_id": f"{lk.context.trace_id:032x}",
+                "span_id": f"{lk.context.span_id:016x}",
+                "attributes": dict(lk.attributes or {}),
+            }
             for lk in s.links
         ],
     }
 
 
-def setup(*, service: str, span_file: Path | None, synchronous: bool = False) -> TracerProvider:
+def otlp_protocol(env: Mapping[str, str]) -> str | None:
+    """``grpc`` or ``http/protobuf`` when OTLP export is configured, else None.
+
+    The traces-specific variable wins over the general one, as the exporter spec says.
+    """
+    if not any(k.startswith("OTEL_EXPORTER_OTLP_") for k in env):
+        return None
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
+    )
+    return "http/protobuf" if protocol.strip().startswith("http") else "grpc"
+
+
+def setup(
+    *,
+    service: str,
+    span_file: Path | None,
+    synchronous: bool = False,
+    resource_attributes: Mapping[str, str] | None = None,
+) -> TracerProvider:
     """A tracer provider for one daemon. ``synchronous`` exports each span as it ends (drills).
 
     It is not installed globally, so several daemons (tests, drills) can live in one process.
+    ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` are merged in by the SDK.
     """
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    attrs: dict[str, str] = {"service.name": service, "service.version": __version__}
+    attrs.update(resource_attributes or {})
+    provider = TracerProvider(resource=Resource.create(attrs, schema_url=SCHEMA_URL))
     exporter: SpanExporter | None = None
-    if any(k.startswith("OTEL_EXPORTER_OTLP_") for k in os.environ):
-        protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        if protocol.startswith("http"):
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter as HttpExporter,
-            )
+    protocol = otlp_protocol(os.environ)
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
 
-            exporter = HttpExporter()
-        else:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GrpcExporter,
-            )
+        exporter = HttpExporter()
+    elif protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
 
-            exporter = GrpcExporter()
+        exporter = GrpcExporter()
     elif span_file is not None:
         exporter = JsonLinesExporter(span_file)
     if exporter is not None:
@@ -99,16 +163,225 @@ def setup(*, service: str, span_file: Path | None, synchronous: bool = False) ->
     return provider
 
 
+# --- context propagation ------------------------------------------------------------------
+
+
 def current_traceparent() -> str:
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)
     return carrier.get("traceparent", "")
 
 
-def link_from(traceparent: str) -> list[trace.Link]:
-    """A span link to the producer of a message that carried a ``traceparent``."""
+def context_of(traceparent: str) -> trace.SpanContext | None:
+    """The span context a W3C ``traceparent`` names, or None when it is absent or invalid."""
     if not traceparent:
-        return []
+        return None
     ctx = _propagator.extract({"traceparent": traceparent})
     span_ctx = trace.get_current_span(ctx).get_span_context()
-    return [trace.Link(span_ctx)] if span_ctx.is_valid else []
+    return span_ctx if span_ctx.is_valid else None
+
+
+def link_from(traceparent: str) -> list[trace.Link]:
+    """A span link to the producer of a message that carried a ``traceparent``."""
+    ctx = context_of(traceparent)
+    return [trace.Link(ctx, {LINK_KIND: "producer"})] if ctx is not None else []
+
+
+# --- where a notice came from -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What the semantic conventions call a notice's cloud and transport, from its source."""
+
+    provider: str = ""  # cloud.provider
+    platform: str = ""  # cloud.platform: the doomed resource is a VM, whatever runs on it
+    messaging: str = ""  # messaging.system, "" when the transport is no message queue
+    transport: str = ""  # reclaimd's name for a transport that is no message queue
+
+
+# Source prefixes (the handlers' ``Notice.source`` values) to their origin; first match wins.
+_ORIGINS: tuple[tuple[str, Origin], ...] = (
+    ("aws.imds.", Origin("aws", "aws_ec2", transport="imds")),
+    ("aws.", Origin("aws", "aws_ec2", messaging="aws_sqs")),  # EventBridge -> SQS
+    ("gcp.metadata.", Origin("gcp", "gcp_compute_engine", transport="gce_metadata")),
+    ("gcp.", Origin("gcp", "gcp_compute_engine", messaging="gcp_pubsub")),  # Logging sink
+    ("kueue.", Origin(transport="kubernetes_watch")),
+    ("kafka:", Origin(messaging="kafka")),
+)
+
+
+def origin_of(source: str) -> Origin:
+    for prefix, origin in _ORIGINS:
+        if source.startswith(prefix):
+            return origin
+    return Origin()
+
+
+def notice_attributes(notice: Notice, *, cluster: str = "") -> Attributes:
+    """Attributes of a notice's root span: reclaimd's facts, then the semantic conventions."""
+    attrs: Attributes = {
+        "reclaimd.notice.id": notice.id,
+        "reclaimd.notice.source": notice.source,
+        "reclaimd.notice.kind": notice.kind.value,
+        "reclaimd.notice.response": notice.response.value,
+        "reclaimd.notice.target": notice.target.describe(),
+        "reclaimd.notice.issued_at": rfc3339(notice.issued_at),
+    }
+    if notice.deadline is not None:
+        attrs["reclaimd.deadline"] = notice.deadline.isoformat()
+        attrs["reclaimd.window_s"] = (notice.deadline - notice.issued_at).total_seconds()
+    a = notice.attributes
+    origin = origin_of(notice.source)
+    instance = notice.target.instance_id or a.get("gce_instance_id", "")
+    optional: dict[str, str] = {
+        "cloud.provider": origin.provider,
+        "cloud.platform": origin.platform,
+        "cloud.region": a.get("region", ""),
+        "cloud.availability_zone": a.get("zone", ""),
+        "cloud.account.id": a.get("account", "") or a.get("project", ""),
+        "cloud.resource_id": _resource_id(origin, a, notice.target.instance_id),
+        "host.id": instance,
+        "host.type": a.get("instance_type", ""),
+        "k8s.cluster.name": cluster,
+        "k8s.node.name": notice.target.node_name,
+    }
+    if notice.target.workload is not None:
+        optional["k8s.namespace.name"] = notice.target.workload.namespace
+        optional["reclaimd.workload.name"] = notice.target.workload.name
+    attrs.update({k: v for k, v in optional.items() if v})
+    if origin.messaging:
+        attrs["messaging.system"] = origin.messaging
+        attrs["messaging.operation.type"] = "process"
+        attrs["messaging.operation.name"] = "process"
+    elif origin.transport:
+        attrs["reclaimd.transport"] = origin.transport
+    return attrs
+
+
+def _resource_id(origin: Origin, a: Mapping[str, str], instance_id: str) -> str:
+    # The instance's ARN, as cloud.resource_id asks, when the event named all of its parts.
+    region, account = a.get("region", ""), a.get("account", "")
+    if origin.provider == "aws" and instance_id and region and account:
+        return f"arn:aws:ec2:{region}:{account}:instance/{instance_id}"
+    return ""
+
+
+def notice_links(notice: Notice, receipt: trace.SpanContext | None = None) -> list[trace.Link]:
+    """The root span's links: the delivery that brought the notice, and its producer."""
+    links = [trace.Link(receipt, {LINK_KIND: "receive"})] if receipt is not None else []
+    return links + link_from(notice.attributes.get("traceparent", ""))
+
+
+def notice_kind(notice: Notice) -> trace.SpanKind:
+    messaging = origin_of(notice.source).messaging
+    return trace.SpanKind.CONSUMER if messaging else trace.SpanKind.INTERNAL
+
+
+@contextlib.contextmanager
+def notice_span(
+    tracer: trace.Tracer,
+    notice: Notice,
+    *,
+    cluster: str = "",
+    receipt: trace.SpanContext | None = None,
+) -> Iterator[trace.Span]:
+    """The root span of a notice's trace, started when the notice was received (so the time
+    spent in the transport and in the claim shows in the post-mortem). An exception leaving it
+    is recorded on it and sets its status."""
+    with tracer.start_as_current_span(
+        ROOT_SPAN,
+        kind=notice_kind(notice),
+        attributes=notice_attributes(notice, cluster=cluster),
+        links=notice_links(notice, receipt),
+        start_time=ns(notice.received_at),
+    ) as root:
+        # The provider's own time of the notice: before the span starts, by the detection lag.
+        root.add_event("reclaimd.notice.issued", timestamp=ns(notice.issued_at))
+        yield root
+
+
+def producer_attributes(system: str, destination: str, count: int) -> Attributes:
+    """Attributes of a span that creates messages (the ledger's restart-waste events)."""
+    attrs: Attributes = {
+        "messaging.system": system,
+        "messaging.operation.type": "create",
+        "messaging.operation.name": "create",
+        "messaging.batch.message_count": count,
+    }
+    if destination:
+        attrs["messaging.destination.name"] = destination
+    return attrs
+
+
+def ns(t: datetime) -> int:
+    return int(t.timestamp() * 1e9)
+
+
+# --- receipts -----------------------------------------------------------------------------
+
+
+class Receipts:
+    """One receive span per delivery of a notice, remembered for the notice's root span link.
+
+    ``on_admission`` fits ``Intake(on_admission=...)``: intake calls it once per notice of a
+    message, after the claim, before the transport settles the message. The span covers parse
+    to admission. The first delivery's span is the one the root links to; a redelivery
+    (duplicate) gets its own span, which shows in the backend, but does not replace it.
+    ``destinations`` names the queue, subscription or topic per ``messaging.system``.
+    """
+
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        *,
+        destinations: Mapping[str, str] | None = None,
+        memory: int = 10_000,
+    ) -> None:
+        self.tracer = tracer
+        self.destinations = dict(destinations or {})
+        self._memory = memory
+        self._contexts: OrderedDict[str, trace.SpanContext] = OrderedDict()
+
+    def on_admission(self, notice: Notice, admission: str) -> None:
+        origin = origin_of(notice.source)
+        attrs: Attributes = {
+            "reclaimd.notice.id": notice.id,
+            "reclaimd.notice.source": notice.source,
+            "reclaimd.admission": str(admission),
+        }
+        if origin.messaging:
+            destination = self.destinations.get(origin.messaging, "")
+            name = f"receive {destination or origin.messaging}"
+            kind = trace.SpanKind.CLIENT  # a pull: the conventions' kind for receive
+            attrs["messaging.system"] = origin.messaging
+            attrs["messaging.operation.type"] = "receive"
+            attrs["messaging.operation.name"] = "receive"
+            if destination:
+                key = (
+                    "messaging.destination.subscription.name"
+                    if origin.messaging == "gcp_pubsub"
+                    else "messaging.destination.name"
+                )
+                attrs[key] = destination
+        else:
+            name, kind = RECEIVE_SPAN, trace.SpanKind.INTERNAL
+            if origin.transport:
+                attrs["reclaimd.transport"] = origin.transport
+        span = self.tracer.start_span(
+            name,
+            context=trace.set_span_in_context(trace.INVALID_SPAN),  # a trace of its own
+            kind=kind,
+            attributes=attrs,
+            links=link_from(notice.attributes.get("traceparent", "")),
+            start_time=ns(notice.received_at),
+        )
+        span.end(end_time=ns(utcnow()))
+        if notice.id not in self._contexts:
+            self._contexts[notice.id] = span.get_span_context()
+            while len(self._contexts) > self._memory:
+                self._contexts.popitem(last=False)
+
+    def context(self, notice_id: str) -> trace.SpanContext | None:
+        """The receive span of the notice's first delivery in this process, if any."""
+        return self._contexts.get(notice_id)

@@ -12,6 +12,10 @@
 set -euo pipefail
 LOG_TAG=install
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=kueue/kueue.sh
+source "$LOCAL_DIR/kueue/kueue.sh"
+# shellcheck source=tools/otelcol/otelcol.sh
+source "$LOCAL_DIR/tools/otelcol/otelcol.sh"
 
 BUILD_LOGS=$CACHE_DIR/logs
 
@@ -103,6 +107,17 @@ copy_kueue_crds() {
     chmod u+w "$1"/*.yaml
 }
 
+# Headless Chromium renders the post-mortem page in a test (tests/unit/test_postmortem.py).
+ensure_chromium() {
+    if command -v chromium >/dev/null; then
+        say "chromium: $(command -v chromium)"
+        return
+    fi
+    command -v apt-get >/dev/null || die "chromium is missing (a test renders a page with it)"
+    run_long chromium "$BUILD_LOGS/chromium.log" env DEBIAN_FRONTEND=noninteractive \
+        sh -c 'apt-get update -q && apt-get install -y -q chromium'
+}
+
 main() {
     command -v go >/dev/null || die "go is not on PATH (need Go >= 1.26 for kwok $KWOK_VERSION)"
     command -v mvn >/dev/null || die "mvn is not on PATH (Maven fetches the Kafka jars)"
@@ -130,6 +145,10 @@ main() {
     install_dir ec2-metadata-mock "$AEMM_VERSION" "$AEMM_DIR" build_aemm
     install_dir kafka "$KAFKA_VERSION" "$KAFKA_DIR" build_kafka
     install_dir kueue-crds "$KUEUE_VERSION" "$KUEUE_DIR" copy_kueue_crds
+    install_dir kueue "$KUEUE_VERSION" "$KUEUE_CTRL_DIR" build_kueue
+    otelcol_check
+    install_dir otelcol "$OTELCOL_VERSION" "$OTELCOL_DIR" build_otelcol
+    ensure_chromium
 
     [[ -x $MOTO_SERVER ]] || die "$MOTO_SERVER missing; run 'make venv' first"
     say "moto: $("$REPO_DIR/.venv/bin/python" -c 'import moto; print(moto.__version__)') (venv)"

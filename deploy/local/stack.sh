@@ -6,7 +6,9 @@
 #
 #   etcd 12379/12380 -> kube-apiserver 16443 (TLS, RBAC+Node) -> kube-controller-manager 16257,
 #   kwok 16247 (fake nodes and pods); Kafka 19092/19093 (KRaft); moto 15000 (SQS, S3,
-#   EventBridge); Pub/Sub emulator 18085; EC2 metadata mock 11338; Kueue CRDs applied.
+#   EventBridge); Pub/Sub emulator 18085; EC2 metadata mock 11338; Kueue CRDs applied;
+#   kube-scheduler 16259; Kueue 19443 (webhooks) / 18081 (health), see kueue/kueue.sh;
+#   OpenTelemetry Collector 14317 (OTLP gRPC) / 14318 (OTLP HTTP), spans to .stack/otelcol/.
 #
 # up      installs what is missing (install.sh), starts what does not answer its readiness
 #         check (anything that answers is left alone), waits for each with a timeout, applies
@@ -17,6 +19,10 @@
 set -euo pipefail
 LOG_TAG=stack
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=tools/otelcol/otelcol.sh
+source "$LOCAL_DIR/tools/otelcol/otelcol.sh"
+# shellcheck source=kueue/kueue.sh
+source "$LOCAL_DIR/kueue/kueue.sh"
 
 API=https://127.0.0.1:16443
 PKI=$STACK_DIR/pki
@@ -24,7 +30,7 @@ RUN=$STACK_DIR/run
 LOGS=$STACK_DIR/logs
 DATA=$STACK_DIR/data
 KCFG=$STACK_DIR/kubeconfig
-PROCESSES=(etcd kube-apiserver kube-controller-manager kwok kafka moto pubsub-emulator imds-mock)
+PROCESSES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kueue kafka moto pubsub-emulator imds-mock otelcol)
 STOP_TIMEOUT=20
 
 # ---------------------------------------------------------------------------------------------
@@ -33,7 +39,7 @@ STOP_TIMEOUT=20
 comp_version() {
     case $1 in
     etcd) echo "$ETCD_VERSION" ;;
-    kube-apiserver | kube-controller-manager) echo "$K8S_VERSION" ;;
+    kube-apiserver | kube-controller-manager | kube-scheduler) echo "$K8S_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
     kafka) echo "$KAFKA_VERSION" ;;
     moto)
@@ -49,7 +55,8 @@ comp_version() {
         echo "${j%-all.jar}"
         ;;
     imds-mock) echo "$AEMM_VERSION" ;;
-    kueue-crds) echo "$KUEUE_VERSION" ;;
+    kueue-crds | kueue) echo "$KUEUE_VERSION" ;;
+    otelcol) echo "$OTELCOL_VERSION" ;;
     esac
 }
 
@@ -58,18 +65,21 @@ comp_addr() {
     etcd) echo "http://127.0.0.1:12379" ;;
     kube-apiserver) echo "$API" ;;
     kube-controller-manager) echo "https://127.0.0.1:16257" ;;
+    kube-scheduler) echo "https://127.0.0.1:16259" ;;
+    kueue) echo "$KUEUE_WEBHOOK" ;;
     kwok) echo "http://127.0.0.1:16247" ;;
     kafka) echo "127.0.0.1:19092" ;;
     moto) echo "http://127.0.0.1:15000" ;;
     pubsub-emulator) echo "127.0.0.1:18085" ;;
     imds-mock) echo "http://127.0.0.1:11338" ;;
+    otelcol) echo "$OTELCOL_GRPC" ;;
     kueue-crds) echo "(in kube-apiserver)" ;;
     esac
 }
 
 comp_timeout() {
     case $1 in
-    kube-apiserver | kafka) echo 180 ;;
+    kube-apiserver | kafka | kueue) echo 180 ;;
     *) echo 90 ;;
     esac
 }
@@ -83,6 +93,8 @@ comp_ready() {
     etcd) curl -fsS --max-time 3 http://127.0.0.1:12379/health 2>/dev/null | grep -q '"health":"true"' ;;
     kube-apiserver) [[ -f $PKI/admin.crt ]] && [[ $(kcurl "$API/readyz" 2>/dev/null) == ok ]] ;;
     kube-controller-manager) [[ $(curl -fsSk --max-time 3 https://127.0.0.1:16257/healthz 2>/dev/null) == ok ]] ;;
+    kube-scheduler) [[ $(curl -fsSk --max-time 3 https://127.0.0.1:16259/healthz 2>/dev/null) == ok ]] ;;
+    kueue) kueue_ready ;;
     kwok) curl -fsS --max-time 3 -o /dev/null http://127.0.0.1:16247/healthz 2>/dev/null ;;
     kafka) [[ -x $REPO_DIR/.venv/bin/python ]] &&
         "$REPO_DIR/.venv/bin/python" "$LOCAL_DIR/kafka_ready.py" 127.0.0.1:19092 2>/dev/null ;;
@@ -96,6 +108,7 @@ comp_ready() {
                 http://127.0.0.1:11338/latest/meta-data/instance-id 2>/dev/null
         ;;
     kueue-crds) kueue_crds_established ;;
+    otelcol) otelcol_ready ;;
     esac
 }
 
@@ -157,6 +170,20 @@ comp_cmd() {
             --controllers="$KCM_CONTROLLERS"
             --profiling=false)
         ;;
+    kube-scheduler)
+        # Binds the pods of Jobs that Kueue admits; the fleet's own pods name their node.
+        CMD=("$K8S_DIR/kube-scheduler"
+            --kubeconfig="$KCFG/kube-scheduler.kubeconfig"
+            --authentication-kubeconfig="$KCFG/kube-scheduler.kubeconfig"
+            --authorization-kubeconfig="$KCFG/kube-scheduler.kubeconfig"
+            --bind-address=127.0.0.1 --secure-port=16259
+            --cert-dir="$STACK_DIR/kube-scheduler"
+            --leader-elect=false --profiling=false)
+        ;;
+    kueue)
+        CMD=("$KUEUE_CTRL_DIR/kueue" --config="$STACK_DIR/kueue/config.yaml"
+            --kubeconfig="$KCFG/kueue.kubeconfig")
+        ;;
     kwok)
         CMD=("$KWOK_DIR/kwok" --kubeconfig="$KCFG/kwok.kubeconfig"
             --manage-all-nodes=false
@@ -184,6 +211,9 @@ comp_cmd() {
         # IMDSv2 only, as hardened nodes run it: reclaimd must fetch a session token first.
         CMD=("$AEMM_DIR/ec2-metadata-mock" --hostname 127.0.0.1 --port 11338 --imdsv2)
         ;;
+    otelcol)
+        CMD=("$OTELCOL_BIN" --config="$OTELCOL_STATE/config.yaml")
+        ;;
     esac
 }
 
@@ -208,6 +238,8 @@ comp_match() {
 comp_prepare() {
     case $1 in
     kafka) kafka_prepare ;;
+    otelcol) otelcol_prepare ;;
+    kueue) kueue_prepare ;;
     esac
 }
 
@@ -318,7 +350,7 @@ ensure_pki() {
     [[ -f $STACK_DIR/admin.kubeconfig ]] || write_kubeconfig "$STACK_DIR/admin.kubeconfig" admin
     [[ -f $STACK_DIR/reclaimd.kubeconfig ]] || write_kubeconfig "$STACK_DIR/reclaimd.kubeconfig" reclaimd
     local u
-    for u in kube-controller-manager kube-scheduler kwok; do
+    for u in kube-controller-manager kube-scheduler kwok kueue; do
         [[ -f $KCFG/$u.kubeconfig ]] || write_kubeconfig "$KCFG/$u.kubeconfig" "$u"
     done
     ((${#made[@]} == 0)) || say "pki: created ${made[*]} in ${PKI#"$REPO_DIR"/}"
@@ -334,6 +366,8 @@ LEAVES=(
     "kube-scheduler|/CN=system:kube-scheduler|clientAuth"
     # kwok plays every kubelet at once, so it cannot use one node's identity.
     "kwok|/O=system:masters/CN=kwok|clientAuth"
+    # The local stack does not install Kueue's ClusterRoles: its controller runs as a master.
+    "kueue|/O=system:masters/CN=kueue|clientAuth"
     "front-proxy-client|/CN=front-proxy-client|clientAuth"
 )
 
@@ -491,6 +525,9 @@ write_env() {
         echo "PUBSUB_EMULATOR_HOST=127.0.0.1:18085"
         echo "PUBSUB_PROJECT_ID=reclaimd-local"
         echo "IMDS_URL=http://127.0.0.1:11338"
+        echo "OTELCOL_GRPC_ENDPOINT=$OTELCOL_GRPC"
+        echo "OTELCOL_HTTP_ENDPOINT=$OTELCOL_HTTP"
+        echo "OTELCOL_SPANS_FILE=$OTELCOL_SPANS"
         grep -E '^[A-Z0-9_]+=' "$LOCAL_DIR/versions.env"
         echo "MOTO_VERSION=$(comp_version moto)"
         echo "PUBSUB_EMULATOR_VERSION=$(comp_version pubsub-emulator)"
@@ -533,13 +570,14 @@ cmd_up() {
     declare -gA STARTED=() STARTED_AT=()
     # Dependency order, but independent servers start together to overlap their JVM warm-up.
     local name
-    for name in etcd kafka moto pubsub-emulator imds-mock; do ensure "$name"; done
+    for name in etcd kafka moto pubsub-emulator imds-mock otelcol; do ensure "$name"; done
     await etcd
     ensure kube-apiserver
     await kube-apiserver
     apply_kueue_crds
-    for name in kube-controller-manager kwok; do ensure "$name"; done
-    for name in kube-controller-manager kwok kafka moto pubsub-emulator imds-mock; do await "$name"; done
+    for name in kube-controller-manager kube-scheduler kwok kueue; do ensure "$name"; done
+    for name in kube-controller-manager kube-scheduler kwok kueue kafka moto pubsub-emulator imds-mock otelcol; do await "$name"; done
+    kueue_register_webhooks
     write_env
     say "stack up in $(fmt_secs $((SECONDS - start))); env: ${STACK_DIR#"$REPO_DIR"/}/stack.env"
     table

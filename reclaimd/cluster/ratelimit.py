@@ -43,6 +43,7 @@ class RateLimiter:
         self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
         self._dispatcher: asyncio.Task[None] | None = None
+        self.throttled = 0  # acquisitions that had to wait
 
     @property
     def waiting(self) -> int:
@@ -57,6 +58,7 @@ class RateLimiter:
             return
         key = deadline.timestamp() if deadline is not None else math.inf
         fut: asyncio.Future[None] = loop.create_future()
+        self.throttled += 1  # had to queue: the client-side limit, not the server, held it
         heapq.heappush(self._waiters, (key, next(self._order), fut))
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = loop.create_task(self._dispatch(), name="k8s-rate-limiter")

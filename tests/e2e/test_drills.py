@@ -31,14 +31,8 @@ PASSING = [
     "gke-preempt-30s",
     "kafka-notices",
     "storm-two-replicas",  # a gang split across replicas is charged once (its Lease)
+    "kueue-reclaim",
 ]
-
-# Shipped scenarios that cannot pass yet, and why. Strict: when reclaimd gains what is
-# missing the test turns red, and the scenario moves to PASSING.
-PENDING = {
-    "kueue-reclaim": "reclaimd.daemon does not start the Kueue Workload watch yet",
-}
-RACY: dict[str, str] = {}
 
 IMPOSSIBLE: dict[str, Any] = {
     "name": "impossible",
@@ -72,29 +66,10 @@ async def test_shipped_scenario_passes(stack: Any, name: str) -> None:
     assert verdict.gangs and all(g.events == 1 for g in verdict.gangs)
 
 
-def _pending(name: str, reason: str, strict: bool) -> Any:
-    return pytest.param(
-        name, marks=pytest.mark.xfail(reason=reason, strict=strict, raises=AssertionError)
-    )
-
-
-@pytest.mark.parametrize(
-    "name",
-    [_pending(n, r, True) for n, r in PENDING.items()]
-    + [_pending(n, r, False) for n, r in RACY.items()],
-)
-async def test_shipped_scenario_not_passing_yet(stack: Any, name: str) -> None:
-    s = scenario.load(SCENARIOS / f"{name}.yaml")
-    # Nothing will come: do not wait the scenario's full patience for it.
-    quick = s.model_copy(update={"expect": s.expect.model_copy(update={"timeout_s": 20})})
-    verdict = await drill.run_drill(quick, progress=_quiet())
-    assert verdict.ok, report.render(verdict)
-
-
 def test_every_shipped_scenario_is_accounted_for() -> None:
     shipped = {p.stem for p in SCENARIOS.glob("*.yaml")}
     named = {scenario.load(SCENARIOS / f"{s}.yaml").name for s in shipped}
-    assert shipped == set(PASSING) | set(PENDING) | set(RACY) | {"spot-az-storm"}
+    assert shipped == set(PASSING) | {"spot-az-storm"}  # the full storm runs in make demo
     assert len(named) == len(shipped)  # scenario names are unique too
 
 
