@@ -41,7 +41,8 @@ test: lint stack-up
 # One Spot warning shown step by step, then a zone-wide storm drill judged against ground truth.
 demo: stack-up
 	$(BIN)/python -m reclaimd.chaos.demo
-	$(BIN)/reclaimd drill run chaos/scenarios/spot-az-storm.yaml --timeline --json .stack/demo-storm.json
+	$(BIN)/reclaimd drill run chaos/scenarios/spot-az-storm.yaml --timeline \
+		--json .stack/demo-storm.json --svg .stack/demo-slowest-notice.svg
 
 bench: stack-up
 	$(BIN)/python -m reclaimd.bench

@@ -40,6 +40,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from reclaimd import postmortem
 from reclaimd.model import Notice, utcnow
 
 from . import report
@@ -338,22 +339,11 @@ class Drill:
             self._publisher.delete_topic(topic=self.built.pubsub_topic)
 
     async def _kafka_topics(self, h: Harness) -> None:
-        """The run's ledger topic (so the reader finds it before the first event), and its
-        notices topic when the scenario sends CloudEvents."""
-        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-        topics = [NewTopic(h.topic, num_partitions=1, replication_factor=1)]
+        """The run's notices topic when the scenario sends CloudEvents (the harness made the
+        ledger topic)."""
         if Source.KAFKA in self.sources:
             self.built.notices_topic = f"reclaimd.notices.{self.plan.run_id}"
-            topics.append(
-                NewTopic(self.built.notices_topic, num_partitions=3, replication_factor=1)
-            )
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.stack.kafka)
-        await admin.start()
-        try:
-            await admin.create_topics(topics)
-        finally:
-            await admin.close()
+            await h.create_topics({self.built.notices_topic: 3})
 
     async def _kafka_setup(self) -> None:
         from aiokafka import AIOKafkaProducer
@@ -621,15 +611,7 @@ class Drill:
 
     async def _read_ledger(self, h: Harness) -> None:
         """Read the run's ledger topic from the start for as long as the drill runs."""
-        from aiokafka import AIOKafkaConsumer
-
-        consumer = AIOKafkaConsumer(
-            h.topic,
-            bootstrap_servers=self.stack.kafka,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            group_id=None,
-        )
+        consumer = h.ledger_consumer()
         await consumer.start()
         try:
             while True:
@@ -873,19 +855,21 @@ async def run_drill(
     return await drill.run()
 
 
-def slowest_timeline(verdict: report.Verdict) -> str | None:
-    """The post-mortem timeline of the notice that took longest to drain (``make demo``)."""
-    from reclaimd import postmortem
-
-    slowest = verdict.slowest
-    if slowest is None:
+def slowest(verdict: report.Verdict) -> postmortem.Timeline | None:
+    """The post-mortem of the notice that took longest to drain (``make demo``)."""
+    if verdict.slowest is None:
         return None
     for path in verdict.span_files:
         try:
-            return postmortem.render_text(postmortem.load(Path(path), slowest.facts.notice_id))
+            return postmortem.load(Path(path), verdict.slowest.facts.notice_id)
         except postmortem.NotFound:
             continue
     return None
+
+
+def slowest_timeline(verdict: report.Verdict) -> str | None:
+    timeline = slowest(verdict)
+    return postmortem.render_text(timeline) if timeline is not None else None
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -904,6 +888,7 @@ def add_parser(sub: Any) -> None:
     r.add_argument(
         "--timeline", action="store_true", help="print the slowest notice's post-mortem timeline"
     )
+    r.add_argument("--svg", metavar="FILE", help="write the slowest notice's post-mortem picture")
     r.set_defaults(func=cmd_drill)
     c = drills.add_parser("check", help="validate a scenario and print its plan (no stack)")
     c.add_argument("scenario")
@@ -929,6 +914,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if args.timeline:
         timeline = slowest_timeline(verdict)
         print(f"\n== slowest notice\n{timeline or '(no trace found)'}")
+    if args.svg:
+        picture = slowest(verdict)
+        if picture is not None:
+            Path(args.svg).write_text(postmortem.render_svg(picture))
+            print(f"post-mortem picture of the slowest notice: {args.svg}")
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(verdict), indent=2) + "\n")
     return EXIT_OK if verdict.ok else EXIT_FAILED

@@ -56,7 +56,22 @@ class Harness:
         await kube.apply_file(self.api, RBAC)
         await fleet.ensure_namespace(self.api, self.namespace)
         self.queue_url = self.sqs.create_queue(QueueName=f"reclaimd-{self.run_id}")["QueueUrl"]
+        # Created up front: a reader that subscribes before the first event finds it.
+        await self.create_topics({self.topic: 1})
         return self
+
+    async def create_topics(self, topics: dict[str, int]) -> None:
+        """Create topics (name -> partitions) explicitly: no reliance on auto-create."""
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.stack.kafka)
+        await admin.start()
+        try:
+            await admin.create_topics(
+                [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in topics.items()]
+            )
+        finally:
+            await admin.close()
 
     async def __aexit__(self, *exc: object) -> None:
         for d in self.daemons:
@@ -257,18 +272,22 @@ class Harness:
 
     # --- what happened --------------------------------------------------------------------
 
-    async def ledger_events(
-        self, *, count: int, timeout_s: float = 60, settle_s: float = 0.0
-    ) -> list[dict[str, Any]]:
-        """Read the run's ledger topic from the start until ``count`` events (then ``settle_s``
-        more, to catch duplicates that should not be there)."""
-        consumer = AIOKafkaConsumer(
+    def ledger_consumer(self) -> AIOKafkaConsumer:
+        """A consumer of the run's ledger topic from its first record, in no group."""
+        return AIOKafkaConsumer(
             self.topic,
             bootstrap_servers=self.stack.kafka,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
             group_id=None,
         )
+
+    async def ledger_events(
+        self, *, count: int, timeout_s: float = 60, settle_s: float = 0.0
+    ) -> list[dict[str, Any]]:
+        """Read the run's ledger topic from the start until ``count`` events (then ``settle_s``
+        more, to catch duplicates that should not be there)."""
+        consumer = self.ledger_consumer()
         await consumer.start()
         events: list[dict[str, Any]] = []
         try:
@@ -350,18 +369,9 @@ class Harness:
         return outcome[0]
 
     async def notices_topic(self, partitions: int = 1) -> str:
-        """A notices topic of this run (created explicitly: no reliance on auto-create)."""
-        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
+        """A notices topic of this run."""
         topic = f"reclaimd.notices.{self.run_id}"
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.stack.kafka)
-        await admin.start()
-        try:
-            await admin.create_topics(
-                [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
-            )
-        finally:
-            await admin.close()
+        await self.create_topics({topic: partitions})
         return topic
 
     async def send_kafka_notice(self, topic: str, event: dict[str, Any]) -> Notice:
