@@ -381,36 +381,18 @@ class Drill:
             name = f"reclaimd-{i}"
             starts.append((name, self._central_overrides(h, name)))
         base = dict(self.scenario.reclaimd.as_settings())
+
+        def per_node(name: str, source: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+            # A DaemonSet-style reclaimd: its own node's metadata source, no SQS, own spans.
+            spans = {"span_file": str(h.workdir / f"spans-{name}.jsonl")}
+            return name, {**base, "tracing": spans, "sqs": {"enabled": False}, **source}
+
         for key, mock in self.built.imds.items():
-            name = f"imds-{key}"
-            starts.append(
-                (
-                    name,
-                    {
-                        **base,
-                        "tracing": {"span_file": str(h.workdir / f"spans-{name}.jsonl")},
-                        "sqs": {"enabled": False},
-                        "imds": {"enabled": True, "url": mock.url, "poll_interval_s": 0.5},
-                    },
-                )
-            )
+            imds = {"enabled": True, "url": mock.url, "poll_interval_s": 0.5}
+            starts.append(per_node(f"imds-{key}", {"imds": imds}))
         for key, server in self.built.gce.items():
-            name = f"gce-{key}"
-            starts.append(
-                (
-                    name,
-                    {
-                        **base,
-                        "tracing": {"span_file": str(h.workdir / f"spans-{name}.jsonl")},
-                        "sqs": {"enabled": False},
-                        "gce_metadata": {
-                            "enabled": True,
-                            "url": server.url,
-                            "node_name": self.built.nodes[key].name,
-                        },
-                    },
-                )
-            )
+            gce = {"enabled": True, "url": server.url, "node_name": self.built.nodes[key].name}
+            starts.append(per_node(f"gce-{key}", {"gce_metadata": gce}))
 
         async def one(name: str, overrides: dict[str, Any]) -> None:
             async with gate:
