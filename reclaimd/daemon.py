@@ -162,7 +162,7 @@ class _Parts:
     scheduler: Scheduler
     intake: Intake
     limiter: ratelimit.RateLimiter
-    receipts: tracing.Receipts
+    metrics: metrics.Metrics
 
 
 @dataclass
@@ -215,10 +215,17 @@ class Daemon:
             },
         )
 
+        observed = metrics.Metrics(label_policy=ledger_writer.policy)
+
         def keep(report: Report) -> None:
-            # Looked up at call time: run() wraps on_report to feed the metrics.
+            observed.observe_report(report)
             if self.on_report is not None:
                 self.on_report(report)
+
+        def admitted(notice: Notice, admission: Admission) -> None:
+            # A receive span and a count per admitted notice.
+            receipts.on_admission(notice, admission)
+            observed.observe_admission(notice, admission)
 
         runbook = Runbook(
             view=view,
@@ -257,8 +264,9 @@ class Daemon:
             submit=scheduler.submit,
             drop_unknown=s.policy.unknown_target is UnknownTarget.DROP,
             expire_after=timedelta(seconds=s.policy.expired_after_s),
+            on_admission=admitted,
         )
-        return _Parts(view, store, claim_log, ledger_writer, scheduler, intake, limiter, receipts)
+        return _Parts(view, store, claim_log, ledger_writer, scheduler, intake, limiter, observed)
 
     async def run(self, *, ready: asyncio.Event | None = None) -> None:
         s = self.settings
@@ -278,11 +286,10 @@ class Daemon:
         parts = self._wire(api, tracer, session)
         view, scheduler, ledger_writer = parts.view, parts.scheduler, parts.ledger
         self.intake, self.scheduler, self.ledger = parts.intake, scheduler, ledger_writer
-        caller_hook = self.on_report
         serving = contextlib.AsyncExitStack()
         try:
             sources_by_name = self._sources(parts.intake, api)
-            self.metrics = observed = _observe(self, parts, sources_by_name)
+            observed = self.metrics = _bind_gauges(parts, sources_by_name)
             readiness = health.Readiness(
                 {
                     "cache": lambda: view.synced,
@@ -322,7 +329,6 @@ class Daemon:
                 for task in background:
                     task.cancel()
         finally:
-            self.on_report = caller_hook
             await serving.aclose()
             await session.close()
             with contextlib.suppress(Exception):
@@ -399,36 +405,18 @@ class Daemon:
         return sources
 
 
-def _observe(daemon: Daemon, parts: _Parts, sources: dict[str, Any]) -> metrics.Metrics:
-    """A receive span and a count per admitted notice, metrics per report (through the
-    daemon's ``on_report``, whose earlier hook still runs), and the parts' own counters read
-    at scrape time."""
-    observed = metrics.Metrics(label_policy=parts.ledger.policy)
-    receipts = parts.receipts
-
-    def admitted(notice: Notice, admission: Admission) -> None:
-        receipts.on_admission(notice, admission)
-        observed.observe_admission(notice, admission)
-
-    parts.intake.on_admission = admitted
-    caller_hook = daemon.on_report
-
-    def reported(report: Report) -> None:
-        observed.observe_report(report)
-        if caller_hook is not None:
-            caller_hook(report)
-
-    daemon.on_report = reported  # read by _wire's keep() at each report
-    ledger_writer, scheduler = parts.ledger, parts.scheduler
-    observed.bind(
+def _bind_gauges(parts: _Parts, sources: dict[str, Any]) -> metrics.Metrics:
+    """The parts' own counters, read at scrape time."""
+    ledger_writer, scheduler, limiter = parts.ledger, parts.scheduler, parts.limiter
+    parts.metrics.bind(
         ledger=ledger_writer,
         label_drops=lambda: ledger_writer.policy.dropped,
         transports={name: source.counters for name, source in sources.items()},
         scheduler_depth=lambda: scheduler.depth,
-        kube_waiting=lambda: parts.limiter.waiting,
-        kube_throttled=lambda: parts.limiter.throttled,
+        kube_waiting=lambda: limiter.waiting,
+        kube_throttled=lambda: limiter.throttled,
     )
-    return observed
+    return parts.metrics
 
 
 async def run(settings: Settings) -> int:
