@@ -31,8 +31,8 @@ A notice with no deadline (an early warning) gets ``open_budget_s`` (120 s) of c
 
 Scope. ``rank``: every member is asked and every member must ack. ``leader``: only the leader
 (the member marked ``is_leader``, else the lowest rank, among those with a URL) is asked; the
-result still holds one ack per member, the others as ``CoveredAck``s that copy the leader's
-outcome and name it in ``covered_by``.
+result still holds one ack per member: the others copy the leader's outcome and name it in
+``RankAck.covered_by``.
 """
 
 from __future__ import annotations
@@ -69,13 +69,6 @@ DRAIN_RESERVE_FRACTION = 0.34
 OPEN_BUDGET_S = 120.0
 NOT_OPTED_IN = "not opted in"
 _MAX_URI = 2048
-
-
-@dataclass(frozen=True)
-class CoveredAck(RankAck):
-    """A member that was not asked because the gang's leader speaks for it (scope ``leader``)."""
-
-    covered_by: str = ""  # namespace/name of the leader pod
 
 
 # --- budget -------------------------------------------------------------------------------
@@ -215,8 +208,8 @@ async def signal_gang(
     return tuple(acks[i] for i in range(len(members)))
 
 
-def _covered(member: Member, said: RankAck, leader: str) -> CoveredAck:
-    return CoveredAck(
+def _covered(member: Member, said: RankAck, leader: str) -> RankAck:
+    return RankAck(
         member=member,
         acked=said.acked,
         durable=said.durable,

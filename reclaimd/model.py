@@ -264,6 +264,7 @@ class RankAck:
     uri: str = ""
     error: str = ""
     latency_s: float = 0.0
+    covered_by: str = ""  # leader scope: the leader pod (ns/name) whose ack speaks for this one
 
 
 @dataclass(frozen=True)
