@@ -52,13 +52,28 @@ def find_stack_dir(start: Path | None = None) -> Path:
     raise StackNotRunning("no .stack/stack.env found: run `make stack-up` first")
 
 
+def read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines, blank lines and ``#`` comments skipped, nothing expanded.
+
+    ``StackNotRunning`` when the file cannot be read, ``ValueError`` (one line) for a line
+    that is not ``KEY=VALUE``.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise StackNotRunning(f"cannot read {path}: {e.strerror}") from e
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"{path}:{number}: not a KEY=VALUE line: {line[:60]!r}")
+        values[key] = value
+    return values
+
+
 def load(stack_dir: Path | None = None) -> StackEnv:
     d = stack_dir or find_stack_dir()
-    values: dict[str, str] = {}
-    for raw in (d / "stack.env").read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, _, value = line.removeprefix("export ").partition("=")
-        values[key.strip()] = value.strip().strip('"').strip("'")
-    return StackEnv(d, values)
+    return StackEnv(d, read_env_file(d / "stack.env"))

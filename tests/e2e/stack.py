@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from reclaimd.chaos import stack as chaos_stack
+
 REPO_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_STACK_DIR = REPO_DIR / ".stack"
 
@@ -48,21 +50,11 @@ def stack_dir() -> Path:
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """``KEY=VALUE`` lines; blank lines and ``#`` comments are skipped, nothing is expanded."""
+    """The stack's own parser (``reclaimd.chaos.stack``), with its errors as ``StackEnvError``."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise StackEnvError(f"cannot read {path}: {e.strerror}") from e
-    values: dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.isidentifier():
-            raise StackEnvError(f"{path}:{number}: not a KEY=VALUE line: {line[:60]!r}")
-        values[key] = value
-    return values
+        return chaos_stack.read_env_file(path)
+    except (chaos_stack.StackNotRunning, ValueError) as e:
+        raise StackEnvError(str(e)) from e
 
 
 def load_stack(directory: Path | None = None) -> Stack:
