@@ -153,12 +153,48 @@ def slim_pod(pod: RawObject) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
+# The claim annotation (``claims.CLAIM_ANNOTATION``; claims imports this module, so the
+# name is repeated here rather than imported).
+CLAIM_ANNOTATION = "reclaimd.io/claim"
+_TAINT_FIELDS = ("key", "value", "effect", "timeAdded")
+
+Taint = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What the storm fast path needs to write claim + taint + cordon in one PATCH with a
+    resourceVersion precondition, without a GET first."""
+
+    name: str
+    resource_version: str
+    unschedulable: bool
+    taints: tuple[Taint, ...]
+    """In API form (camelCase keys, string values, absent fields left out)."""
+    claim_text: str | None
+    """The raw ``reclaimd.io/claim`` annotation; None when the node carries none."""
+    labels: Mapping[str, str]
+
+
+def node_taints(spec: Mapping[str, Any]) -> tuple[Taint, ...]:
+    """A node's taints in API form: only the four fields a taint has, as strings."""
+    return tuple(
+        {k: str(t[k]) for k in _TAINT_FIELDS if t.get(k) is not None}
+        for t in spec.get("taints") or ()
+        if isinstance(t, Mapping)
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class _Node:
     name: str
     provider_id: str
     instance_ids: frozenset[str]
     labels: Mapping[str, str]
+    resource_version: str
+    unschedulable: bool
+    taints: tuple[Taint, ...]
+    claim_text: str | None
 
 
 @dataclass(frozen=True)
@@ -197,11 +233,17 @@ class _Indexes:
         if not name:
             return
         self.drop_node(name)
+        spec = obj.get("spec") or {}
+        claim = (meta.get("annotations") or {}).get(CLAIM_ANNOTATION)
         node = _Node(
             name=name,
-            provider_id=str((obj.get("spec") or {}).get("providerID") or ""),
+            provider_id=str(spec.get("providerID") or ""),
             instance_ids=instance_ids(obj),
             labels=dict(meta.get("labels") or {}),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            unschedulable=bool(spec.get("unschedulable")),
+            taints=node_taints(spec),
+            claim_text=None if claim is None else str(claim),
         )
         self.nodes[name] = node
         if node.provider_id:
@@ -467,6 +509,21 @@ class ClusterCache:
         if target.instance_id and (name := idx.by_instance.get(target.instance_id)):
             return name
         return None
+
+    def node(self, name: str) -> NodeView | None:
+        """The cached node as of its last watch event; None if the cache does not know it."""
+        node = self._idx.nodes.get(name)
+        if node is None:
+            return None
+        return NodeView(
+            name=node.name,
+            resource_version=node.resource_version,
+            unschedulable=node.unschedulable,
+            # Copies: a caller building its PATCH from these must not edit the cache.
+            taints=tuple(dict(t) for t in node.taints),
+            claim_text=node.claim_text,
+            labels=node.labels,
+        )
 
     def node_labels(self, name: str) -> Mapping[str, str]:
         node = self._idx.nodes.get(name)
