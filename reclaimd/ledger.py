@@ -12,7 +12,9 @@ Three parts, in the order data flows:
 * **Event.** ``to_event`` writes one FOCUS-aligned row per gang (FinOps FOCUS column names,
   reclaimd's own facts in ``x_`` columns). Only enums, ids, times, numbers and allowed labels
   go in: no pod names, no workload free text. The event id comes from notice + gang, so a
-  consumer dedupes replays on ``EventId``.
+  consumer dedupes replays on ``EventId``. Since v2 the row also splits the loss by the
+  instance each rank ran on (``x_WasteByInstance``), so a gang spanning spot and on-demand
+  nodes is priced part by part (docs/ledger.md).
 * **Publisher.** ``LedgerWriter.record`` commits the event to the SQLite outbox (fsync'd,
   idempotent on the event id) and wakes ``run``, which publishes the outbox to Kafka with an
   idempotent producer (``acks=all``) and marks a row sent only after the broker acked it.
@@ -39,13 +41,14 @@ from typing import Any, Final
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from reclaimd import waste as waste_math
 from reclaimd.logs import event as log_event
 from reclaimd.model import RestartWaste, rfc3339
 from reclaimd.outbox import AsyncOutbox, Row
 
 log = logging.getLogger(__name__)
 
-SCHEMA: Final = "reclaimd.restart-waste/v1"
+SCHEMA: Final = "reclaimd.restart-waste/v2"
 DEFAULT_ALLOW: Final = ("tenant", "queue", "sku", "cell", "purchase_option")
 # Refused whatever the allowlist says: a misconfigured allowlist must not open these.
 ALWAYS_REFUSED: Final = frozenset({"prompt", "user_email", "session_raw"})
@@ -137,6 +140,42 @@ def cost_labels(pod_labels: Mapping[str, str], node_labels: Mapping[str, str]) -
     return out
 
 
+# Node metadata naming the cloud instance (the cluster cache reads the same keys, plus the
+# providerID, which ``placement`` takes as an argument because it is not a label).
+_INSTANCE_SOURCES: Final = (
+    "reclaimd.io/instance-id",
+    "alpha.eksctl.io/instance-id",
+    "container.googleapis.com/instance_id",
+)
+_ZONE_SOURCES: Final = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone")
+PLACEMENT_KEYS: Final = ("instance_id", "sku", "purchase_option", "zone", "cell")
+
+
+def instance_of(provider_id: str) -> str:
+    """``aws:///us-east-2a/i-0abc`` -> ``i-0abc``; ``gce://p/z/name`` -> ``name``; else ""."""
+    if "://" not in provider_id:
+        return ""
+    last = provider_id.rstrip("/").rsplit("/", 1)[-1]
+    return "" if last.endswith(":") else last
+
+
+def placement(node_labels: Mapping[str, str], provider_id: str = "") -> dict[str, str]:
+    """Where a node is, for pricing: instance_id, sku, purchase_option, zone, cell.
+
+    Only bounded values are kept (an instance id is an id, not a label, but it is joined with
+    the bill and must be as tame); an unknown fact is left out.
+    """
+    labels = cost_labels({}, node_labels)
+    raw = {
+        "instance_id": instance_of(provider_id) or _first(node_labels, _INSTANCE_SOURCES),
+        "sku": labels.get("sku"),
+        "purchase_option": labels.get("purchase_option"),
+        "zone": _first(node_labels, _ZONE_SOURCES),
+        "cell": labels.get("cell"),
+    }
+    return {k: ok for k, v in raw.items() if (ok := bounded(v)) is not None}
+
+
 def _first(labels: Mapping[str, str], keys: Iterable[str]) -> str | None:
     for k in keys:
         v = labels.get(k)
@@ -223,7 +262,46 @@ def to_event(w: RestartWaste, policy: LabelPolicy) -> dict[str, Any]:
         "x_K8sNamespaceName": gang.key.namespace,
         "x_K8sNodeNames": sorted(gang.nodes),
         "x_TraceParent": _traceparent(w.traceparent),
+        "x_WasteByInstance": waste_by_instance(w),
     }
+
+
+def waste_by_instance(w: RestartWaste) -> list[dict[str, Any]]:
+    """The gang's loss split by node, each part with the instance facts to price it.
+
+    A node the builder placed carries its own facts (``x_PlacementSource: node``); one it did
+    not falls back to the gang's labels (``gang``), which is exact only for a gang on one kind
+    of node. The parts' ``x_WastedGpuSeconds`` sum to the event's (to rounding).
+    """
+    gang_facts = {
+        "sku": bounded(w.gang.labels.get("sku")),
+        "purchase_option": bounded(normalize_purchase_option(w.gang.labels.get("purchase_option"))),
+        "zone": bounded(w.notice.attributes.get("zone")),
+        "cell": bounded(w.gang.labels.get("cell")),
+    }
+    out: list[dict[str, Any]] = []
+    for part in waste_math.by_node(w.gang.members, w.stopped_at):
+        placed = w.placements.get(part.node)
+        facts: Mapping[str, str | None] = (
+            {k: bounded(placed.get(k)) for k in PLACEMENT_KEYS} if placed else gang_facts
+        )
+        purchase = normalize_purchase_option(facts.get("purchase_option"))
+        out.append(
+            {
+                "ResourceId": facts.get("instance_id"),
+                "SkuId": facts.get("sku"),
+                "PricingCategory": pricing_category(purchase),
+                "AvailabilityZone": facts.get("zone"),
+                "x_PurchaseOption": purchase,
+                "x_Cell": facts.get("cell"),
+                "x_K8sNodeName": bounded(part.node),
+                "x_PlacementSource": "node" if placed else "gang",
+                "x_Ranks": part.ranks,
+                "x_GpuCount": part.gpus,
+                "x_WastedGpuSeconds": round(part.gpu_seconds, 3),
+            }
+        )
+    return out
 
 
 def _traceparent(value: str) -> str | None:

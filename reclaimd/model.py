@@ -281,6 +281,11 @@ class RestartWaste:
     deadline_met: bool
     traceparent: str = ""
     cluster: str = ""
+    # node name -> where that node's ranks ran (instance_id, sku, purchase_option, zone, cell),
+    # so each rank's waste is priced on its own instance; empty when the builder knew none.
+    placements: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 # --- helpers ------------------------------------------------------------------------------

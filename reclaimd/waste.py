@@ -11,13 +11,20 @@ Pure arithmetic over ``model`` values, no I/O. The clock of a rank runs from the
 up to ``stopped_at``. A rank knowing neither time counts zero: the ledger under-reports rather
 than invents a start. A clock running backwards (skew, a checkpoint stamped after the stop)
 counts zero, never negative.
+
+A gang can span spot and on-demand nodes, so the loss is also split by the node each rank ran
+on (``by_node``); ``with_placements`` gives the pipeline a builder that records where each of
+those nodes is (instance, SKU, purchase option, zone, cell) so the ledger can price each part
+on its own instance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
+from types import MappingProxyType
+from typing import Any
 
 from reclaimd import checkpoint
 from reclaimd.model import (
@@ -53,6 +60,30 @@ def gpu_seconds_lost(members_with_last_good: Iterable[Member], stopped_at: datet
     (``apply_acks`` does that for the acks of this notice).
     """
     return sum(max(0, m.gpus) * rank_seconds_lost(m, stopped_at) for m in members_with_last_good)
+
+
+@dataclass(frozen=True)
+class NodeLoss:
+    """The part of one gang's loss that ran on one node."""
+
+    node: str
+    ranks: int
+    gpus: int
+    gpu_seconds: float
+
+
+def by_node(members_with_last_good: Iterable[Member], stopped_at: datetime) -> tuple[NodeLoss, ...]:
+    """``gpu_seconds_lost`` split by the node each rank ran on (sorted by node name).
+
+    The parts sum to the gang's total: the same per-rank arithmetic, grouped.
+    """
+    acc: dict[str, list[float]] = {}
+    for m in members_with_last_good:
+        part = acc.setdefault(m.node, [0, 0, 0.0])
+        part[0] += 1
+        part[1] += max(0, m.gpus)
+        part[2] += max(0, m.gpus) * rank_seconds_lost(m, stopped_at)
+    return tuple(NodeLoss(node, int(p[0]), int(p[1]), p[2]) for node, p in sorted(acc.items()))
 
 
 def _member_id(m: Member) -> MemberId:
@@ -106,13 +137,15 @@ def build_restart_waste(
     deadline_met: bool,
     traceparent: str = "",
     cluster: str = "",
+    placements: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RestartWaste:
     """One gang's restart waste after ``notice``.
 
     The returned ``gang`` carries the members as updated by the acks, so the event shows the
     checkpoint times the arithmetic used. ``last_good_checkpoint`` is the earliest rank clock
     start: the start of the charge period that covers every lost GPU-second (``None`` when no
-    rank knows any time; never after ``stopped_at``).
+    rank knows any time; never after ``stopped_at``). ``placements`` (node -> instance facts)
+    is kept for the nodes of this gang only.
     """
     by_member = {_member_id(a.member): a for a in acks}
     members = apply_acks(gang, by_member)
@@ -128,4 +161,36 @@ def build_restart_waste(
         deadline_met=deadline_met,
         traceparent=traceparent,
         cluster=cluster,
+        placements=MappingProxyType(
+            {
+                n: MappingProxyType(dict(placements[n]))
+                for n in sorted(gang.nodes)
+                if placements and n in placements
+            }
+        ),
     )
+
+
+Placement = Callable[[str], Mapping[str, str]]
+
+
+def with_placements(placement: Placement) -> Callable[..., RestartWaste]:
+    """``build_restart_waste`` that looks up where each of the gang's nodes is.
+
+    ``placement(node_name)`` returns that node's instance facts (``ledger.placement`` builds
+    them from node labels); a lookup that fails leaves the node out, so the ledger falls back
+    to the gang's labels for it rather than losing the event.
+    """
+
+    def build(notice: Notice, gang: Gang, *args: Any, **kwargs: Any) -> RestartWaste:
+        found: dict[str, Mapping[str, str]] = {}
+        for node in sorted(gang.nodes):
+            try:
+                facts = placement(node)
+            except Exception:  # a lookup must never cost the gang its event
+                continue
+            if facts:
+                found[node] = facts
+        return build_restart_waste(notice, gang, *args, placements=found, **kwargs)
+
+    return build

@@ -12,6 +12,7 @@ from reclaimd.ledger import (
     encode,
     kafka_key,
     normalize_purchase_option,
+    placement,
     pricing_category,
     to_event,
 )
@@ -28,7 +29,7 @@ from reclaimd.model import (
     frozen_map,
 )
 from reclaimd.outbox import Outbox
-from reclaimd.waste import build_restart_waste
+from reclaimd.waste import build_restart_waste, with_placements
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -40,6 +41,7 @@ def make_waste(
     traceparent: str = TRACEPARENT,
     gang_name: str = "llm",
     attributes: dict[str, str] | None = None,
+    placements: dict[str, dict[str, str]] | None = None,
 ) -> RestartWaste:
     n = Notice(
         id="aws-abc",
@@ -92,6 +94,7 @@ def make_waste(
         deadline_met=True,
         traceparent=traceparent,
         cluster="prod-use1",
+        placements=placements,
     )
 
 
@@ -268,6 +271,7 @@ REQUIRED = {
     "x_K8sNamespaceName",
     "x_K8sNodeNames",
     "x_TraceParent",
+    "x_WasteByInstance",
 }
 
 
@@ -280,7 +284,7 @@ def test_event_has_every_column_with_the_right_values() -> None:
     assert ev["x_WastedGpuSeconds"] == wasted
     assert ev["ConsumedQuantity"] == round(wasted / 3600, 6)
     assert ev["ConsumedUnit"] == "GPU-Hours"
-    assert ev["schema"] == SCHEMA == "reclaimd.restart-waste/v1"
+    assert ev["schema"] == SCHEMA == "reclaimd.restart-waste/v2"
     assert ev["ChargePeriodStart"] == "2026-03-01T11:30:00Z"
     assert ev["ChargePeriodEnd"] == "2026-03-01T12:01:40Z"
     assert ev["ChargeCategory"] == "Usage"
@@ -307,6 +311,110 @@ def test_event_has_every_column_with_the_right_values() -> None:
     assert ev["x_K8sNodeNames"] == ["node-0", "node-1"]
     assert ev["x_TraceParent"] == TRACEPARENT
     assert ev["EventId"] == w.event_id
+
+
+# --- waste priced where it happened (v2) ----------------------------------------------
+
+
+def test_without_placements_the_split_falls_back_to_the_gang_labels() -> None:
+    ev = to_event(make_waste(), LabelPolicy())
+    parts = ev["x_WasteByInstance"]
+    # node-0 ran rank 0 (acked at T0: 100 s) and rank 2 (1900 s); node-1 ran rank 1 (1900 s)
+    assert [(p["x_K8sNodeName"], p["x_Ranks"], p["x_GpuCount"]) for p in parts] == [
+        ("node-0", 2, 16),
+        ("node-1", 1, 8),
+    ]
+    assert [p["x_WastedGpuSeconds"] for p in parts] == [8 * 100 + 8 * 1900, 8 * 1900]
+    assert sum(p["x_WastedGpuSeconds"] for p in parts) == ev["x_WastedGpuSeconds"]
+    for p in parts:
+        assert p["x_PlacementSource"] == "gang"
+        assert p["ResourceId"] is None  # the gang does not know its nodes' instances
+        assert (p["SkuId"], p["x_PurchaseOption"], p["PricingCategory"]) == (
+            "p5.48xlarge",
+            "spot",
+            "Dynamic",
+        )
+        assert (p["AvailabilityZone"], p["x_Cell"]) == ("us-east-1a", "use1-a")
+
+
+def test_a_gang_across_spot_and_on_demand_is_split_by_instance() -> None:
+    w = make_waste(
+        placements={
+            "node-0": {
+                "instance_id": "i-0spot",
+                "sku": "p5.48xlarge",
+                "purchase_option": "spot",
+                "zone": "us-east-1a",
+                "cell": "c1",
+            },
+            "node-1": {
+                "instance_id": "i-1od",
+                "sku": "p4d.24xlarge",
+                "purchase_option": "on_demand",
+                "zone": "us-east-1b",
+            },
+            "elsewhere": {"instance_id": "i-not-this-gang"},
+        }
+    )
+    assert set(w.placements) == {"node-0", "node-1"}  # only the gang's own nodes are kept
+    parts = {p["x_K8sNodeName"]: p for p in to_event(w, LabelPolicy())["x_WasteByInstance"]}
+    spot, od = parts["node-0"], parts["node-1"]
+    assert (spot["ResourceId"], spot["PricingCategory"], spot["x_Cell"]) == (
+        "i-0spot",
+        "Dynamic",
+        "c1",
+    )
+    assert (od["ResourceId"], od["SkuId"], od["x_PurchaseOption"], od["PricingCategory"]) == (
+        "i-1od",
+        "p4d.24xlarge",
+        "on_demand",
+        "Standard",
+    )
+    assert od["x_Cell"] is None  # a fact the node lacks is not borrowed from the gang
+    assert od["AvailabilityZone"] == "us-east-1b"
+    assert spot["x_PlacementSource"] == od["x_PlacementSource"] == "node"
+    assert (spot["x_WastedGpuSeconds"], od["x_WastedGpuSeconds"]) == (16000, 15200)
+
+
+def test_placement_reads_node_labels_and_the_provider_id() -> None:
+    labels = {
+        "node.kubernetes.io/instance-type": "p5.48xlarge",
+        "karpenter.sh/capacity-type": "on-demand",
+        "topology.kubernetes.io/zone": "us-east-2a",
+        "reclaimd.io/cell": "use2-cell-1",
+        "team": "not a cost fact",
+    }
+    assert placement(labels, "aws:///us-east-2a/i-0abc") == {
+        "instance_id": "i-0abc",
+        "sku": "p5.48xlarge",
+        "purchase_option": "on_demand",
+        "zone": "us-east-2a",
+        "cell": "use2-cell-1",
+    }
+    # no providerID: the instance-id label; an unbounded value is dropped, not kept
+    got = placement({"alpha.eksctl.io/instance-id": "i-9", "topology.kubernetes.io/zone": "a b"})
+    assert got == {"instance_id": "i-9"}
+    assert placement({}, "gce://proj/us-central1-a/gke-node-1")["instance_id"] == "gke-node-1"
+
+
+def test_with_placements_looks_up_each_node_and_survives_a_failing_lookup() -> None:
+    asked: list[str] = []
+
+    def lookup(node: str) -> dict[str, str]:
+        asked.append(node)
+        if node == "node-1":
+            raise KeyError(node)
+        return {"instance_id": f"i-{node}", "purchase_option": "spot"}
+
+    base = make_waste()
+    w = with_placements(lookup)(
+        base.notice, base.gang, (), base.stopped_at, deadline_met=True, cluster="c"
+    )
+    assert asked == ["node-0", "node-1"]
+    assert dict(w.placements) == {"node-0": {"instance_id": "i-node-0", "purchase_option": "spot"}}
+    parts = {p["x_K8sNodeName"]: p for p in to_event(w, LabelPolicy())["x_WasteByInstance"]}
+    assert parts["node-0"]["x_PlacementSource"] == "node"
+    assert parts["node-1"]["x_PlacementSource"] == "gang"
 
 
 def test_event_carries_no_pod_names_or_refused_values() -> None:

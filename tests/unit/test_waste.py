@@ -1,3 +1,4 @@
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,7 +15,7 @@ from reclaimd.model import (
     Target,
     stable_id,
 )
-from reclaimd.waste import build_restart_waste, gpu_seconds_lost
+from reclaimd.waste import NodeLoss, build_restart_waste, by_node, gpu_seconds_lost
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 STOP = T0 + timedelta(hours=1)
@@ -189,3 +190,18 @@ def test_event_id_is_stable_per_notice_and_gang() -> None:
 @pytest.mark.parametrize("gpus", [0, 1, 8])
 def test_waste_scales_with_gpus(gpus: int) -> None:
     assert gpu_seconds_lost([member("r0", gpus, ckpt=at(0))], STOP) == gpus * 3600
+
+
+# --- the split by node ---------------------------------------------------------------------
+
+
+def test_by_node_groups_ranks_and_sums_to_the_total() -> None:
+    a = replace(member("r0", 8, ckpt=at(30)), node="spot-1")
+    b = replace(member("r1", 4, ckpt=at(45)), node="od-1")
+    c = replace(member("r2", 2, started=at(50)), node="spot-1")
+    parts = by_node([a, b, c], STOP)
+    assert parts == (
+        NodeLoss("od-1", ranks=1, gpus=4, gpu_seconds=4 * 900),
+        NodeLoss("spot-1", ranks=2, gpus=10, gpu_seconds=8 * 1800 + 2 * 600),
+    )
+    assert sum(p.gpu_seconds for p in parts) == gpu_seconds_lost([a, b, c], STOP)
