@@ -46,3 +46,10 @@ demo: stack-up
 
 bench: stack-up
 	$(BIN)/python -m reclaimd.bench
+
+# One Spot storm through released aws-node-termination-handler (built once from the Go module
+# proxy) and through reclaimd, side by side: out/bench-peers.json and a table.
+# BENCH_PEERS_ARGS="--nodes 50 --repeat 1" for a quick run.
+.PHONY: bench-peers
+bench-peers: stack-up
+	$(BIN)/python -m reclaimd.bench_peers $(BENCH_PEERS_ARGS)
