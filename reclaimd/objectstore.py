@@ -10,7 +10,10 @@ PutObject made through ``GuardedPut`` goes through, in order:
    and other prefixes are refused before any request is made.
 2. **Token bucket per identity** (default 20 PutObject/s): shapes first attempts and retries
    alike, as botocore's adaptive mode does, so the initial burst is shaped too. A wait that
-   would end too late to finish the attempt before the deadline is not started.
+   would end too late to finish the attempt before the deadline is not started. In a storm
+   reclaimd hands each rank its share of the tenant's budget (``putbudget``, ``set_share``):
+   the bucket then runs at that rate, changed while puts wait (0 = wait until raised or the
+   deadline), never above the guard's own limits.
 3. **Full-jitter exponential backoff** (``uniform(0, min(cap, base x 2^n, remaining / 2))``),
    a larger base for throttling, retrying only 5xx, throttling codes and connection errors,
    never any other 4xx. A retry is not started when its sleep plus the expected attempt time
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import random
 import re
 import time
@@ -45,6 +49,7 @@ import botocore.exceptions
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from reclaimd.model import utcnow
+from reclaimd.putbudget import Share
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -242,8 +247,30 @@ class TokenBucket:
 
     def _refill(self, now: float) -> None:
         if now > self._t:
-            self._tokens = min(self.burst, self._tokens + (now - self._t) * self.rate)
+            # Never below one token of room: a bucket must hold the token it sends.
+            room = max(self.burst, 1.0)
+            self._tokens = min(room, self._tokens + (now - self._t) * self.rate)
             self._t = now
+
+    def set_rate(self, rate: float, burst: float, now: float) -> None:
+        """Change the rate and size while running. Tokens accrued so far are kept, clamped to
+        the new size: a new share never comes with tokens, it only changes how fast they
+        accrue (reclaimd's split of the tenant budget relies on that, see ``putbudget``)."""
+        self._refill(now)
+        self.rate = rate
+        self.burst = burst
+        self._tokens = min(self._tokens, burst)
+
+    def take(self, now: float) -> float:
+        """Take a token if there is one (``0.0``); else how long until one accrues at the
+        current rate (``math.inf`` at rate 0), taking nothing."""
+        self._refill(now)
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return 0.0
+        if self.rate <= 0:
+            return math.inf
+        return max((1 - self._tokens) / self.rate, 1e-9)
 
     def reserve(self, now: float, max_wait: float) -> float | None:
         """Take a token; return how long to wait for it, or ``None`` (nothing taken) if that
@@ -308,9 +335,52 @@ class _Identity:
     budget: RetryBudget
     counters: PutCounters = field(default_factory=PutCounters)
     recent_attempt_s: float = 0.0  # moving average of attempt durations
+    share: Share | None = None  # reclaimd's share of the tenant budget; None: own limits
+    # One waiter at a time computes its wait, the others queue behind it in order.
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def observe(self, seconds: float) -> None:
         self.recent_attempt_s = 0.8 * self.recent_attempt_s + 0.2 * max(0.0, seconds)
+
+    def set_rate(self, rate: float, burst: float, now: float) -> None:
+        self.bucket.set_rate(rate, burst, now)
+        # Wake the waiter so it recomputes its wait at the new rate.
+        done, self.changed = self.changed, asyncio.Event()
+        done.set()
+
+    async def acquire(self, clock: Clock, latest: Callable[[], float]) -> bool:
+        """Take a token, waiting for it; ``True`` if it had to wait. ``latest()`` is the last
+        moment an attempt may start. With a fixed rate a wait that ends past it is not begun;
+        under a share (which may be raised, or be 0 = wait) it waits until then."""
+        async with self.turn:
+            waited = False
+            while True:
+                now = clock.monotonic()
+                wait = self.bucket.take(now)
+                if wait == 0.0:
+                    return waited
+                room = latest() - now
+                if room <= 1e-9 or (wait > room and self.share is None):
+                    raise _NoTime("no token in time to finish before the deadline")
+                waited = True
+                wake = self.changed if self.share is not None else None
+                await _sleep_or(clock, min(wait, room), wake)
+
+
+async def _sleep_or(clock: Clock, seconds: float, event: asyncio.Event | None) -> None:
+    """Sleep, or less if ``event`` is set meanwhile."""
+    if event is None:
+        await clock.sleep(seconds)
+        return
+    sleeper = asyncio.ensure_future(clock.sleep(seconds))
+    waker = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sleeper, waker):
+            task.cancel()
+        await asyncio.gather(sleeper, waker, return_exceptions=True)
 
 
 # --- the guard ---------------------------------------------------------------------------
@@ -417,6 +487,22 @@ class GuardedPut:
         st.counters.succeeded += 1
         return result
 
+    def set_share(self, identity: str, share: Share | None) -> None:
+        """Pace ``identity`` at reclaimd's share of its tenant's budget, changeable while puts
+        wait (rate 0: they wait until it is raised or their deadline). Never above this guard's
+        own limits; ``None`` goes back to them. Tokens are kept (clamped to the new burst)."""
+        st = self._identity(identity)
+        lim = self.limits
+        st.share = share
+        if share is None:
+            st.set_rate(lim.rate_per_s, lim.burst, self._clock.monotonic())
+        else:
+            rate, burst = min(share.qps, lim.rate_per_s), min(float(share.burst), lim.burst)
+            st.set_rate(rate, burst, self._clock.monotonic())
+
+    def share(self, identity: str) -> Share | None:
+        return self._identity(identity).share
+
     def bind(self, identity: str, bucket: str) -> BoundPut:
         """This guard as one identity writing one bucket (the workload helper's ``ObjectPut``)."""
         check_identity(identity)
@@ -434,6 +520,10 @@ class BoundPut:
     async def put(self, key: str, body: Body, *, deadline: datetime | None = None) -> str:
         await self.guard.put(self.identity, self.bucket, key, body, deadline=deadline)
         return f"s3://{self.bucket}/{key}"
+
+    def set_put_budget(self, share: Share | None) -> None:
+        """The workload helper's hook: reclaimd's share for this identity (``None``: own)."""
+        self.guard.set_share(self.identity, share)
 
 
 class _NoTime(Exception):
@@ -486,15 +576,14 @@ class _Call:
 
     async def attempt(self, number: int, kwargs: dict[str, Any]) -> Mapping[str, Any]:
         st, c = self.st, self.st.counters
-        estimate = self.estimate()
-        now = self.clock.monotonic()
-        wait = st.bucket.reserve(now, max_wait=self.end - now - estimate)
-        if wait is None:
+        try:
+            # Retries take tokens too: a storm of 503s is paced like first attempts.
+            if await st.acquire(self.clock, lambda: self.end - self.estimate()):
+                c.throttled_waits += 1
+        except _NoTime:
             c.deadline_giveups += 1
-            raise _NoTime("no token in time to finish before the deadline")
-        if wait > 0:
-            c.throttled_waits += 1
-            await self.clock.sleep(wait)
+            raise
+        estimate = self.estimate()
         now = self.clock.monotonic()
         if now + estimate > self.end:
             c.deadline_giveups += 1

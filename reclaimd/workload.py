@@ -27,7 +27,7 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -36,7 +36,9 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from reclaimd import putbudget
 from reclaimd.model import parse_time, rfc3339, utcnow
+from reclaimd.putbudget import Share
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class CheckpointRequest:
     notice_deadline: datetime | None = None  # when the capacity goes away; None: not known
     traceparent: str = ""
     received_at: datetime = field(default_factory=utcnow)
+    put_budget: Share | None = None  # this rank's share of the tenant's PutObject budget
 
     @classmethod
     def from_json(cls, doc: Any, *, traceparent: str = "") -> CheckpointRequest:
@@ -86,6 +89,7 @@ class CheckpointRequest:
             pod=_text(doc, "pod"),
             notice_deadline=parse_time(raw_notice_deadline) if raw_notice_deadline else None,
             traceparent=traceparent[:_MAX_FIELD],
+            put_budget=putbudget.parse_field(doc),
         )
 
 
@@ -119,12 +123,23 @@ class CheckpointResult:
 SaveFn = Callable[[CheckpointRequest], Awaitable[CheckpointResult]]
 
 
+class PutBudgetSink(Protocol):
+    """Where the server hands reclaimd's PutObject share (``BoundPut`` of the guarded put)."""
+
+    def set_put_budget(self, share: Share | None) -> None: ...
+
+
 class CheckpointServer:
     """A small aiohttp server answering reclaimd's checkpoint requests with ``on_checkpoint``.
 
     ``port=0`` picks a free port; after ``start()``, ``url`` is the checkpoint URL to announce
     (with a wildcard ``host`` it names the loopback address; in a pod the annotation's
     ``{pod_ip}`` template does that job).
+
+    ``put_budget`` receives this rank's share of its tenant's PutObject budget while a save
+    runs: from the request's ``put_budget`` field (absent: ``None``, the uploader's own limit),
+    then from the ``X-Reclaimd-Put-Budget`` header of every status poll, and ``None`` again
+    once no save is running.
     """
 
     def __init__(
@@ -137,6 +152,7 @@ class CheckpointServer:
         sync_window_s: float = 1.0,
         keep_results: int = 256,
         keep_requests: int = 4096,
+        put_budget: PutBudgetSink | None = None,
     ) -> None:
         if not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"path must start and not end with '/': {path!r}")
@@ -150,6 +166,8 @@ class CheckpointServer:
         self._save_count = 0
         self.requests: deque[CheckpointRequest] = deque(maxlen=keep_requests)
         self._runner: web.AppRunner | None = None
+        self._sink = put_budget
+        self.put_budget: Share | None = None  # the share in force, as last handed to the sink
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -226,16 +244,22 @@ class CheckpointServer:
             req = CheckpointRequest.from_json(
                 doc, traceparent=request.headers.get("traceparent", "")
             )
+            polled = putbudget.parse_header(request.headers.get(putbudget.HEADER))
         except ValueError as e:
             return _error(400, _one_line(str(e)))
         self.requests.append(req)
+        share = polled if polled is not None else req.put_budget
         task = self._saves.get(req.notice_id)
         if task is None:
+            self._hand(share)  # before the save starts, so its first put is paced already
             task = asyncio.create_task(self._run(req), name=f"checkpoint {req.notice_id}")
             task.add_done_callback(_report)
+            task.add_done_callback(self._save_ended)
             self._saves[req.notice_id] = task
             self._save_count += 1
             self._forget_old()
+        elif share is not None and not task.done():
+            self._hand(share)
         # asyncio.wait leaves the save running when the window closes: the poll picks it up.
         await asyncio.wait({task}, timeout=self.sync_window_s)
         return self._answer(req.notice_id, task)
@@ -248,7 +272,29 @@ class CheckpointServer:
         task = self._saves.get(notice_id)
         if task is None:
             return _error(404, "no checkpoint requested for this notice")
+        if not task.done():
+            self._take_polled_share(request)
         return self._answer(notice_id, task)
+
+    def _take_polled_share(self, request: web.Request) -> None:
+        try:
+            share = putbudget.parse_header(request.headers.get(putbudget.HEADER))
+        except ValueError as e:
+            # A save under way is not failed over a bad header: it keeps the share it has.
+            log.warning("ignored a malformed put budget", extra={"fields": {"error": str(e)}})
+            return
+        if share is not None:
+            self._hand(share)
+
+    def _hand(self, share: Share | None) -> None:
+        self.put_budget = share
+        if self._sink is not None:
+            self._sink.set_put_budget(share)
+
+    def _save_ended(self, task: asyncio.Task[CheckpointResult]) -> None:
+        # Back to the uploader's own limit once no save is left to pace.
+        if all(t.done() for t in self._saves.values()):
+            self._hand(None)
 
     def _answer(self, notice_id: str, task: asyncio.Task[CheckpointResult]) -> web.Response:
         if not task.done():
@@ -321,21 +367,80 @@ async def upload_checkpoint(
     reaches reclaimd: an upload that cannot finish by then is abandoned and the result names
     ``stash_uri`` with ``durable=False``, which is an ack that does not reset the waste clock.
     """
+    return await upload_parts(
+        request,
+        [(key, body)],
+        store=store,
+        step=step,
+        checkpoint_time=checkpoint_time,
+        stash_uri=stash_uri,
+        reply_margin_s=reply_margin_s,
+    )
+
+
+async def upload_parts(
+    request: CheckpointRequest,
+    parts: Sequence[tuple[str, bytes]],
+    *,
+    store: ObjectPut,
+    uri: str = "",
+    step: int | None = None,
+    checkpoint_time: datetime | None = None,
+    stash_uri: str = "",
+    reply_margin_s: float = 0.5,
+    concurrency: int = 4,
+) -> CheckpointResult:
+    """``upload_checkpoint`` for a checkpoint in several objects (shards, parts): durable only
+    if every part was stored in time. ``uri`` names the whole (default: the last part's).
+
+    Parts go up at most ``concurrency`` at a time; pacing is the store's business (the guarded
+    put paces at reclaimd's share of the tenant's budget, see ``CheckpointServer``).
+    """
+    if not parts:
+        raise ValueError("no parts to upload")
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
     taken = checkpoint_time or utcnow()
     deadline = request.deadline - timedelta(seconds=reply_margin_s)
     loop = asyncio.get_running_loop()
     end = loop.time() + (deadline - utcnow()).total_seconds()
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(key: str, body: bytes) -> str:
+        async with limit:
+            return await store.put(key, body, deadline=deadline)
+
+    tasks = [asyncio.create_task(one(key, body)) for key, body in parts]
+    error = ""
     try:
         async with asyncio.timeout_at(end):
-            uri = await store.put(key, body, deadline=deadline)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     except TimeoutError:
         error = "upload did not finish before the deadline"
-    except Exception as e:  # any failure of the upload means "not durable"; the stash stands
-        error = _one_line(f"{type(e).__name__}: {e}")
-    else:
-        return CheckpointResult(checkpoint_time=taken, step=step, uri=uri, durable=True)
+    finally:
+        # One failed part dooms the whole: the others stop rather than spend the budget.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if not error:
+        failures = [t.exception() for t in tasks if not t.cancelled()]
+        first = next((f for f in failures if f is not None), None)
+        if first is None and not any(t.cancelled() for t in tasks):
+            last = tasks[-1].result()
+            return CheckpointResult(
+                checkpoint_time=taken, step=step, uri=uri or last, durable=True
+            )
+        # any failure of the upload means "not durable"; the stash stands
+        error = _one_line(f"{type(first).__name__}: {first}") if first else "upload cancelled"
     log.warning(
         "checkpoint upload failed, acking the stash",
-        extra={"fields": {"notice_id": request.notice_id, "key": key, "error": error}},
+        extra={
+            "fields": {
+                "notice_id": request.notice_id,
+                "key": parts[0][0],
+                "parts": len(parts),
+                "error": error,
+            }
+        },
     )
     return CheckpointResult(checkpoint_time=taken, step=step, uri=stash_uri, durable=False)
