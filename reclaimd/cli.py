@@ -96,10 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_run)
 
-    from reclaimd import postmortem
+    from reclaimd import postmortem, report
     from reclaimd.chaos import drill
 
     postmortem.add_parser(sub)
+    report.add_parser(sub)
     drill.add_parser(sub)
     return p
 

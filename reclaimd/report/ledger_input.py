@@ -1,0 +1,270 @@
+"""The ledger side of the report: restart-waste and allocation rows, flattened for the SQL.
+
+Rows come from JSON-lines files or Kafka topics (read from the first offset at or after the
+window's start up to the end offsets seen when reading began). Each event is re-policed on the
+way in: a label reaches a report only if ``LabelPolicy`` lets it through, whatever the file
+says, so an edited export cannot put a pod name or a user's e-mail into a report. Events are
+deduped on ``EventId`` (the ledger is at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from reclaimd.ledger import LabelPolicy, normalize_purchase_option
+from reclaimd.model import ParseError, parse_time
+
+WASTE_V1 = "reclaimd.restart-waste/v1"
+WASTE_V2 = "reclaimd.restart-waste/v2"
+ALLOCATION_V1 = "reclaimd.allocation/v1"
+
+
+class InputError(ValueError):
+    """A bad input to the report: one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class WastePart:
+    event_id: str
+    notice_id: str
+    gang_id: str
+    stopped_at: datetime  # naive UTC
+    resource_id: str | None
+    node: str | None
+    sku: str | None
+    purchase_option: str | None
+    labels: Mapping[str, str]
+    gpu_seconds: float
+    outcome: str
+    deadline_met: bool
+
+
+@dataclass(frozen=True)
+class AllocationRow:
+    hour_start: datetime  # naive UTC
+    resource_id: str | None
+    node: str | None
+    sku: str | None
+    purchase_option: str | None
+    labels: Mapping[str, str]
+    gpu_hours: float
+    mig_gpu_hours: float
+    mig_profile_hours: float
+    hbm_gb_hours: float
+    node_gpus: int
+
+
+@dataclass
+class Ledger:
+    waste: list[WastePart] = field(default_factory=list)
+    allocation: list[AllocationRow] = field(default_factory=list)
+    skipped: int = 0  # events of a schema this report does not read
+
+
+def _naive(t: datetime) -> datetime:
+    return t.astimezone(UTC).replace(tzinfo=None)
+
+
+def _time(ev: Mapping[str, Any], key: str, where: str) -> datetime:
+    raw = ev.get(key)
+    if not isinstance(raw, str):
+        raise InputError(f"{where}: {key} is missing or not a string")
+    try:
+        return _naive(parse_time(raw))
+    except ParseError as e:
+        raise InputError(f"{where}: {key}: {e}") from e
+
+
+def _number(ev: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
+    raw = ev.get(key, default)
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise InputError(f"{where}: {key} is missing or not a number")
+    return float(raw)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _labels(ev: Mapping[str, Any], policy: LabelPolicy) -> dict[str, str]:
+    tags = ev.get("Tags")
+    if not isinstance(tags, Mapping):
+        return {}
+    return policy.tags({str(k): v for k, v in tags.items() if isinstance(v, str)})
+
+
+def waste_parts(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> list[WastePart]:
+    """One row per instance part of a restart-waste event (v1: one part, the gang's labels)."""
+    labels = _labels(ev, policy)
+    base = WastePart(
+        event_id=str(ev.get("EventId") or ""),
+        notice_id=str(ev.get("x_NoticeId") or ""),
+        gang_id=str(ev.get("x_GangId") or ""),
+        stopped_at=_time(ev, "ChargePeriodEnd", where),
+        resource_id=None,
+        node=None,
+        sku=labels.get("sku"),
+        purchase_option=labels.get("purchase_option"),
+        labels=labels,
+        gpu_seconds=0.0,
+        outcome=str(ev.get("x_CheckpointOutcome") or ""),
+        deadline_met=ev.get("x_DeadlineMet") is True,
+    )
+    if not base.event_id:
+        raise InputError(f"{where}: EventId is missing")
+    raw_parts = ev.get("x_WasteByInstance")
+    if ev.get("schema") == WASTE_V1 or raw_parts is None:
+        # v1 has no split: the gang's labels price the whole loss
+        return [replace(base, gpu_seconds=_number(ev, "x_WastedGpuSeconds", where))]
+    if not isinstance(raw_parts, list):
+        raise InputError(f"{where}: x_WasteByInstance is not a list")
+    out = []
+    for i, p in enumerate(raw_parts):
+        if not isinstance(p, Mapping):
+            raise InputError(f"{where}: x_WasteByInstance[{i}] is not an object")
+        out.append(
+            replace(
+                base,
+                resource_id=_text(p.get("ResourceId")),
+                node=_text(p.get("x_K8sNodeName")),
+                sku=_text(p.get("SkuId")) or base.sku,
+                purchase_option=normalize_purchase_option(_text(p.get("x_PurchaseOption"))),
+                gpu_seconds=_number(p, "x_WastedGpuSeconds", f"{where}: part {i}"),
+            )
+        )
+    return out
+
+
+def allocation_row(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> AllocationRow:
+    labels = _labels(ev, policy)
+    return AllocationRow(
+        hour_start=_time(ev, "ChargePeriodStart", where),
+        resource_id=_text(ev.get("ResourceId")),
+        node=_text(ev.get("x_K8sNodeName")),
+        sku=_text(ev.get("SkuId")) or labels.get("sku"),
+        purchase_option=normalize_purchase_option(_text(ev.get("x_PurchaseOption")))
+        or labels.get("purchase_option"),
+        labels=labels,
+        gpu_hours=_number(ev, "x_GpuHours", where),
+        mig_gpu_hours=_number(ev, "x_MigGpuEquivalentHours", where, 0.0),
+        mig_profile_hours=_number(ev, "x_MigProfileHours", where, 0.0),
+        hbm_gb_hours=_number(ev, "x_HbmGbHours", where, 0.0),
+        node_gpus=int(_number(ev, "x_NodeGpus", where, 0.0)),
+    )
+
+
+def collect(events: Iterable[tuple[str, Mapping[str, Any]]], policy: LabelPolicy) -> Ledger:
+    """Sort events into waste parts and allocation rows, deduped on EventId."""
+    ledger = Ledger()
+    seen: set[str] = set()
+    for where, ev in events:
+        event_id = str(ev.get("EventId") or "")
+        if event_id and event_id in seen:
+            continue
+        seen.add(event_id)
+        schema = ev.get("schema")
+        if schema in (WASTE_V1, WASTE_V2):
+            ledger.waste.extend(waste_parts(ev, where, policy))
+        elif schema == ALLOCATION_V1:
+            ledger.allocation.append(allocation_row(ev, where, policy))
+        else:
+            ledger.skipped += 1
+    return ledger
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: {getattr(e, 'strerror', None) or e}") from e
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except ValueError as e:
+            raise InputError(f"{path}:{n}: not JSON ({str(e)[:60]})") from e
+        if not isinstance(ev, dict):
+            raise InputError(f"{path}:{n}: not a JSON object")
+        yield f"{path}:{n}", ev
+
+
+def read_kafka(
+    bootstrap: str, topic: str, since: datetime | None, timeout_s: float = 30.0
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every event of ``topic`` from the window's start to the end offsets seen at start."""
+    try:
+        return asyncio.run(asyncio.wait_for(_read_kafka(bootstrap, topic, since), timeout_s))
+    except TimeoutError as e:
+        raise InputError(f"kafka {topic}: not read within {timeout_s:g}s") from e
+
+
+async def _read_kafka(
+    bootstrap: str, topic: str, since: datetime | None
+) -> list[tuple[str, Mapping[str, Any]]]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaError
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+    )
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    try:
+        await consumer.start()
+        partitions = await consumer.partitions_for_topic(topic) or set()
+        if not partitions:
+            raise InputError(f"kafka {topic}: no such topic")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        end = await consumer.end_offsets(tps)
+        start: dict[TopicPartition, int] = dict.fromkeys(tps, 0)
+        if since is not None:
+            ms = int(since.replace(tzinfo=UTC).timestamp() * 1000)
+            found = await consumer.offsets_for_times(dict.fromkeys(tps, ms))
+            start = {tp: (o.offset if o is not None else end[tp]) for tp, o in found.items()}
+        else:
+            begin = await consumer.beginning_offsets(tps)
+            start = dict(begin)
+        for tp in tps:
+            consumer.seek(tp, start[tp])
+        left = {tp for tp in tps if start[tp] < end[tp]}
+        while left:
+            batch = await consumer.getmany(*left, timeout_ms=1000)
+            for tp, records in batch.items():
+                for r in records:
+                    if r.offset >= end[tp]:
+                        continue
+                    try:
+                        ev = json.loads(r.value or b"")
+                    except ValueError as e:
+                        where = f"kafka {topic}[{tp.partition}]@{r.offset}"
+                        raise InputError(f"{where}: not JSON") from e
+                    if isinstance(ev, dict):
+                        out.append((f"kafka {topic}[{tp.partition}]@{r.offset}", ev))
+            left = {tp for tp in left if await consumer.position(tp) < end[tp]}
+    except KafkaError as e:
+        raise InputError(f"kafka {bootstrap}: {type(e).__name__}: {str(e)[:80]}") from e
+    finally:
+        await consumer.stop()
+    return out
+
+
+def read(sources: Iterable[str], since: datetime | None, policy: LabelPolicy) -> Ledger:
+    """``sources``: JSON-lines paths or ``kafka://host:port[,host:port]/topic``."""
+    events: list[tuple[str, Mapping[str, Any]]] = []
+    for src in sources:
+        if src.startswith("kafka://"):
+            rest = src.removeprefix("kafka://")
+            bootstrap, _, topic = rest.partition("/")
+            if not bootstrap or not topic:
+                raise InputError(f"{src}: expected kafka://host:port/topic")
+            events.extend(read_kafka(bootstrap, topic, since))
+        else:
+            events.extend(read_jsonl(Path(src)))
+    return collect(events, policy)

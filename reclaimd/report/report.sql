@@ -1,0 +1,220 @@
+-- reclaimd report: allocation and restart waste, priced with the cloud bill (FOCUS).
+--
+-- Portable SQL (DuckDB, Athena/Trino, BigQuery): no casts, no engine functions, no
+-- parameters. It reads five relations; `reclaimd report` builds them in DuckDB, and
+-- docs/ledger.md shows the views to create over the ledger and the bill where they live.
+--
+--   alloc  (hour_start, resource_id, node, sku, purchase_option, grp, gpu_hours,
+--           mig_gpu_hours, mig_profile_hours, hbm_gb_hours, node_gpus)
+--          the allocation meter's rows (reclaimd.allocation/v1), one per instance-hour and
+--          label set; grp is the label the report groups by (tenant, queue, ...).
+--   waste  (event_id, notice_id, gang_id, hour_start, resource_id, node, sku,
+--           purchase_option, grp, gpu_seconds, outcome, deadline_met)
+--          restart-waste events (reclaimd.restart-waste/v2), one row per x_WasteByInstance
+--          part; hour_start is the hour the ranks stopped in.
+--   focus  (ChargePeriodStart, ResourceId, SkuId, PricingCategory, ChargeCategory,
+--           EffectiveCost, ListCost, ConsumedQuantity)
+--          the hourly FOCUS cost-and-usage export, compute instance rows.
+--   rates  (sku, purchase_option, usd_per_gpu_hour)   optional, may be empty
+--   skus   (sku, gpus)                                GPUs per instance type
+--
+-- A GPU-hour of an instance costs that instance-hour's EffectiveCost / (ConsumedQuantity x
+-- GPUs); without a bill row it costs the rates file's figure for its SKU and purchase option.
+-- The on-demand price of a SKU is the rates file's on_demand figure, else the bill's
+-- Standard rows for that SKU, else the instance-hour's ListCost (FOCUS: the list price).
+
+WITH
+instance_gpus AS (
+  SELECT resource_id, MAX(node_gpus) AS gpus
+  FROM alloc
+  WHERE resource_id IS NOT NULL AND node_gpus > 0
+  GROUP BY resource_id
+),
+bill AS (
+  SELECT
+    ResourceId AS resource_id,
+    ChargePeriodStart AS hour_start,
+    MAX(SkuId) AS sku,
+    MAX(PricingCategory) AS pricing_category,
+    SUM(EffectiveCost) AS cost,
+    SUM(ListCost) AS list_cost,
+    SUM(ConsumedQuantity) AS hours
+  FROM focus
+  WHERE ChargeCategory = 'Usage' OR ChargeCategory IS NULL
+  GROUP BY ResourceId, ChargePeriodStart
+),
+bill_rate AS (
+  SELECT
+    b.resource_id,
+    b.hour_start,
+    b.sku,
+    b.pricing_category,
+    b.cost / (b.hours * COALESCE(g.gpus, s.gpus)) AS rate,
+    b.list_cost / (b.hours * COALESCE(g.gpus, s.gpus)) AS list_rate
+  FROM bill b
+  LEFT JOIN instance_gpus g ON g.resource_id = b.resource_id
+  LEFT JOIN skus s ON s.sku = b.sku
+  WHERE b.hours > 0 AND COALESCE(g.gpus, s.gpus) > 0
+),
+od_bill AS (
+  SELECT sku, AVG(rate) AS rate
+  FROM bill_rate
+  WHERE pricing_category = 'Standard'
+  GROUP BY sku
+),
+od_file AS (
+  SELECT sku, MAX(usd_per_gpu_hour) AS rate
+  FROM rates
+  WHERE purchase_option = 'on_demand'
+  GROUP BY sku
+),
+instance_rate AS (
+  SELECT resource_id, AVG(rate) AS rate
+  FROM bill_rate
+  GROUP BY resource_id
+),
+alloc_priced AS (
+  SELECT
+    a.grp,
+    a.purchase_option,
+    a.gpu_hours,
+    a.mig_profile_hours,
+    a.hbm_gb_hours,
+    (a.gpu_hours + a.mig_gpu_hours) * COALESCE(br.rate, r.usd_per_gpu_hour) AS cost,
+    (a.gpu_hours + a.mig_gpu_hours)
+      * COALESCE(odf.rate, odb.rate, br.list_rate, br.rate, r.usd_per_gpu_hour) AS od_cost,
+    CASE WHEN COALESCE(br.rate, r.usd_per_gpu_hour) IS NULL
+      THEN a.gpu_hours + a.mig_gpu_hours ELSE 0 END AS unpriced_gpu_hours
+  FROM alloc a
+  LEFT JOIN bill_rate br ON br.resource_id = a.resource_id AND br.hour_start = a.hour_start
+  LEFT JOIN rates r ON r.sku = a.sku AND r.purchase_option = a.purchase_option
+  LEFT JOIN od_file odf ON odf.sku = a.sku
+  LEFT JOIN od_bill odb ON odb.sku = a.sku
+),
+node_instance AS (
+  SELECT node, hour_start, MAX(resource_id) AS resource_id
+  FROM alloc
+  WHERE resource_id IS NOT NULL
+  GROUP BY node, hour_start
+),
+waste_placed AS (
+  SELECT
+    w.event_id,
+    w.notice_id,
+    w.gang_id,
+    w.grp,
+    w.purchase_option,
+    w.sku,
+    w.hour_start,
+    w.gpu_seconds,
+    w.outcome,
+    w.deadline_met,
+    COALESCE(w.resource_id, n.resource_id) AS resource_id
+  FROM waste w
+  LEFT JOIN node_instance n ON n.node = w.node AND n.hour_start = w.hour_start
+),
+waste_priced AS (
+  SELECT
+    w.*,
+    w.gpu_seconds / 3600.0 AS gpu_hours,
+    w.gpu_seconds / 3600.0 * COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) AS cost,
+    CASE WHEN COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) IS NULL
+      THEN w.gpu_seconds / 3600.0 ELSE 0 END AS unpriced_gpu_hours
+  FROM waste_placed w
+  LEFT JOIN bill_rate br ON br.resource_id = w.resource_id AND br.hour_start = w.hour_start
+  LEFT JOIN instance_rate ir ON ir.resource_id = w.resource_id
+  LEFT JOIN rates r ON r.sku = w.sku AND r.purchase_option = w.purchase_option
+),
+gang_outcome AS (
+  SELECT DISTINCT event_id, grp, outcome, deadline_met FROM waste_priced
+),
+parts AS (
+  SELECT
+    grp,
+    SUM(gpu_hours) AS allocated_gpu_hours,
+    SUM(CASE WHEN purchase_option = 'spot' THEN gpu_hours ELSE 0 END) AS gpu_hours_spot,
+    SUM(CASE WHEN purchase_option = 'on_demand' THEN gpu_hours ELSE 0 END) AS gpu_hours_on_demand,
+    SUM(CASE WHEN purchase_option = 'reserved' THEN gpu_hours ELSE 0 END) AS gpu_hours_reserved,
+    SUM(CASE WHEN purchase_option = 'capacity_block' THEN gpu_hours ELSE 0 END)
+      AS gpu_hours_capacity_block,
+    SUM(mig_profile_hours) AS mig_profile_hours,
+    SUM(hbm_gb_hours) AS hbm_gb_hours,
+    SUM(cost) AS allocated_cost,
+    SUM(CASE WHEN purchase_option = 'spot' THEN cost ELSE 0 END) AS cost_spot,
+    SUM(CASE WHEN purchase_option = 'on_demand' THEN cost ELSE 0 END) AS cost_on_demand,
+    SUM(CASE WHEN purchase_option = 'reserved' THEN cost ELSE 0 END) AS cost_reserved,
+    SUM(CASE WHEN purchase_option = 'capacity_block' THEN cost ELSE 0 END) AS cost_capacity_block,
+    SUM(CASE WHEN purchase_option = 'spot' THEN od_cost - cost ELSE 0 END) AS spot_gross_savings,
+    0 AS restart_waste_gpu_hours,
+    0 AS restart_waste_cost,
+    0 AS restart_waste_cost_spot,
+    0 AS notices,
+    0 AS gangs_hit,
+    0 AS checkpointed,
+    0 AS partial,
+    0 AS not_durable,
+    0 AS no_ack,
+    0 AS not_opted_in,
+    0 AS deadline_misses,
+    SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
+  FROM alloc_priced
+  GROUP BY grp
+  UNION ALL
+  SELECT
+    grp,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    SUM(gpu_hours),
+    SUM(cost),
+    SUM(CASE WHEN purchase_option = 'spot' THEN cost ELSE 0 END),
+    COUNT(DISTINCT notice_id),
+    COUNT(DISTINCT gang_id),
+    0, 0, 0, 0, 0, 0,
+    SUM(unpriced_gpu_hours)
+  FROM waste_priced
+  GROUP BY grp
+  UNION ALL
+  SELECT
+    grp,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0,
+    SUM(CASE WHEN outcome = 'checkpointed' THEN 1 ELSE 0 END),
+    SUM(CASE WHEN outcome = 'partial' THEN 1 ELSE 0 END),
+    SUM(CASE WHEN outcome = 'not_durable' THEN 1 ELSE 0 END),
+    SUM(CASE WHEN outcome = 'no_ack' THEN 1 ELSE 0 END),
+    SUM(CASE WHEN outcome = 'not_opted_in' THEN 1 ELSE 0 END),
+    SUM(CASE WHEN deadline_met THEN 0 ELSE 1 END),
+    0
+  FROM gang_outcome
+  GROUP BY grp
+)
+SELECT
+  grp,
+  SUM(allocated_gpu_hours) AS allocated_gpu_hours,
+  SUM(gpu_hours_spot) AS gpu_hours_spot,
+  SUM(gpu_hours_on_demand) AS gpu_hours_on_demand,
+  SUM(gpu_hours_reserved) AS gpu_hours_reserved,
+  SUM(gpu_hours_capacity_block) AS gpu_hours_capacity_block,
+  SUM(mig_profile_hours) AS mig_profile_hours,
+  SUM(hbm_gb_hours) AS hbm_gb_hours,
+  SUM(allocated_cost) AS allocated_cost,
+  SUM(cost_spot) AS cost_spot,
+  SUM(cost_on_demand) AS cost_on_demand,
+  SUM(cost_reserved) AS cost_reserved,
+  SUM(cost_capacity_block) AS cost_capacity_block,
+  SUM(restart_waste_gpu_hours) AS restart_waste_gpu_hours,
+  SUM(restart_waste_cost) AS restart_waste_cost,
+  SUM(notices) AS notices,
+  SUM(gangs_hit) AS gangs_hit,
+  SUM(checkpointed) AS checkpointed,
+  SUM(partial) AS partial,
+  SUM(not_durable) AS not_durable,
+  SUM(no_ack) AS no_ack,
+  SUM(not_opted_in) AS not_opted_in,
+  SUM(deadline_misses) AS deadline_misses,
+  SUM(allocated_cost) + SUM(restart_waste_cost) AS effective_cost,
+  SUM(restart_waste_gpu_hours) / NULLIF(SUM(allocated_gpu_hours), 0) AS waste_share,
+  SUM(spot_gross_savings) - SUM(restart_waste_cost_spot) AS spot_net_savings,
+  SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
+FROM parts
+GROUP BY grp
+ORDER BY grp
