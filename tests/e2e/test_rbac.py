@@ -1,4 +1,5 @@
-"""The shipped RBAC, as the real apiserver's authorizer sees it for user ``reclaimd``."""
+"""The chart's RBAC (deploy/kubernetes/rbac.yaml is its render), as the real apiserver's
+authorizer sees it for user ``reclaimd``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ ALLOWED = [
     ("", "pods", "", "delete"),
     ("kueue.x-k8s.io", "workloads", "", "patch"),
     ("coordination.k8s.io", "leases", "", "create"),  # in its own namespace only
+    ("coordination.k8s.io", "leases", "", "patch"),  # its holder Lease
+    ("coordination.k8s.io", "leases", "", "list"),  # its peers' holder Leases
+    ("events.k8s.io", "events", "", "create"),  # reclaimd/cluster/events.py
+    ("events.k8s.io", "events", "", "patch"),  # a repeated event's series
 ]
 DENIED = [
     ("", "secrets", "", "get"),
@@ -35,6 +40,9 @@ DENIED = [
     ("kueue.x-k8s.io", "workloads", "", "delete"),
     ("coordination.k8s.io", "leases", "", "update"),
     ("coordination.k8s.io", "leases", "", "delete"),
+    ("events.k8s.io", "events", "", "delete"),
+    ("events.k8s.io", "events", "", "list"),
+    ("", "events", "", "create"),  # the core group's Events API is not used
 ]
 
 
@@ -53,7 +61,7 @@ async def as_reclaimd(stack: Any) -> AsyncIterator[k8s.ApiClient]:
 def namespace_for(resource: str, verb: str) -> str:
     if resource in ("nodes", "clusterroles"):
         return ""
-    return "reclaimd" if resource == "leases" and verb in ("get", "create") else "default"
+    return "reclaimd" if resource == "leases" and verb in ("get", "create", "patch", "list") else "default"
 
 
 async def can(

@@ -1,0 +1,112 @@
+{{/* The release's full name: the release name if it already says reclaimd. */}}
+{{- define "reclaimd.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "reclaimd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "reclaimd.labels" -}}
+app.kubernetes.io/name: {{ include "reclaimd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of every reclaimd pod (controller and agent): the NetworkPolicies use them. */}}
+{{- define "reclaimd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "reclaimd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "reclaimd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "reclaimd.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "reclaimd.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The settings both workloads share: the user's config over what the chart must decide. */}}
+{{- define "reclaimd.baseConfig" -}}
+{{- $chart := dict "lease_namespace" .Release.Namespace "metrics_port" (int .Values.metricsPort) "ledger" (dict "outbox_path" "/var/lib/reclaimd/outbox.sqlite") -}}
+{{- $cfg := mustMergeOverwrite (deepCopy .Values.config) $chart -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{- define "reclaimd.agentConfig" -}}
+{{- $cfg := fromYaml (include "reclaimd.baseConfig" .) -}}
+{{- $off := dict "enabled" false -}}
+{{- range $k := list "sqs" "pubsub" "kueue" "kafka_notices" "imds" "gce_metadata" -}}
+{{- $_ := set $cfg $k (mustMergeOverwrite (deepCopy (default dict (get $cfg $k))) (dict "enabled" false)) -}}
+{{- end -}}
+{{- $cfg = mustMergeOverwrite $cfg (deepCopy .Values.nodeAgent.config) -}}
+{{- $src := ternary "imds" "gce_metadata" (eq .Values.nodeAgent.source "imds") -}}
+{{- $_ := set $cfg $src (mustMergeOverwrite (deepCopy (get $cfg $src)) (dict "enabled" true)) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Pod spec parts both workloads share. */}}
+{{- define "reclaimd.env" -}}
+{{- range $name, $ref := .Values.secretEnv }}
+- name: {{ $name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ref.secretName }}
+      key: {{ $ref.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "reclaimd.envFrom" -}}
+{{- range .Values.secretEnvFrom }}
+- secretRef:
+    name: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "reclaimd.args" -}}
+- run
+- --config=/etc/reclaimd/config.yaml
+- --log-level={{ .Values.logLevel }}
+{{- if .Values.dryRun }}
+- --dry-run
+{{- end }}
+{{- end -}}
+
+{{- define "reclaimd.probes" -}}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 2
+  failureThreshold: 30
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+{{- end -}}

@@ -1,0 +1,307 @@
+"""EventRecorder: never blocks, drops when full, aggregates repeats, writes last in the budget."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from reclaimd.cluster import client
+from reclaimd.cluster.events import (
+    NOTE_LIMIT,
+    EventRecorder,
+    EventSettings,
+    Reason,
+    Regarding,
+    notice_note,
+)
+from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
+
+NODE = Regarding.node("ip-10-0-0-1", uid="n-1")
+POD = Regarding.pod("train", "llm-0", uid="p-1")
+
+
+class Sink:
+    """The API server's side, as a list; ``fail`` makes the next writes raise."""
+
+    def __init__(self) -> None:
+        self.created: list[tuple[str, dict[str, Any]]] = []
+        self.patched: list[tuple[str, str, dict[str, Any]]] = []
+        self.fail: client.KubeError | None = None
+        self.gate: asyncio.Event | None = None
+
+    async def create(self, namespace: str, body: dict[str, Any]) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.created.append((namespace, body))
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.patched.append((namespace, name, body))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def recorder(
+    sink: Sink, budget: RateLimiter | None = None, clock: Clock | None = None, **settings: Any
+) -> EventRecorder:
+    return EventRecorder(
+        sink,
+        budget or RateLimiter(),
+        instance="reclaimd-0",
+        settings=EventSettings(**settings),
+        clock=clock or Clock(),
+    )
+
+
+async def test_event_on_node_and_pod_has_the_fields_kubectl_shows() -> None:
+    sink = Sink()
+    rec = recorder(sink)
+    rec.start()
+    deadline = datetime(2026, 5, 1, 12, 0, 2, tzinfo=UTC)
+    note = notice_note("ec2", "spot-interruption", "msg-1", deadline)
+    assert rec.record(NODE, Reason.INTERRUPTED, note)
+    assert rec.record(POD, Reason.CHECKPOINT_MISSED, "rank 0 did not ack within 30s")
+    await rec.drain()
+    await rec.close()
+    (node_ns, node_ev), (pod_ns, pod_ev) = sink.created
+    assert node_ns == "default"
+    assert node_ev["regarding"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": "ip-10-0-0-1",
+        "uid": "n-1",
+    }
+    assert node_ev["reason"] == "Interrupted"
+    assert node_ev["type"] == "Warning"
+    assert node_ev["action"] == "Claim"
+    assert node_ev["reportingController"] == "reclaimd.io/reclaimd"
+    assert node_ev["reportingInstance"] == "reclaimd-0"
+    assert node_ev["note"] == (
+        "ec2 spot-interruption notice msg-1; deadline 2026-05-01T12:00:02.000000Z"
+    )
+    assert node_ev["metadata"]["name"].startswith("ip-10-0-0-1.")
+    assert node_ev["eventTime"].endswith("Z")
+    assert "series" not in node_ev
+    assert pod_ns == "train"
+    assert pod_ev["regarding"]["namespace"] == "train"
+    assert pod_ev["type"] == "Warning"
+    assert rec.emitted == 2
+
+
+async def test_record_never_waits_and_drops_when_the_queue_is_full() -> None:
+    sink = Sink()
+    rec = recorder(sink, queue_size=3)  # not started: nothing drains the queue
+    results = [
+        rec.record(Regarding.pod("t", f"p-{i}"), Reason.EVICTED, "evicted") for i in range(5)
+    ]
+    assert results == [True, True, True, False, False]
+    assert rec.dropped["queue_full"] == 2
+    assert rec.queued == 3
+    rec.start()
+    await rec.drain()
+    await rec.close()
+    assert [b["regarding"]["name"] for _, b in sink.created] == ["p-0", "p-1", "p-2"]
+
+
+async def test_a_dropped_event_is_forgotten_so_its_repeat_starts_over() -> None:
+    sink = Sink()
+    rec = recorder(sink, queue_size=1)
+    assert rec.record(NODE, Reason.CORDONED, "cordoned")
+    assert not rec.record(POD, Reason.EVICTED, "evicted")
+    rec.start()
+    await rec.drain()
+    assert rec.record(POD, Reason.EVICTED, "evicted")  # a new event, not a series of nothing
+    await rec.drain()
+    await rec.close()
+    assert [b["reason"] for _, b in sink.created] == ["Cordoned", "Evicted"]
+    assert "series" not in sink.created[1][1]
+    assert sink.patched == []
+
+
+async def test_repeats_become_one_series_patched_not_new_events() -> None:
+    sink = Sink()
+    clock = Clock()
+    rec = recorder(sink, clock=clock, series_flush_s=0.0)
+    rec.start()
+    rec.record(NODE, Reason.INTERRUPTED, "same notice")
+    await rec.drain()
+    clock.t += 5
+    rec.record(NODE, Reason.INTERRUPTED, "same notice")
+    await rec.drain()
+    clock.t += 5
+    rec.record(NODE, Reason.INTERRUPTED, "same notice")
+    await rec.drain()
+    await rec.close()
+    assert len(sink.created) == 1
+    name = sink.created[0][1]["metadata"]["name"]
+    assert [(ns, n, b["series"]["count"]) for ns, n, b in sink.patched] == [
+        ("default", name, 2),
+        ("default", name, 3),
+    ]
+    assert rec.aggregated == 2
+
+
+async def test_repeats_while_queued_are_carried_by_the_one_pending_write() -> None:
+    sink = Sink()
+    rec = recorder(sink)
+    for _ in range(50):
+        rec.record(NODE, Reason.DRAINED, "drained")
+    assert rec.queued == 1
+    rec.start()
+    await rec.drain()
+    await rec.close()
+    assert len(sink.created) == 1
+    assert sink.created[0][1]["series"]["count"] == 50
+    assert sink.patched == []
+
+
+async def test_a_series_is_flushed_at_most_once_per_flush_interval() -> None:
+    sink = Sink()
+    rec = recorder(sink, series_flush_s=0.2)
+    rec.start()
+    rec.record(POD, Reason.CHECKPOINT_REQUESTED, "x")
+    await rec.drain()
+    for _ in range(20):  # within one flush interval: one delayed patch carries them all
+        rec.record(POD, Reason.CHECKPOINT_REQUESTED, "x")
+    assert sink.patched == []
+    for _ in range(50):
+        await asyncio.sleep(0.02)
+        if sink.patched:
+            break
+    await rec.drain()
+    await rec.close()
+    assert [b["series"]["count"] for *_, b in sink.patched] == [21]
+
+
+async def test_a_different_note_or_object_is_a_different_event() -> None:
+    sink = Sink()
+    rec = recorder(sink)
+    rec.start()
+    rec.record(NODE, Reason.INTERRUPTED, "notice a")
+    rec.record(NODE, Reason.INTERRUPTED, "notice b")
+    rec.record(Regarding.node("other"), Reason.INTERRUPTED, "notice a")
+    await rec.drain()
+    await rec.close()
+    assert len(sink.created) == 3
+    assert len({b["metadata"]["name"] for _, b in sink.created}) == 3
+
+
+async def test_a_repeat_after_the_series_window_is_a_new_event() -> None:
+    sink = Sink()
+    clock = Clock()
+    rec = recorder(sink, clock=clock, series_window_s=60.0)
+    rec.start()
+    rec.record(NODE, Reason.CORDONED, "c")
+    await rec.drain()
+    clock.t += 61
+    rec.record(NODE, Reason.CORDONED, "c")
+    await rec.drain()
+    await rec.close()
+    assert len(sink.created) == 2
+    assert sink.patched == []
+
+
+async def test_stale_events_are_dropped_not_written() -> None:
+    sink = Sink()
+    clock = Clock()
+    rec = recorder(sink, clock=clock, max_age_s=10.0)
+    rec.record(NODE, Reason.CORDONED, "c")
+    clock.t += 11  # waited in the queue longer than max_age_s
+    rec.start()
+    await rec.drain()
+    await rec.close()
+    assert sink.created == []
+    assert rec.dropped["stale"] == 1
+
+
+async def test_failures_are_counted_and_never_raised() -> None:
+    sink = Sink()
+    sink.fail = client.Forbidden("create event", 403, "no RBAC")
+    rec = recorder(sink)
+    rec.start()
+    assert rec.record(NODE, Reason.CORDONED, "c")
+    await rec.drain()
+    await rec.close()
+    assert rec.dropped["failed"] == 1
+    assert rec.emitted == 0
+
+
+async def test_a_throttled_event_is_not_retried_but_slows_the_budget() -> None:
+    sink = Sink()
+    sink.fail = client.Throttled("create event", 429, "slow down", retry_after_s=None)
+    budget = RateLimiter(RateSettings(qps=100.0, burst=10))
+    rec = recorder(sink, budget)
+    rec.start()
+    rec.record(NODE, Reason.CORDONED, "c")
+    await rec.drain()
+    await rec.close()
+    assert budget.pushed_back == 1
+    assert budget.rate == 50.0
+    assert rec.dropped["failed"] == 1
+
+
+async def test_events_wait_behind_every_write_that_has_a_deadline() -> None:
+    """The budget serves earliest deadline first; an event has none, so it goes last."""
+    order: list[str] = []
+    budget = RateLimiter(RateSettings(qps=50.0, burst=1, min_qps=1.0))
+    sink = Sink()
+
+    async def create(namespace: str, body: dict[str, Any]) -> None:
+        order.append("event")
+
+    sink.create = create  # type: ignore[method-assign]
+    rec = recorder(sink, budget)
+    await budget.acquire(None)  # spend the only token: everything below queues
+
+    async def notice_write(i: int) -> None:
+        deadline = datetime.now(UTC) + timedelta(seconds=30 + i)
+
+        async def write() -> None:
+            order.append(f"notice-{i}")
+
+        await budget.call(f"cordon {i}", deadline, write)
+
+    rec.record(NODE, Reason.INTERRUPTED, "first in")
+    rec.start()
+    await asyncio.sleep(0)  # the event's writer queues for a token first
+    writes = [asyncio.create_task(notice_write(i)) for i in range(3)]
+    await asyncio.gather(*writes)
+    await rec.drain()
+    await rec.close()
+    assert order == ["notice-0", "notice-1", "notice-2", "event"]
+
+
+def test_notes_are_bounded_to_the_api_limit() -> None:
+    sink = Sink()
+    rec = recorder(sink)
+    rec.record(POD, Reason.CHECKPOINT_MISSED, "é" * 2000)
+    entry = next(iter(rec._entries.values()))
+    assert len(entry.note.encode("utf-8")) <= NOTE_LIMIT
+    assert entry.note.endswith("…")
+
+
+def test_notice_note_without_a_deadline() -> None:
+    assert notice_note("kueue", "kueue-reclaim", "w-1", None).endswith("deadline none")
+
+
+@pytest.mark.parametrize("reason", list(Reason))
+def test_every_reason_has_an_action_and_a_type(reason: Reason) -> None:
+    sink = Sink()
+    rec = recorder(sink)
+    rec.record(NODE, reason, "n")
+    entry = next(iter(rec._entries.values()))
+    body = rec._body(entry)
+    assert body["type"] in ("Normal", "Warning")
+    assert 0 < len(body["action"]) <= 128
