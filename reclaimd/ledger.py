@@ -381,6 +381,15 @@ class LedgerWriter:
             self._wake.set()
         log_event(log, "restart waste recorded", event_id=event_id, new=new)
 
+    async def record_encoded(
+        self, event_id: str, key: bytes, value: bytes, headers: tuple[tuple[str, bytes], ...]
+    ) -> bool:
+        """``record`` for a row already encoded (the allocation meter's); True if new."""
+        new = await self._outbox.put(event_id, key, value, headers)
+        if new:
+            self._wake.set()
+        return new
+
     def depth(self) -> int:
         """Events waiting for the broker's ack."""
         return self._outbox.depth()

@@ -1,0 +1,350 @@
+"""The allocation meter: per hour and instance, what each label set held (ARCHITECTURE §10).
+
+Every ``interval_s`` the meter looks at the GPU pods in the cluster cache and adds, per
+(hour, node, cost labels, MIG profile), ``GPUs x seconds`` since the previous look. A closed
+hour becomes one ``reclaimd.allocation/v1`` row per key, through the same outbox, idempotence
+and label contract as the restart-waste events (``ledger.LedgerWriter``), on its own topic.
+
+* **GPU-hours** count whole GPUs (``nvidia.com/gpu`` and other ``*/gpu`` resources).
+* **MIG-profile-hours** count slices (``nvidia.com/mig-1g.10gb``, or ``nvidia.com/gpu`` on a
+  node whose GKE partition-size label says the GPUs are slices); a slice is never also
+  counted as its parent GPU. ``x_MigGpuEquivalentHours`` = slice-hours x compute slices / 7,
+  which is what the report prices a slice at.
+* **HBM-GB-hours** = GPU-hours x the SKU's memory per GPU (``skus.SKUS``), plus slice-hours x
+  the profile's memory.
+
+**One replica per hour.** Before metering hour H a replica creates the Lease
+``alloc-<cluster hash>-<YYYYMMDDHH>``; the API server's uniqueness of names is the lock (as
+``cluster/gangclaims.py`` does for gangs). The replica that created it (its holderIdentity)
+meters H; the others skip H. A replica that restarts finds its own Lease and carries on, but
+the part of the hour before the restart is not metered (the ledger under-reports rather than
+invents). A holder that dies leaves the rest of its hour unmetered: there is no takeover yet.
+
+A gap between looks longer than ``max_gap_s`` (the event loop stalled, the cache lost its
+watch) is not counted: allocation is only claimed for time the meter saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Protocol, cast
+
+from reclaimd import skus
+from reclaimd.ledger import (
+    LabelPolicy,
+    LedgerWriter,
+    bounded,
+    cost_labels,
+    placement,
+    pricing_category,
+)
+from reclaimd.model import rfc3339, stable_id, utcnow
+
+log = logging.getLogger(__name__)
+
+SCHEMA: Final = "reclaimd.allocation/v1"
+MIG_PREFIX: Final = "nvidia.com/mig-"
+_GKE_PARTITION: Final = "cloud.google.com/gke-gpu-partition-size"
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    labels: Mapping[str, str]
+    provider_id: str = ""
+
+
+class FleetView(Protocol):
+    """What the meter reads: the cache's GPU pods (slim dicts) and its nodes."""
+
+    def gpu_pods(self) -> Iterable[Mapping[str, Any]]: ...
+
+    def node(self, name: str) -> NodeFacts | None: ...
+
+
+@dataclass(frozen=True)
+class Key:
+    hour: datetime
+    node: str
+    labels: tuple[tuple[str, str], ...]
+    mig_profile: str  # "" for whole GPUs
+
+
+@dataclass
+class Usage:
+    gpu_s: float = 0.0
+    mig_s: float = 0.0  # slice-seconds
+    mig_gpu_s: float = 0.0  # slice-seconds x slices / 7
+    hbm_gb_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What one node's pods of one label set hold right now."""
+
+    node: str
+    labels: tuple[tuple[str, str], ...]
+    mig_profile: str
+    gpus: int
+
+
+def _resources(pod: Mapping[str, Any]) -> dict[str, int]:
+    """GPU-like extended resources the running pod holds, summed over its app containers."""
+    out: dict[str, int] = {}
+    spec = pod.get("spec") or {}
+    for c in spec.get("containers") or ():
+        res = (c or {}).get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        for name in {*limits, *requests}:
+            if name.endswith("/gpu") or name.startswith(MIG_PREFIX):
+                n = max(_int(limits.get(name)), _int(requests.get(name)))
+                if n:
+                    out[name] = out.get(name, 0) + n
+    return out
+
+
+def _int(value: Any) -> int:
+    try:
+        f = float(str(value))
+    except ValueError:
+        return 0
+    return int(f) if f >= 0 and f == int(f) else 0
+
+
+def holdings(view: FleetView, policy: LabelPolicy) -> list[Holding]:
+    """Every (node, labels, MIG profile) with the GPUs or slices held there now."""
+    out: list[Holding] = []
+    for pod in view.gpu_pods():
+        meta = pod.get("metadata") or {}
+        node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+        if not node_name or meta.get("deletionTimestamp"):
+            continue
+        node = view.node(node_name)
+        node_labels = node.labels if node is not None else {}
+        tags = policy.tags(cost_labels(meta.get("labels") or {}, node_labels))
+        labels = tuple(sorted(tags.items()))
+        partition = node_labels.get(_GKE_PARTITION, "")
+        for resource, n in _resources(pod).items():
+            if resource.startswith(MIG_PREFIX):
+                profile = resource.removeprefix(MIG_PREFIX)
+            elif partition and skus.mig_profile(partition):
+                profile = partition  # GKE: nvidia.com/gpu on a partitioned node is a slice
+            else:
+                profile = ""
+            out.append(Holding(node_name, labels, profile, n))
+    return out
+
+
+def _hour(t: datetime) -> datetime:
+    return t.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+class HourLock(Protocol):
+    async def acquire(self, hour: datetime) -> bool: ...
+
+
+@dataclass
+class Integrator:
+    """GPU-seconds per key, split at hour boundaries. Pure: the clock is passed in."""
+
+    max_gap_s: float = 120.0
+    open: dict[Key, Usage] = field(default_factory=dict)
+    last: datetime | None = None
+
+    def add(self, now: datetime, held: Iterable[Holding], sku_of: Callable[[str], str]) -> None:
+        """Count ``held`` for the time since the previous call (none the first time)."""
+        prev, self.last = self.last, now
+        if prev is None or now <= prev or (now - prev).total_seconds() > self.max_gap_s:
+            return
+        held = list(held)
+        start = prev
+        while start < now:
+            boundary = _hour(start) + timedelta(hours=1)
+            end = min(now, boundary)
+            self._count(_hour(start), (end - start).total_seconds(), held, sku_of)
+            start = end
+
+    def _count(
+        self, hour: datetime, dt: float, held: list[Holding], sku_of: Callable[[str], str]
+    ) -> None:
+        for h in held:
+            u = self.open.setdefault(Key(hour, h.node, h.labels, h.mig_profile), Usage())
+            if h.mig_profile:
+                slices, mem = skus.mig_profile(h.mig_profile) or (0, 0.0)
+                u.mig_s += h.gpus * dt
+                u.mig_gpu_s += h.gpus * dt * slices / skus.MIG_SLICES_PER_GPU
+                u.hbm_gb_s += h.gpus * dt * mem
+            else:
+                sku = skus.lookup(sku_of(h.node))
+                u.gpu_s += h.gpus * dt
+                u.hbm_gb_s += h.gpus * dt * (sku.hbm_gb if sku else 0.0)
+
+    def closed(self, now: datetime) -> dict[Key, Usage]:
+        """Remove and return every key of an hour that ended at or before ``now``."""
+        current = _hour(now)
+        done = {k: v for k, v in self.open.items() if k.hour < current}
+        for k in done:
+            del self.open[k]
+        return done
+
+
+def row(key: Key, usage: Usage, node: NodeFacts | None, cluster: str) -> dict[str, Any]:
+    """The ``reclaimd.allocation/v1`` row of one key's closed hour."""
+    place = placement(node.labels, node.provider_id) if node is not None else {}
+    labels = dict(key.labels)
+    sku = place.get("sku") or labels.get("sku")
+    purchase = place.get("purchase_option") or labels.get("purchase_option")
+    spec = skus.lookup(sku)
+    gpu_h = usage.gpu_s / 3600.0
+    event_id = stable_id(
+        "al", cluster, rfc3339(key.hour), key.node, json.dumps(key.labels), key.mig_profile
+    )
+    return {
+        "schema": SCHEMA,
+        "EventId": event_id,
+        "ChargePeriodStart": rfc3339(key.hour),
+        "ChargePeriodEnd": rfc3339(key.hour + timedelta(hours=1)),
+        "ChargeCategory": "Usage",
+        "PricingCategory": pricing_category(purchase),
+        "ConsumedQuantity": round(gpu_h, 6),
+        "ConsumedUnit": "GPU-Hours",
+        "ResourceId": place.get("instance_id"),
+        "ResourceType": "GPU allocation",
+        "SkuId": sku,
+        "AvailabilityZone": place.get("zone"),
+        "Tags": labels,
+        "x_PurchaseOption": purchase,
+        "x_K8sNodeName": bounded(key.node),
+        "x_K8sClusterName": bounded(cluster),
+        "x_GpuHours": round(gpu_h, 6),
+        "x_MigProfile": bounded(key.mig_profile),
+        "x_MigProfileHours": round(usage.mig_s / 3600.0, 6),
+        "x_MigGpuEquivalentHours": round(usage.mig_gpu_s / 3600.0, 6),
+        "x_HbmGbHours": round(usage.hbm_gb_s / 3600.0, 6),
+        "x_NodeGpus": spec.gpus if spec else 0,
+    }
+
+
+def encode(r: Mapping[str, Any]) -> tuple[str, bytes, bytes, tuple[tuple[str, bytes], ...]]:
+    """(event id, Kafka key ``tenant|node``, JSON value, headers)."""
+    key = f"{r['Tags'].get('tenant', '-')}|{r['x_K8sNodeName'] or '-'}".encode()[:200]
+    value = json.dumps(r, sort_keys=True, separators=(",", ":")).encode()
+    headers = (("event_id", r["EventId"].encode()), ("schema", SCHEMA.encode()))
+    return r["EventId"], key, value, headers
+
+
+class Meter:
+    """Looks, integrates, and records closed hours; ``run`` until cancelled."""
+
+    def __init__(
+        self,
+        view: FleetView,
+        writer: LedgerWriter,
+        lock: HourLock,
+        *,
+        cluster: str,
+        interval_s: float = 30.0,
+        policy: LabelPolicy | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.view, self.writer, self.lock = view, writer, lock
+        self.cluster = cluster
+        self.interval_s = interval_s
+        self.policy = policy or writer.policy
+        self.clock = clock
+        self.integrator = Integrator(max_gap_s=max(4 * interval_s, 60.0))
+        self._held_hours: dict[datetime, bool] = {}
+        self.rows_recorded = 0
+
+    async def _mine(self, hour: datetime) -> bool:
+        if hour not in self._held_hours:
+            try:
+                self._held_hours[hour] = await self.lock.acquire(hour)
+            except Exception as e:  # the API is down: try again next look, count nothing
+                log.warning("allocation lease for %s: %s", rfc3339(hour), str(e)[:200])
+                return False
+            for old in [h for h in self._held_hours if h < hour - timedelta(hours=2)]:
+                del self._held_hours[old]
+        return self._held_hours[hour]
+
+    async def tick(self) -> int:
+        """One look; returns the rows recorded (closed hours)."""
+        now = self.clock()
+        if not await self._mine(_hour(now)):
+            self.integrator.last = None  # not ours: the next hour starts afresh
+        else:
+            self.integrator.add(now, holdings(self.view, self.policy), self._sku_of)
+        n = 0
+        for key, usage in sorted(self.integrator.closed(now).items(), key=lambda kv: str(kv[0])):
+            r = row(key, usage, self.view.node(key.node), self.cluster)
+            await self.writer.record_encoded(*encode(r))
+            n += 1
+        self.rows_recorded += n
+        return n
+
+    def _sku_of(self, node: str) -> str:
+        facts = self.view.node(node)
+        return placement(facts.labels).get("sku", "") if facts is not None else ""
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception as e:  # one bad look must not end metering
+                log.warning("allocation meter: %s: %s", type(e).__name__, str(e)[:200])
+            await asyncio.sleep(self.interval_s)
+
+
+def lease_name(cluster: str, hour: datetime) -> str:
+    digest = hashlib.sha256(cluster.encode()).hexdigest()[:10]
+    return f"alloc-{digest}-{hour.astimezone(UTC):%Y%m%d%H}"
+
+
+class LeaseHourLock:
+    """One Lease per hour; whoever created it meters that hour."""
+
+    def __init__(self, api_client: Any, namespace: str, holder: str, cluster: str) -> None:
+        from kubernetes_asyncio import client as k8s
+
+        self._coord = k8s.CoordinationV1Api(api_client)
+        self.namespace, self.holder, self.cluster = namespace, holder[:128], cluster
+
+    async def acquire(self, hour: datetime) -> bool:
+        from reclaimd.cluster import client
+
+        name = lease_name(self.cluster, hour)
+        body = {
+            "metadata": {"name": name, "labels": {"reclaimd.io/lease": "allocation-hour"}},
+            "spec": {"holderIdentity": self.holder, "acquireTime": rfc3339(utcnow())},
+        }
+        try:
+            with client.kube_errors(f"create lease/{name}"):
+                await self._coord.create_namespaced_lease(self.namespace, cast(Any, body))
+            return True
+        except client.Conflict:
+            with client.kube_errors(f"read lease/{name}"):
+                lease = await self._coord.read_namespaced_lease(name, self.namespace)
+            return bool(lease.spec and lease.spec.holder_identity == self.holder)
+
+
+class CacheFleet:
+    """``FleetView`` over ``cluster.cache.ClusterCache``.
+
+    The cache has no public accessor for all pods and nodes yet, so this reads its index
+    directly; replace with ``cache.gpu_pods()`` / ``cache.node_facts()`` once it has them.
+    """
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+
+    def gpu_pods(self) -> Iterable[Mapping[str, Any]]:
+        return list(self._cache._idx.pods.values())
+
+    def node(self, name: str) -> NodeFacts | None:
+        n = self._cache._idx.nodes.get(name)
+        return NodeFacts(n.labels, n.provider_id) if n is not None else None

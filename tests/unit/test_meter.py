@@ -1,0 +1,190 @@
+"""The allocation meter: hand-computed GPU-, MIG-profile- and HBM-GB-hours per closed hour."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reclaimd import meter
+from reclaimd.ledger import LedgerWriter
+from reclaimd.outbox import Outbox
+from reclaimd.report import Window, build
+
+H12 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+NODES = {
+    "n-spot": meter.NodeFacts(
+        {
+            "node.kubernetes.io/instance-type": "p5.48xlarge",
+            "karpenter.sh/capacity-type": "spot",
+            "topology.kubernetes.io/zone": "us-east-2a",
+        },
+        "aws:///us-east-2a/i-0spot",
+    ),
+    "n-mig": meter.NodeFacts(
+        {
+            "node.kubernetes.io/instance-type": "p5.48xlarge",
+            "reclaimd.io/purchase-option": "on_demand",
+        },
+        "aws:///us-east-2a/i-0mig",
+    ),
+}
+
+
+def pod(
+    name: str, node: str, tenant: str, resources: dict[str, str], **labels: str
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "labels": {"reclaimd.io/tenant": tenant, **labels},
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"limits": resources}}],
+        },
+    }
+
+
+class Fleet:
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+
+    def gpu_pods(self) -> Iterable[Mapping[str, Any]]:
+        return self.pods
+
+    def node(self, name: str) -> meter.NodeFacts | None:
+        return NODES.get(name)
+
+
+class Lock:
+    def __init__(self, mine: bool) -> None:
+        self.mine, self.asked = mine, []  # type: ignore[var-annotated]
+
+    async def acquire(self, hour: datetime) -> bool:
+        self.asked.append(hour)
+        return self.mine
+
+
+class Clock:
+    def __init__(self, *times: datetime) -> None:
+        self.times = list(times)
+
+    def __call__(self) -> datetime:
+        return self.times.pop(0)
+
+
+def rows(path: Path) -> list[dict[str, Any]]:
+    box = Outbox(path)
+    try:
+        return [json.loads(r.value) for r in box.pending(1000)]
+    finally:
+        box.close()
+
+
+FLEET = [
+    pod("a-0", "n-spot", "team-a", {"nvidia.com/gpu": "8"}),
+    pod("b-0", "n-mig", "team-b", {"nvidia.com/mig-1g.10gb": "2"}),
+    pod("b-1", "n-mig", "team-b", {"nvidia.com/gpu": "1", "cpu": "4"}),
+    {
+        **pod("gone", "n-spot", "team-a", {"nvidia.com/gpu": "8"}),
+        "metadata": {"name": "gone", "deletionTimestamp": "x"},
+    },
+]
+
+
+async def run_ticks(tmp_path: Path, mine: bool, *times: datetime) -> tuple[meter.Meter, Path]:
+    box = tmp_path / f"alloc-{mine}.db"
+    writer = LedgerWriter(bootstrap_servers="", topic="alloc", outbox_path=box)
+    m = meter.Meter(
+        Fleet(FLEET), writer, Lock(mine), cluster="c1", interval_s=900, clock=Clock(*times)
+    )
+    for _ in times:
+        await m.tick()
+    await writer.close()
+    return m, box
+
+
+async def test_a_closed_hour_becomes_rows_by_node_labels_and_profile(tmp_path: Path) -> None:
+    m, box = await run_ticks(
+        tmp_path, True, H12, H12 + timedelta(minutes=30), H12 + timedelta(hours=1, minutes=10)
+    )
+    got = {(r["x_K8sNodeName"], r["x_MigProfile"]): r for r in rows(box)}
+    assert m.rows_recorded == 3 and len(got) == 3
+    a = got[("n-spot", None)]
+    # 12:00-12:30 and 12:30-13:00 counted, 13:00-13:10 belongs to an hour still open
+    assert (a["x_GpuHours"], a["x_HbmGbHours"], a["x_MigProfileHours"]) == (8.0, 640.0, 0.0)
+    assert a["ResourceId"] == "i-0spot" and a["x_PurchaseOption"] == "spot"
+    assert a["PricingCategory"] == "Dynamic" and a["AvailabilityZone"] == "us-east-2a"
+    assert a["Tags"] == {"purchase_option": "spot", "sku": "p5.48xlarge", "tenant": "team-a"}
+    assert (a["ChargePeriodStart"], a["ChargePeriodEnd"]) == (
+        "2026-03-01T12:00:00Z",
+        "2026-03-01T13:00:00Z",
+    )
+    assert a["schema"] == "reclaimd.allocation/v1" and a["x_NodeGpus"] == 8
+    mig = got[("n-mig", "1g.10gb")]
+    # two 1g.10gb slices for an hour: never also counted as a GPU
+    assert (mig["x_GpuHours"], mig["x_MigProfileHours"], mig["x_HbmGbHours"]) == (0.0, 2.0, 20.0)
+    assert mig["x_MigGpuEquivalentHours"] == round(2 / 7, 6)
+    whole = got[("n-mig", None)]
+    assert (whole["x_GpuHours"], whole["x_HbmGbHours"]) == (1.0, 80.0)
+    assert all("a-0" not in json.dumps(r) and "b-1" not in json.dumps(r) for r in got.values())
+
+
+async def test_a_replica_without_the_hour_lease_meters_nothing(tmp_path: Path) -> None:
+    m, box = await run_ticks(
+        tmp_path, False, H12, H12 + timedelta(minutes=30), H12 + timedelta(hours=1)
+    )
+    assert m.rows_recorded == 0 and rows(box) == []
+
+
+async def test_a_gap_longer_than_the_limit_is_not_counted(tmp_path: Path) -> None:
+    # interval 900 s -> gaps up to 3600 s count; 12:00 -> 13:30 (5400 s) does not
+    _, box = await run_ticks(
+        tmp_path,
+        True,
+        H12,
+        H12 + timedelta(minutes=90),
+        H12 + timedelta(minutes=100),
+        H12 + timedelta(hours=2, minutes=1),
+    )
+    got = {(r["ChargePeriodStart"], r["x_K8sNodeName"], r["x_MigProfile"]): r for r in rows(box)}
+    assert {k[0] for k in got} == {"2026-03-01T13:00:00Z"}  # hour 12 saw no counted time
+    # 13:30-13:40 and 13:40-14:00 (the look at 14:01 splits at the hour): 30 min
+    assert got[("2026-03-01T13:00:00Z", "n-spot", None)]["x_GpuHours"] == 4.0
+
+
+def test_the_hour_lease_name_is_per_cluster_and_hour() -> None:
+    a = meter.lease_name("c1", H12)
+    assert a.startswith("alloc-") and a.endswith("-2026030112") and len(a) <= 63
+    assert a != meter.lease_name("c2", H12) and a != meter.lease_name(
+        "c1", H12 + timedelta(hours=1)
+    )
+
+
+async def test_meter_rows_price_in_the_report(tmp_path: Path) -> None:
+    _, box = await run_ticks(
+        tmp_path, True, H12, H12 + timedelta(minutes=30), H12 + timedelta(hours=1)
+    )
+    ledger = tmp_path / "alloc.jsonl"
+    ledger.write_text("".join(json.dumps(r) + "\n" for r in rows(box)))
+    rates = tmp_path / "rates.csv"
+    rates.write_text(
+        "sku,purchase_option,usd_per_gpu_hour\np5.48xlarge,spot,4\np5.48xlarge,on_demand,7\n"
+    )
+    g = {
+        x.key: x.figures
+        for x in build([str(ledger)], by="tenant", focus=None, rates=rates, window=Window())
+    }
+    assert g["team-a"]["allocated_cost"] == 8 * 4
+    assert g["team-a"]["spot_net_savings"] == 8 * (7 - 4)
+    # team-b: one GPU-hour plus two 1g slices (2/7 of a GPU-hour), on-demand
+    assert g["team-b"]["allocated_cost"] == pytest.approx(7 * (1 + round(2 / 7, 6)), abs=1e-9)
+    assert (g["team-b"]["allocated_gpu_hours"], g["team-b"]["mig_profile_hours"]) == (1.0, 2.0)
+    assert g["team-b"]["hbm_gb_hours"] == 80 + 20
