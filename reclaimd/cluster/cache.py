@@ -21,7 +21,9 @@ workload index stays empty and does not hold back ``synced``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -119,9 +121,23 @@ def slim_pod(pod: RawObject) -> dict[str, Any]:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
 
+    def gpu_resources(resources: Any) -> dict[str, Any]:
+        # Only GPU quantities are ever read; CPU and memory would be a quarter of the pod.
+        if not isinstance(resources, Mapping):
+            return {}
+        return {
+            kind: {n: q for n, q in amounts.items() if gangs.is_gpu_resource(str(n))}
+            for kind in ("limits", "requests")
+            if isinstance(amounts := resources.get(kind), Mapping)
+        }
+
     def containers(key: str) -> list[dict[str, Any]]:
         return [
-            {k: c[k] for k in ("name", "resources", "restartPolicy") if k in c}
+            {
+                "name": c.get("name"),
+                "resources": gpu_resources(c.get("resources")),
+                **({"restartPolicy": c["restartPolicy"]} if "restartPolicy" in c else {}),
+            }
             for c in spec.get(key) or ()
             if isinstance(c, Mapping)
         ]
@@ -197,6 +213,69 @@ class _Node:
     claim_text: str | None
 
 
+def _interned(values: Mapping[str, Any]) -> dict[str, str]:
+    # Label keys and most values repeat across thousands of nodes: share one copy of each.
+    return {sys.intern(str(k)): sys.intern(str(v)) for k, v in values.items()}
+
+
+def node_record(obj: RawObject) -> _Node | None:
+    """What the cache keeps of a node (None for a node without a name)."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    if not name:
+        return None
+    spec = obj.get("spec") or {}
+    claim = (meta.get("annotations") or {}).get(CLAIM_ANNOTATION)
+    return _Node(
+        name=sys.intern(name),
+        provider_id=str(spec.get("providerID") or ""),
+        instance_ids=instance_ids(obj),
+        labels=_interned(meta.get("labels") or {}),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        unschedulable=bool(spec.get("unschedulable")),
+        taints=node_taints(spec),
+        claim_text=None if claim is None else str(claim),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    """A cached GPU pod: its index keys, and the slim pod as compact JSON.
+
+    The JSON is several times smaller than the same pod as dicts, and is decoded only when a
+    notice needs the pod's gang (a few pods per notice, microseconds each).
+    """
+
+    pid: PodId
+    uid: str
+    node: str
+    gang: GangKey
+    workload_names: tuple[str, ...]
+    owner_uids: tuple[str, ...]
+    blob: bytes
+
+    def decode(self) -> dict[str, Any]:
+        pod: dict[str, Any] = json.loads(self.blob)
+        return pod
+
+
+def pod_record(obj: RawObject) -> _Pod | None:
+    """What the cache keeps of a pod: None unless it holds GPUs and has not finished."""
+    name = gangs.name_of(obj)
+    if not name or not gangs.is_gang_member(obj):
+        return None
+    pod = slim_pod(obj)
+    return _Pod(
+        pid=(sys.intern(gangs.namespace_of(obj)), name),
+        uid=gangs.uid_of(pod),
+        node=sys.intern(gangs.node_of(pod)),
+        gang=gangs.gang_key(pod),
+        workload_names=tuple(gangs.workload_names(pod)),
+        owner_uids=tuple(gangs.owner_uids(pod)),
+        blob=json.dumps(pod, separators=(",", ":")).encode(),
+    )
+
+
 @dataclass(frozen=True)
 class _Workload:
     uid: str
@@ -204,14 +283,15 @@ class _Workload:
 
 
 class _Indexes:
-    """Every index, updated together; no awaits inside, so readers see whole updates."""
+    """Every index, updated together; no awaits inside, so readers see whole updates.
+
+    ``replace_*`` take raw objects or the records an endpoint's projection already made."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, _Node] = {}
         self.by_provider: dict[str, str] = {}
         self.by_instance: dict[str, str] = {}
-        self.pods: dict[PodId, dict[str, Any]] = {}
-        self.pod_gang: dict[PodId, GangKey] = {}
+        self.pods: dict[PodId, _Pod] = {}
         self.by_node: defaultdict[str, set[PodId]] = defaultdict(set)
         self.by_gang: defaultdict[GangKey, set[PodId]] = defaultdict(set)
         self.by_workload_name: defaultdict[tuple[str, str], set[PodId]] = defaultdict(set)
@@ -220,36 +300,27 @@ class _Indexes:
 
     # nodes
 
-    def replace_nodes(self, objects: Iterable[RawObject]) -> None:
+    def replace_nodes(self, objects: Iterable[RawObject | _Node]) -> None:
         self.nodes.clear()
         self.by_provider.clear()
         self.by_instance.clear()
         for obj in objects:
-            self.put_node(obj)
+            node = obj if isinstance(obj, _Node) else node_record(obj)
+            if node is not None:
+                self._add_node(node)
 
     def put_node(self, obj: RawObject) -> None:
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        if not name:
-            return
-        self.drop_node(name)
-        spec = obj.get("spec") or {}
-        claim = (meta.get("annotations") or {}).get(CLAIM_ANNOTATION)
-        node = _Node(
-            name=name,
-            provider_id=str(spec.get("providerID") or ""),
-            instance_ids=instance_ids(obj),
-            labels=dict(meta.get("labels") or {}),
-            resource_version=str(meta.get("resourceVersion") or ""),
-            unschedulable=bool(spec.get("unschedulable")),
-            taints=node_taints(spec),
-            claim_text=None if claim is None else str(claim),
-        )
-        self.nodes[name] = node
+        node = node_record(obj)
+        if node is not None:
+            self.drop_node(node.name)
+            self._add_node(node)
+
+    def _add_node(self, node: _Node) -> None:
+        self.nodes[node.name] = node
         if node.provider_id:
-            self.by_provider[node.provider_id] = name
+            self.by_provider[node.provider_id] = node.name
         for iid in node.instance_ids:
-            self.by_instance[iid] = name
+            self.by_instance[iid] = node.name
 
     def drop_node(self, name: str) -> None:
         old = self.nodes.pop(name, None)
@@ -263,39 +334,42 @@ class _Indexes:
 
     # pods
 
-    def replace_pods(self, namespace: str, objects: Iterable[RawObject]) -> None:
+    def replace_pods(self, namespace: str, objects: Iterable[RawObject | _Pod]) -> None:
         for pid in [p for p in self.pods if not namespace or p[0] == namespace]:
             self.drop_pod(pid)
         for obj in objects:
-            self.put_pod(obj)
+            pod = obj if isinstance(obj, _Pod) else pod_record(obj)
+            if pod is not None:
+                self.drop_pod(pod.pid)
+                self._add_pod(pod)
 
     def put_pod(self, obj: RawObject) -> None:
-        pid = (gangs.namespace_of(obj), gangs.name_of(obj))
-        self.drop_pod(pid)
-        if not pid[1] or not gangs.is_gang_member(obj):
-            return
-        pod = slim_pod(obj)
-        key = gangs.gang_key(pod)
+        # Dropped first: a pod that finished or lost its GPUs leaves the cache.
+        self.drop_pod((gangs.namespace_of(obj), gangs.name_of(obj)))
+        pod = pod_record(obj)
+        if pod is not None:
+            self._add_pod(pod)
+
+    def _add_pod(self, pod: _Pod) -> None:
+        pid = pod.pid
         self.pods[pid] = pod
-        self.pod_gang[pid] = key
-        self.by_gang[key].add(pid)
-        if node := gangs.node_of(pod):
-            self.by_node[node].add(pid)
-        for name in gangs.workload_names(pod):
+        self.by_gang[pod.gang].add(pid)
+        if pod.node:
+            self.by_node[pod.node].add(pid)
+        for name in pod.workload_names:
             self.by_workload_name[(pid[0], name)].add(pid)
-        for uid in gangs.owner_uids(pod):
+        for uid in pod.owner_uids:
             self.by_owner_uid[(pid[0], uid)].add(pid)
 
     def drop_pod(self, pid: PodId) -> None:
         pod = self.pods.pop(pid, None)
         if pod is None:
             return
-        key = self.pod_gang.pop(pid)
-        _discard(self.by_gang, key, pid)
-        _discard(self.by_node, gangs.node_of(pod), pid)
-        for name in gangs.workload_names(pod):
+        _discard(self.by_gang, pod.gang, pid)
+        _discard(self.by_node, pod.node, pid)
+        for name in pod.workload_names:
             _discard(self.by_workload_name, (pid[0], name), pid)
-        for uid in gangs.owner_uids(pod):
+        for uid in pod.owner_uids:
             _discard(self.by_owner_uid, (pid[0], uid), pid)
 
     # workloads
@@ -368,14 +442,23 @@ class ClusterCache:
         core = k8s.CoreV1Api(self._api)
         page = self._settings.watch.page_size
         streams: list[tuple[str, Endpoint, Callable[[Listed | Changed], None], bool]] = [
-            ("nodes", KubeEndpoint(core.list_node, "nodes", page_size=page), self._on_node, False)
+            (
+                "nodes",
+                KubeEndpoint(core.list_node, "nodes", page_size=page, project=node_record),
+                self._on_node,
+                False,
+            )
         ]
         custom = k8s.CustomObjectsApi(self._api)
         wl = self._settings.workloads
         for ns in self._settings.namespaces or ("",):
             if ns:
                 pods = KubeEndpoint(
-                    core.list_namespaced_pod, f"pods in {ns}", page_size=page, namespace=ns
+                    core.list_namespaced_pod,
+                    f"pods in {ns}",
+                    page_size=page,
+                    project=pod_record,
+                    namespace=ns,
                 )
                 workloads = KubeEndpoint(
                     custom.list_namespaced_custom_object,
@@ -387,7 +470,9 @@ class ClusterCache:
                     namespace=ns,
                 )
             else:
-                pods = KubeEndpoint(core.list_pod_for_all_namespaces, "pods", page_size=page)
+                pods = KubeEndpoint(
+                    core.list_pod_for_all_namespaces, "pods", page_size=page, project=pod_record
+                )
                 workloads = KubeEndpoint(
                     custom.list_cluster_custom_object,
                     "workloads",
@@ -510,6 +595,10 @@ class ClusterCache:
             return name
         return None
 
+    def sizes(self) -> dict[str, int]:
+        """How many nodes and GPU pods are cached (benches and diagnostics)."""
+        return {"nodes": len(self._idx.nodes), "pods": len(self._idx.pods)}
+
     def node(self, name: str) -> NodeView | None:
         """The cached node as of its last watch event; None if the cache does not know it."""
         node = self._idx.nodes.get(name)
@@ -525,6 +614,11 @@ class ClusterCache:
             labels=node.labels,
         )
 
+    def node_claims(self) -> list[tuple[str, str]]:
+        """(node, raw claim annotation) for every cached node that carries a claim: what the
+        resume scan reads instead of listing every node."""
+        return [(n.name, n.claim_text) for n in self._idx.nodes.values() if n.claim_text]
+
     def node_labels(self, name: str) -> Mapping[str, str]:
         node = self._idx.nodes.get(name)
         return node.labels if node is not None else {}
@@ -532,7 +626,7 @@ class ClusterCache:
     def pod_exists(self, namespace: str, name: str, uid: str = "") -> bool:
         """Whether the GPU pod is still there (and is the same pod, when ``uid`` is given)."""
         pod = self._idx.pods.get((namespace, name))
-        return pod is not None and (not uid or gangs.uid_of(pod) == uid)
+        return pod is not None and (not uid or pod.uid == uid)
 
     def gang(self, key: GangKey) -> Gang | None:
         pids = self._idx.by_gang.get(key)
@@ -541,7 +635,7 @@ class ClusterCache:
     def gangs_on_nodes(self, nodes: Iterable[str]) -> tuple[Gang, ...]:
         """Every gang with a rank on one of ``nodes``, with all of its ranks, wherever they run."""
         keys = {
-            self._idx.pod_gang[pid]
+            self._idx.pods[pid].gang
             for node in set(nodes)
             for pid in self._idx.by_node.get(node, ())
         }
@@ -563,7 +657,7 @@ class ClusterCache:
                 pids |= idx.by_owner_uid.get((ref.namespace, uid), set())
         if ref.uid:  # a ref may name the job object itself
             pids |= idx.by_owner_uid.get((ref.namespace, ref.uid), set())
-        return self._gangs({idx.pod_gang[pid] for pid in pids})
+        return self._gangs({idx.pods[pid].gang for pid in pids})
 
     def _gangs(self, keys: Iterable[GangKey]) -> tuple[Gang, ...]:
         return tuple(self._build(key, self._idx.by_gang[key]) for key in sorted(keys, key=str))
@@ -571,7 +665,7 @@ class ClusterCache:
     def _build(self, key: GangKey, pids: Iterable[PodId]) -> Gang:
         return gangs.build_gang(
             key,
-            [self._idx.pods[pid] for pid in pids],
+            [self._idx.pods[pid].decode() for pid in pids],
             labeler=self._labeler,
             node_labels=self.node_labels,
             require_pod_ip=self._settings.require_pod_ip,

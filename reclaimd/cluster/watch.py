@@ -19,7 +19,9 @@
 
 Objects are raw dicts as the server sent them (camelCase), not generated models: the cache
 keeps a few fields of many objects, and parsing each into a model would cost more than the
-rest of the daemon. ``KubeEndpoint`` adapts any ``kubernetes_asyncio`` ``list_*`` function.
+rest of the daemon. ``KubeEndpoint`` adapts any ``kubernetes_asyncio`` ``list_*`` function;
+its ``project`` turns each listed object into what the consumer keeps (or drops it) page by
+page, so a LIST of 50,000 pods never holds more than one page of them whole.
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ class WatchSettings:
 
 @dataclass(frozen=True)
 class Listed:
-    """Everything that exists as of ``resource_version``: replace, do not merge."""
+    """Everything that exists as of ``resource_version``: replace, do not merge.
 
-    objects: tuple[RawObject, ...]
+    ``objects`` are raw objects, or what the endpoint's projection made of them."""
+
+    objects: tuple[Any, ...]
     resource_version: str
 
 
@@ -80,8 +84,8 @@ WatchEvent = Listed | Changed
 class Endpoint(Protocol):
     """One resource collection, as the watch loop needs it."""
 
-    async def list(self) -> tuple[list[RawObject], str]:
-        """Every object and the collection's resourceVersion."""
+    async def list(self) -> tuple[list[Any], str]:
+        """Every object (raw, or projected) and the collection's resourceVersion."""
         ...
 
     def watch(
@@ -141,7 +145,11 @@ async def watch_objects(
             await backoff.wait(e.retry_after_s)
             continue
         backoff.reset()
-        yield Listed(tuple(objects), resource_version)
+        listed = Listed(tuple(objects), resource_version)
+        # Held only by the consumer from here: a pod deleted later is not kept alive by us.
+        del objects
+        yield listed
+        del listed
 
         # Watch sessions from the listed version until the version expires.
         while True:
@@ -223,6 +231,7 @@ def _version_of(obj: RawObject) -> str:
 # --- the real endpoint ----------------------------------------------------------------------
 
 ListFn = Callable[..., Awaitable[Any]]
+Projection = Callable[[RawObject], object | None]
 
 
 class KubeEndpoint:
@@ -230,30 +239,44 @@ class KubeEndpoint:
 
     ``_preload_content=False`` keeps the response raw: the generated client would otherwise
     build a model for every object, and it would not raise on an error status either, so the
-    status is checked here.
+    status is checked here. ``project`` (listed objects only; watch events stay raw) maps
+    each object to what is kept, None to drop it.
     """
 
     def __init__(
-        self, list_fn: ListFn, what: str, *, page_size: int = WatchSettings.page_size, **kwargs: Any
+        self,
+        list_fn: ListFn,
+        what: str,
+        *,
+        page_size: int = WatchSettings.page_size,
+        project: Projection | None = None,
+        **kwargs: Any,
     ) -> None:
         self._list_fn = list_fn
         self._what = what
         self._kwargs = kwargs
         self._page_size = page_size
+        self._project = project
 
-    async def list(self) -> tuple[list[RawObject], str]:
-        objects: list[RawObject] = []
+    async def list(self) -> tuple[list[Any], str]:
+        objects: list[Any] = []
         token = ""
         while True:
             extra: dict[str, Any] = {"limit": self._page_size}
             if token:
                 extra["_continue"] = token
             body = await self._call(f"list {self._what}", **self._kwargs, **extra)
-            objects.extend(body.get("items") or [])
+            items = body.get("items") or []
+            if self._project is None:
+                objects.extend(items)
+            else:
+                objects.extend(p for p in map(self._project, items) if p is not None)
             metadata = body.get("metadata") or {}
             token = str(metadata.get("continue") or "")
+            version = str(metadata.get("resourceVersion") or "")
+            del body, items, metadata  # this page goes before the next one is read
             if not token:
-                return objects, str(metadata.get("resourceVersion") or "")
+                return objects, version
 
     @asynccontextmanager
     async def watch(

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
 
-from reclaimd.cluster import claims
-from reclaimd.cluster.cache import CLAIM_ANNOTATION, ClusterCache, NodeView
+from reclaimd.cluster import claims, gangs
+from reclaimd.cluster.cache import (
+    CLAIM_ANNOTATION,
+    ClusterCache,
+    NodeView,
+    node_record,
+    pod_record,
+)
 from reclaimd.cluster.watch import Changed, Listed
-from reclaimd.model import Target
+from reclaimd.model import GangKey, Target, WorkloadRef
 
 CLAIM = '{"holder":"reclaimd-0","notice":"n-1"}'
 
@@ -122,3 +130,217 @@ def test_node_view_is_frozen_and_editing_its_taints_leaves_the_cache_alone() -> 
     again = cache.node("a")
     assert again is not None
     assert again.taints == (SPOT_TAINT,)
+
+
+# --- pods -------------------------------------------------------------------------------------
+
+NS = "team-b"
+
+
+def gpu_pod(
+    name: str,
+    node: str,
+    *,
+    job: str = "train",
+    gpus: int = 8,
+    phase: str = "Running",
+    rank: int = 0,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod as the server lists it, with the bulk the cache must not keep."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "resourceVersion": "7",
+            "labels": {
+                gangs.JOB_NAME: job,
+                gangs.COMPLETION_INDEX: str(rank),
+                "team": "vision",
+                **(labels or {}),
+            },
+            "annotations": {
+                "reclaimd.io/checkpoint-url": "http://{pod_ip}:8080/ckpt",
+                "kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 2000 + "}",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": job,
+                    "uid": f"uid-{job}",
+                    "controller": True,
+                }
+            ],
+            "managedFields": [{"manager": "kube-controller-manager", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {
+            "nodeName": node,
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "initContainers": [
+                {
+                    "name": "sidecar",
+                    "restartPolicy": "Always",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "trainer:1",
+                    "env": [{"name": "A", "value": "b"}],
+                    "resources": {
+                        "requests": {"cpu": "40", "memory": "400Gi", "nvidia.com/gpu": str(gpus)},
+                        "limits": {"memory": "400Gi", "nvidia.com/gpu": str(gpus)},
+                    },
+                }
+            ],
+        },
+        "status": {
+            "phase": phase,
+            "podIP": f"10.0.0.{rank + 1}",
+            "startTime": "2026-05-01T10:00:00Z",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def cpu_pod(name: str, node: str) -> dict[str, Any]:
+    p = gpu_pod(name, node, job="web")
+    for c in p["spec"]["containers"] + p["spec"]["initContainers"]:
+        c["resources"] = {"requests": {"cpu": "1"}}
+    return p
+
+
+def fleet() -> list[dict[str, Any]]:
+    return [
+        gpu_pod("train-0", "n1", rank=0),
+        gpu_pod("train-1", "n2", rank=1),
+        gpu_pod("other-0", "n2", job="other"),
+        cpu_pod("web-0", "n1"),
+        gpu_pod("done-0", "n1", job="done", phase="Succeeded"),
+    ]
+
+
+def listed_raw(objects: list[dict[str, Any]]) -> Listed:
+    return Listed(tuple(objects), "100")
+
+
+def listed_projected(objects: list[dict[str, Any]]) -> Listed:
+    """As ``KubeEndpoint(project=pod_record)`` hands it over."""
+    return Listed(tuple(r for r in map(pod_record, objects) if r is not None), "100")
+
+
+@pytest.mark.parametrize("listed", [listed_raw, listed_projected])
+def test_gpu_pods_are_indexed_from_raw_or_projected_lists(
+    listed: Callable[[list[dict[str, Any]]], Listed],
+) -> None:
+    cache = new_cache()
+    cache._pod_applier("")(listed(fleet()))
+    assert cache.sizes()["pods"] == 3
+    assert not cache.pod_exists(NS, "web-0")
+    assert not cache.pod_exists(NS, "done-0")
+    assert cache.pod_exists(NS, "train-0", "uid-train-0")
+    assert not cache.pod_exists(NS, "train-0", "uid-someone-else")
+
+    (train,) = cache.gangs_on_nodes(["n1"])
+    assert train.key == GangKey("job", NS, "train")
+    assert [(m.name, m.node, m.rank, m.gpus) for m in train.members] == [
+        ("train-0", "n1", 0, 9),
+        ("train-1", "n2", 1, 9),
+    ]
+    assert train.members[0].checkpoint_url == "http://10.0.0.1:8080/ckpt"
+    assert [g.key.name for g in cache.gangs_on_nodes(["n2"])] == ["other", "train"]
+
+
+def test_projected_and_raw_lists_build_the_same_gangs() -> None:
+    raw, projected = new_cache(), new_cache()
+    raw._pod_applier("")(listed_raw(fleet()))
+    projected._pod_applier("")(listed_projected(fleet()))
+    assert raw.gangs_on_nodes(["n1", "n2"]) == projected.gangs_on_nodes(["n1", "n2"])
+
+
+def test_the_record_keeps_what_the_gang_logic_reads_and_nothing_bulky() -> None:
+    raw = gpu_pod("train-0", "n1")
+    record = pod_record(raw)
+    assert record is not None
+    kept = record.decode()
+    assert gangs.gpu_count(kept) == gangs.gpu_count(raw) == 9
+    assert gangs.gang_key(kept) == gangs.gang_key(raw)
+    assert gangs.owner_uids(kept) == gangs.owner_uids(raw)
+    assert kept["metadata"]["labels"] == raw["metadata"]["labels"]
+    assert set(kept["metadata"]["annotations"]) == {"reclaimd.io/checkpoint-url"}
+    assert "managedFields" not in kept["metadata"]
+    assert kept["spec"]["containers"] == [
+        {
+            "name": "main",
+            "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}},
+        }
+    ]
+    assert kept["status"] == {
+        "phase": "Running",
+        "podIP": "10.0.0.1",
+        "startTime": "2026-05-01T10:00:00Z",
+    }
+    assert pod_record(cpu_pod("web-0", "n1")) is None
+
+
+def test_watch_events_move_finish_and_delete_pods() -> None:
+    cache = new_cache()
+    apply = cache._pod_applier("")
+    apply(listed_projected(fleet()))
+    apply(Changed("MODIFIED", gpu_pod("train-1", "n3", rank=1)))  # rescheduled elsewhere
+    assert [g.key.name for g in cache.gangs_on_nodes(["n2"])] == ["other"]
+    assert [m.node for m in cache.gangs_on_nodes(["n3"])[0].members] == ["n1", "n3"]
+    apply(Changed("MODIFIED", gpu_pod("train-0", "n1", phase="Failed")))  # finished: dropped
+    assert not cache.pod_exists(NS, "train-0")
+    assert cache.gangs_on_nodes(["n1"]) == ()
+    apply(Changed("DELETED", gpu_pod("train-1", "n3", rank=1)))
+    assert cache.gang(GangKey("job", NS, "train")) is None
+    assert cache._idx.by_node.keys() == {"n2"}
+    assert cache._idx.by_owner_uid.keys() == {(NS, "uid-other")}
+
+
+def test_a_relist_of_one_namespace_replaces_only_its_pods() -> None:
+    cache = new_cache()
+    apply = cache._pod_applier(NS)
+    apply(listed_projected(fleet()))
+    elsewhere = gpu_pod("far-0", "n9", job="far")
+    elsewhere["metadata"]["namespace"] = "team-c"
+    cache._pod_applier("team-c")(listed_projected([elsewhere]))
+    apply(listed_projected([gpu_pod("other-0", "n2", job="other")]))
+    assert cache.sizes()["pods"] == 2
+    assert cache.pod_exists("team-c", "far-0")
+    assert not cache.pod_exists(NS, "train-0")
+
+
+def test_pods_reach_their_kueue_workload_through_the_job_uid() -> None:
+    cache = new_cache()
+    cache._pod_applier("")(listed_projected(fleet()))
+    cache._workload_applier("")(
+        Listed(
+            (
+                {
+                    "metadata": {
+                        "namespace": NS,
+                        "name": "job-train-abc",
+                        "uid": "wl-uid",
+                        "labels": {gangs.KUEUE_JOB_UID: "uid-train"},
+                    }
+                },
+            ),
+            "5",
+        )
+    )
+    (gang,) = cache.gangs_of_workload(WorkloadRef(NS, "job-train-abc"))
+    assert gang.key == GangKey("job", NS, "train")
+
+
+def test_node_records_share_label_strings_across_nodes() -> None:
+    # Separate decodes, as two watch events or LIST pages: equal strings, distinct objects.
+    a = node_record(json.loads(json.dumps(node("a", "1"))))
+    b = node_record(json.loads(json.dumps(node("b", "2"))))
+    assert a is not None and b is not None
+    (ka, va), (kb, vb) = next(iter(a.labels.items())), next(iter(b.labels.items()))
+    assert ka is kb and va is vb

@@ -4,6 +4,7 @@ scripted streams. Each scenario is a named constant: what the server says, in or
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from reclaimd.cluster import client
 from reclaimd.cluster.watch import (
     Backoff,
     Changed,
+    KubeEndpoint,
     Listed,
     WatchEvent,
     WatchSettings,
@@ -297,3 +299,56 @@ def test_backoff_is_capped_jittered_and_honours_retry_after() -> None:
     assert b.next_delay(hint_s=600.0) <= 8.0  # a hint beyond the cap is capped
     b.reset()
     assert b.next_delay() <= 1.0
+
+
+# --- KubeEndpoint over a list_* function --------------------------------------------------------
+
+
+class RawResponse:
+    """What a generated ``list_*`` returns with ``_preload_content=False``."""
+
+    def __init__(self, body: Mapping[str, Any]) -> None:
+        self.status = 200
+        self.headers: dict[str, str] = {}
+        self._data = json.dumps(body).encode()
+        self.released = False
+
+    async def read(self) -> bytes:
+        return self._data
+
+    def release(self) -> None:
+        self.released = True
+
+
+async def test_list_pages_through_continue_and_projects_each_page() -> None:
+    pages = {
+        "": {"metadata": {"continue": "p2", "resourceVersion": "1"}, "items": [pod("a", "1")]},
+        "p2": {
+            "metadata": {"continue": "p3", "resourceVersion": "1"},
+            "items": [pod("skip-b", "2"), pod("c", "3")],
+        },
+        "p3": {"metadata": {"resourceVersion": "40"}, "items": [pod("d", "4")]},
+    }
+    calls: list[dict[str, Any]] = []
+    responses: list[RawResponse] = []
+
+    async def list_fn(**kwargs: Any) -> RawResponse:
+        calls.append(kwargs)
+        responses.append(RawResponse(pages[kwargs.get("_continue", "")]))
+        return responses[-1]
+
+    def project(obj: Mapping[str, Any]) -> str | None:
+        name = str(obj["metadata"]["name"])
+        return None if name.startswith("skip") else name.upper()
+
+    endpoint = KubeEndpoint(list_fn, "pods", page_size=2, project=project, namespace="ns")
+    objects, version = await endpoint.list()
+    assert (objects, version) == (["A", "C", "D"], "40")
+    assert [c.get("_continue") for c in calls] == [None, "p2", "p3"]
+    assert all(c["limit"] == 2 and c["namespace"] == "ns" for c in calls)
+    assert all(c["_preload_content"] is False for c in calls)
+    assert all(r.released for r in responses)
+
+    unprojected = KubeEndpoint(list_fn, "pods", page_size=2)
+    raw, _ = await unprojected.list()
+    assert [o["metadata"]["name"] for o in raw] == ["a", "skip-b", "c", "d"]
