@@ -370,3 +370,45 @@ def test_the_sql_file_is_the_one_the_report_runs() -> None:
     assert text.lstrip().startswith("-- reclaimd report")
     for engine_specific in ("::", "date_trunc", "regexp", "TRY_CAST", "QUALIFY"):
         assert engine_specific not in text  # portable to Athena and BigQuery
+
+
+# --- the picture ---------------------------------------------------------------------------
+
+
+def test_html_is_self_contained_and_has_a_bar_per_tenant(files: dict[str, Path]) -> None:
+    page = render.as_html(groups_list(files), Window(), "tenant")
+    for needle in ("src=", "href=", "<script", "@import", "url("):
+        assert needle not in page
+    # team-a: spot $40, on-demand $40, waste $20 on top; team-b: on-demand $40
+    assert page.count(f'fill="{render.WASTE_RED}"><title>restart waste: $20.00') == 1
+    assert "<title>spot: $40.00</title>" in page and "$100.00</text>" in page
+    assert page.index(">team-a<") < page.index(">team-b<")
+
+
+def groups_list(files: dict[str, Path]) -> list[Any]:
+    return build(
+        [str(files["ledger"])], by="tenant", focus=files["focus"], rates=None, window=Window()
+    )
+
+
+def test_chromium_draws_the_waste_on_top_of_the_cost(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    from test_postmortem import png_pixels, screenshot
+
+    page = tmp_path / "report.html"
+    page.write_text(render.as_html(groups_list(files), Window(), "tenant"))
+    pixels = list(png_pixels(screenshot(page, tmp_path / "report.png")))
+    assert len(pixels) == 1400 * 900
+
+    def count(hex_colour: str) -> int:
+        want = bytes.fromhex(hex_colour.removeprefix("#"))
+        return sum(1 for p in pixels if all(abs(a - b) <= 6 for a, b in zip(p, want, strict=True)))
+
+    red = count(render.WASTE_RED)
+    spot = count(render.COLOURS["cost_spot"])
+    od = count(render.COLOURS["cost_on_demand"])
+    # bar widths scale with dollars: waste $20 against spot $40 and on-demand $40 + $40
+    assert red > 1000 and spot > 1000
+    assert 0.4 < red / spot < 0.6
+    assert 1.8 < od / spot < 2.2
