@@ -343,7 +343,8 @@ class CacheFleet:
         self._cache = cache
 
     def gpu_pods(self) -> Iterable[Mapping[str, Any]]:
-        return list(self._cache._idx.pods.values())
+        # Records keep the slim pod as compact JSON (decode) or, in older caches, as a dict.
+        return [p.decode() if hasattr(p, "decode") else p for p in self._cache._idx.pods.values()]
 
     def node(self, name: str) -> NodeFacts | None:
         n = self._cache._idx.nodes.get(name)

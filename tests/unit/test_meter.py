@@ -188,3 +188,21 @@ async def test_meter_rows_price_in_the_report(tmp_path: Path) -> None:
     assert g["team-b"]["allocated_cost"] == pytest.approx(7 * (1 + round(2 / 7, 6)), abs=1e-9)
     assert (g["team-b"]["allocated_gpu_hours"], g["team-b"]["mig_profile_hours"]) == (1.0, 2.0)
     assert g["team-b"]["hbm_gb_hours"] == 80 + 20
+
+
+def test_cache_fleet_reads_the_cluster_cache() -> None:
+    from reclaimd.cluster.cache import ClusterCache
+
+    cache = ClusterCache(None)  # type: ignore[arg-type]  # never started: fed by hand below
+    cache._idx.put_node(
+        {
+            "metadata": {"name": "n-spot", "labels": dict(NODES["n-spot"].labels)},
+            "spec": {"providerID": NODES["n-spot"].provider_id},
+        }
+    )
+    cache._idx.put_pod({**FLEET[0], "metadata": {**FLEET[0]["metadata"], "uid": "u1"}})
+    fleet = meter.CacheFleet(cache)
+    held = meter.holdings(fleet, meter.LabelPolicy())
+    assert [(h.node, h.gpus, dict(h.labels)["tenant"]) for h in held] == [("n-spot", 8, "team-a")]
+    facts = fleet.node("n-spot")
+    assert facts is not None and facts.provider_id == "aws:///us-east-2a/i-0spot"
