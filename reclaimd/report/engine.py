@@ -120,7 +120,7 @@ def load_ledger(con: duckdb.DuckDBPyConnection, ledger: Ledger, by: str, window:
     alloc = [_alloc_tuple(a, by) for a in ledger.allocation if window.holds(a.hour_start)]
     waste = [_waste_tuple(w, by) for w in ledger.waste if window.holds(w.stopped_at)]
     if not alloc and not waste:
-        raise InputError(f"no allocation or restart-waste rows between {window.describe()}")
+        raise InputError(f"no allocation or restart-waste rows from {window.describe()}")
     if alloc:
         con.executemany("INSERT INTO alloc VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", alloc)
     if waste:
