@@ -12,7 +12,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STACK := deploy/local/stack.sh
 
-.PHONY: venv demo test bench stack-up stack-down stack-status lint
+.PHONY: venv demo test bench stack-up stack-down stack-status lint image deploy-tools
 
 # Re-installs when pyproject.toml is newer than the stamp (new or changed dependencies).
 venv: $(VENV)/.installed
@@ -35,7 +35,7 @@ stack-down: venv
 stack-status: venv
 	$(STACK) status
 
-test: lint stack-up
+test: lint stack-up deploy-tools
 	$(BIN)/pytest -v -ra tests
 
 # One Spot warning shown step by step, then a zone-wide storm drill judged against ground truth.
@@ -53,3 +53,13 @@ bench: stack-up
 .PHONY: bench-peers
 bench-peers: stack-up
 	$(BIN)/python -m reclaimd.bench_peers $(BENCH_PEERS_ARGS)
+
+# What the in-cluster tests need: buildah/podman/runc/mmdebstrap (apt), helm (Go module proxy).
+deploy-tools:
+	deploy/image/tools.sh
+	deploy/helm/tools.sh
+
+# The OCI image, built from HEAD without Docker (deploy/image/build.sh); cached per commit in
+# ~/.cache/reclaimd/image-<version>-<hash>/reclaimd.oci.tar.
+image: venv deploy-tools
+	deploy/image/build.sh

@@ -1,0 +1,390 @@
+"""The Helm chart as rendered by the real helm (built by deploy/helm/tools.sh): lint, what each
+values combination renders, what the schema refuses, and deploy/kubernetes/ kept equal to it.
+
+Acceptance by the API server (schemas, Pod Security) is tests/e2e/test_helm_install.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from reclaimd import config
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "reclaimd"
+VERSIONS = REPO / "deploy" / "local" / "versions.env"
+
+
+def _pin(name: str) -> str:
+    for line in VERSIONS.read_text().splitlines():
+        if line.startswith(name + "="):
+            return line.split("=", 1)[1]
+    raise AssertionError(f"{name} missing from {VERSIONS}")
+
+
+CACHE = Path(os.environ.get("RECLAIMD_CACHE") or Path.home() / ".cache" / "reclaimd")
+HELM = CACHE / f"helm-{_pin('HELM_VERSION')}" / "helm"
+KUBE_VERSION = _pin("K8S_VERSION").lstrip("v")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def helm() -> Path:
+    if not HELM.is_file():
+        pytest.fail(f"no helm at {HELM}: run deploy/helm/tools.sh", pytrace=False)
+    return HELM
+
+
+def run_helm(*args: str, values: dict[str, Any] | None = None, tmp: Path | None = None) -> str:
+    cmd = [str(HELM), *args]
+    if values is not None:
+        assert tmp is not None
+        path = tmp / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        cmd += ["-f", str(path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.splitlines() if "found symbolic link" not in ln]
+        raise HelmError("\n".join(lines) or "failed")
+    return done.stdout
+
+
+class HelmError(Exception):
+    pass
+
+
+def render(
+    tmp_path: Path, values: dict[str, Any] | None = None, release: str = "reclaimd"
+) -> list[dict[str, Any]]:
+    out = run_helm(
+        "template", release, str(CHART), "--namespace", "reclaimd",
+        "--kube-version", KUBE_VERSION, values=values or {}, tmp=tmp_path,
+    )  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def only(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''}"
+    return found[0]
+
+
+def kinds(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
+def settings_of(cm: dict[str, Any], tmp_path: Path) -> config.Settings:
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    return config.load(path, env={})
+
+
+def match_expressions(pod_spec: dict[str, Any]) -> Iterator[tuple[str, str, tuple[str, ...]]]:
+    terms = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for term in terms["nodeSelectorTerms"]:
+        for e in term["matchExpressions"]:
+            yield e["key"], e["operator"], tuple(e.get("values", ()))
+
+
+# --- lint and the default install ------------------------------------------------------------
+
+
+def test_helm_lint_strict() -> None:
+    out = run_helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_defaults_render_the_controller_only(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    assert kinds(docs) == sorted(
+        [
+            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+            "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
+        ]
+    )  # fmt: skip
+
+
+def test_controller_is_ha_and_never_on_reclaimable_nodes(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    dep = only(docs, "Deployment")
+    spec = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    exprs = set(match_expressions(spec))
+    assert ("karpenter.sh/capacity-type", "NotIn", ("spot",)) in exprs
+    assert ("cloud.google.com/gke-spot", "NotIn", ("true",)) in exprs
+    assert ("reclaimd.io/reclaimable", "NotIn", ("true",)) in exprs
+    anti = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+    assert anti[0]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    pdb = only(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+
+
+def test_pods_meet_the_restricted_pod_security_profile(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"nodeAgent": {"enabled": True}})
+    for kind in ("Deployment", "DaemonSet"):
+        spec = only(docs, kind)["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] == 65532
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "hostNetwork" not in spec
+        (c,) = spec["containers"]
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        probes = {p: c[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")}
+        assert probes == {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+        assert c["resources"]["requests"]["memory"]
+        mounts = {m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts == {"/etc/reclaimd", "/var/lib/reclaimd", "/tmp"}
+
+
+def test_config_map_is_valid_reclaimd_settings(tmp_path: Path) -> None:
+    values = {"config": {"cluster_name": "prod-1", "sqs": {"enabled": True, "queue_url": "q"}}}
+    docs = render(tmp_path, values)
+    s = settings_of(only(docs, "ConfigMap"), tmp_path)
+    assert s.cluster_name == "prod-1"
+    assert s.sqs.enabled
+    assert s.lease_namespace == "reclaimd"  # the release namespace, where the Role allows
+    assert str(s.ledger.outbox_path) == "/var/lib/reclaimd/outbox.sqlite"  # on the volume
+    assert s.tracing.span_file is None  # nothing written on the read-only root
+
+
+def test_a_config_change_rolls_the_pods(tmp_path: Path) -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        dep = only(render(tmp_path, values), "Deployment")
+        return str(dep["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+
+    assert checksum({}) != checksum({"config": {"cluster_name": "other"}})
+
+
+def test_secrets_only_by_reference(tmp_path: Path) -> None:
+    values = {
+        "secretEnv": {"RECLAIMD_LEDGER__BOOTSTRAP": {"secretName": "kafka", "key": "bootstrap"}},
+        "secretEnvFrom": ["reclaimd-extra"],
+    }
+    c = only(render(tmp_path, values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["env"] == [
+        {
+            "name": "RECLAIMD_LEDGER__BOOTSTRAP",
+            "valueFrom": {"secretKeyRef": {"name": "kafka", "key": "bootstrap"}},
+        }
+    ]
+    assert c["envFrom"] == [{"secretRef": {"name": "reclaimd-extra"}}]
+
+
+def test_outbox_on_a_claim_when_asked(tmp_path: Path) -> None:
+    values = {"controller": {"replicas": 1, "outbox": {"existingClaim": "reclaimd-outbox"}}}
+    docs = render(tmp_path, values)
+    vols = {v["name"]: v for v in only(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert vols["outbox"]["persistentVolumeClaim"] == {"claimName": "reclaimd-outbox"}
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]  # one replica: no PDB
+
+
+# --- identity, RBAC --------------------------------------------------------------------------
+
+
+def test_service_account_annotations_for_irsa_and_workload_identity(tmp_path: Path) -> None:
+    arn = "arn:aws:iam::123456789012:role/reclaimd"
+    gsa = "reclaimd@my-project.iam.gserviceaccount.com"
+    values = {"serviceAccount": {"awsRoleArn": arn, "gcpServiceAccount": gsa}}
+    sa = only(render(tmp_path, values), "ServiceAccount")
+    assert sa["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": arn,
+        "iam.gke.io/gcp-service-account": gsa,
+    }
+
+
+def test_rbac_grants_events_and_nothing_on_secrets(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    rules = only(docs, "ClusterRole")["rules"]
+    assert {"apiGroups": ["events.k8s.io"], "resources": ["events"],
+            "verbs": ["create", "patch"]} in rules  # fmt: skip
+    assert not [r for r in rules if {"secrets", "configmaps"} & set(r["resources"])]
+    assert not [r for r in rules if "*" in r["verbs"] or "*" in r["resources"]]
+    role = only(docs, "Role")
+    assert role["metadata"]["namespace"] == "reclaimd"
+    assert role["rules"][0]["resources"] == ["leases"]
+
+
+def test_names_follow_the_release(tmp_path: Path) -> None:
+    docs = render(tmp_path, release="prod")
+    assert only(docs, "ClusterRole")["metadata"]["name"] == "prod-reclaimd"
+    binding = only(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prod-reclaimd", "namespace": "reclaimd"}
+    ]
+
+
+def test_deploy_kubernetes_is_the_charts_render() -> None:
+    done = subprocess.run(
+        [str(REPO / "deploy" / "helm" / "render.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "HELM": str(HELM)},
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# --- the node agent --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "section"), [("imds", "imds"), ("gce-metadata", "gce_metadata")]
+)
+def test_node_agent_runs_only_on_reclaimable_nodes(
+    tmp_path: Path, source: str, section: str
+) -> None:
+    values = {
+        "nodeAgent": {"enabled": True, "source": source},
+        "config": {"sqs": {"enabled": True, "queue_url": "q"}, "kueue": {"enabled": True}},
+    }
+    docs = render(tmp_path, values)
+    ds = only(docs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    # One term per reclaimable label: any of them is enough (terms are ORed).
+    assert {"matchExpressions": [{"key": "karpenter.sh/capacity-type", "operator": "In",
+            "values": ["spot"]}]} in terms["nodeSelectorTerms"]  # fmt: skip
+    assert len(terms["nodeSelectorTerms"]) == 5
+    tolerated = {t["key"] for t in spec["tolerations"]}
+    assert {"reclaimd.io/interruption", "nvidia.com/gpu", "cloud.google.com/gke-spot"} <= tolerated
+    assert spec["priorityClassName"] == "system-node-critical"
+    s = settings_of(only(docs, "ConfigMap", "reclaimd-node-agent"), tmp_path)
+    assert getattr(s, section).enabled
+    # The queue sources belong to the controller: the agent never consumes them.
+    assert not s.sqs.enabled and not s.kueue.enabled and not s.pubsub.enabled
+    other = "gce_metadata" if section == "imds" else "imds"
+    assert not getattr(s, other).enabled
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert env["RECLAIMD_GCE_METADATA__NODE_NAME"]["valueFrom"]["fieldRef"] == {
+        "fieldPath": "spec.nodeName"
+    }
+    # The controller's own config is untouched.
+    assert settings_of(only(docs, "ConfigMap", "reclaimd"), tmp_path).sqs.enabled
+
+
+def test_host_network_for_imds_hop_limit_one(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"nodeAgent": {"enabled": True, "hostNetwork": True}})
+    spec = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+
+# --- network policies ------------------------------------------------------------------------
+
+
+def test_reclaimd_egress_names_what_it_talks_to(tmp_path: Path) -> None:
+    values = {"networkPolicy": {"kafka": {"cidrs": ["10.20.0.0/16"]}}}
+    np = only(render(tmp_path, values), "NetworkPolicy")
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    ports = {(p["port"], p["protocol"]) for rule in np["spec"]["egress"] for p in rule["ports"]}
+    assert {(53, "UDP"), (443, "TCP"), (6443, "TCP"), (9092, "TCP"), (80, "TCP"),
+            (8080, "TCP")} <= ports  # fmt: skip
+    kafka = [r for r in np["spec"]["egress"] if r["ports"][0]["port"] == 9092]
+    assert kafka[0]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    assert [p["port"] for p in np["spec"]["ingress"][0]["ports"]] == ["metrics"]
+
+
+def test_training_namespace_policy_admits_the_checkpoint_port_only_from_reclaimd(
+    tmp_path: Path,
+) -> None:
+    values = {"networkPolicy": {"trainingNamespaces": ["team-a"], "checkpoint": {"port": 8080}}}
+    docs = render(tmp_path, values)
+    np = only(docs, "NetworkPolicy", "reclaimd-checkpoint-port")
+    assert np["metadata"]["namespace"] == "team-a"
+    from_reclaimd, everything_else = np["spec"]["ingress"]
+    assert from_reclaimd["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    peer = from_reclaimd["from"][0]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "reclaimd"}
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "reclaimd"
+    assert "from" not in everything_else
+    tcp = [(p["port"], p["endPort"]) for p in everything_else["ports"] if p["protocol"] == "TCP"]
+    assert tcp == [(1, 8079), (8081, 65535)]  # every TCP port but the checkpoint one
+
+
+# --- monitoring ------------------------------------------------------------------------------
+
+
+def test_monitors_and_dashboard_are_opt_in(tmp_path: Path) -> None:
+    values = {
+        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+        "grafana": {"dashboard": {"enabled": True}},
+    }
+    docs = render(tmp_path, values)
+    sm = only(docs, "ServiceMonitor")
+    svc = only(docs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+    assert only(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    dash = only(docs, "ConfigMap", "reclaimd-dashboard")
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((REPO / "deploy" / "grafana" / "reclaimd-dashboard.json").read_text())
+    assert json.loads(dash["data"]["reclaimd-dashboard.json"]) == shipped
+
+
+# --- the schema ------------------------------------------------------------------------------
+
+BAD_VALUES = [
+    pytest.param({"controller": {"replicas": 0}}, "at '/controller/replicas'", id="zero-replicas"),
+    pytest.param({"controller": {"replica": 2}}, "at '/controller'", id="typo-in-a-key"),
+    pytest.param({"nodeAgent": {"source": "azure"}}, "at '/nodeAgent/source'", id="unknown-source"),
+    pytest.param(
+        {"serviceAccount": {"awsRoleArn": "reclaimd-role"}},
+        "at '/serviceAccount/awsRoleArn'",
+        id="not-an-arn",
+    ),
+    pytest.param(
+        {"networkPolicy": {"checkpoint": {"port": "8080"}}},
+        "at '/networkPolicy/checkpoint/port'",
+        id="port-as-string",
+    ),
+    pytest.param(
+        {"networkPolicy": {"apiServer": {"cidrs": ["10.0.0.0"]}}},
+        "at '/networkPolicy/apiServer/cidrs/0'",
+        id="cidr-no-mask",
+    ),
+    pytest.param(
+        {"secretEnv": {"TOKEN": {"secretName": "s"}}}, "at '/secretEnv/TOKEN'", id="ref-without-key"
+    ),
+    pytest.param(
+        {"secretEnv": {"lower": {"secretName": "s", "key": "k"}}},
+        "'lower' does not match pattern",
+        id="bad-env",
+    ),
+    pytest.param({"logLevel": "verbose"}, "at '/logLevel'", id="unknown-log-level"),
+    pytest.param(
+        {"controller": {"antiAffinity": "maybe"}}, "at '/controller/antiAffinity'", id="anti"
+    ),
+    pytest.param(
+        {"reclaimable": {"nodeLabels": []}},
+        "at '/reclaimable/nodeLabels'",
+        id="no-reclaimable-labels",
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "where"), BAD_VALUES)
+def test_schema_refuses(tmp_path: Path, values: dict[str, Any], where: str) -> None:
+    with pytest.raises(HelmError) as e:
+        render(tmp_path, values)
+    assert "values don't meet the specifications of the schema" in str(e.value)
+    assert where in str(e.value)  # names the field (helm misplaces a propertyNames error)
