@@ -19,8 +19,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../local/lib.sh"
 # podman/buildah's default open-files limit is above this machine's hard limit.
 ULIMITS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 BUILDAH=(buildah --cgroup-manager cgroupfs)
-BASE_DIR=$CACHE_DIR/image-base-$DEBIAN_SUITE
-BASE_IMAGE=localhost/reclaimd-base:$DEBIAN_SUITE
+# The base is keyed by its recipe (the function below), so a changed recipe builds a new one.
+base_key() { declare -f build_base_rootfs | sha256sum | cut -c1-8; }
 LOGS=$CACHE_DIR/logs
 
 # The image is built from a commit (IMAGE_REV, default HEAD), never from the work tree: the
@@ -42,8 +42,15 @@ version() {
 
 build_base_rootfs() {
     # Debian's own mirror, as the host's apt uses it; minbase + what a venv needs.
+    # No docs, man pages or translations (the copyright files stay); no apt lists or caches.
     nice -n 10 mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
         --aptopt='Acquire::Check-Valid-Until "false"' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/info/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*' \
         "$DEBIAN_SUITE" "$1/rootfs.tar" \
         "deb http://deb.debian.org/debian $DEBIAN_SUITE main" \
         "deb http://deb.debian.org/debian $DEBIAN_SUITE-updates main" \
@@ -89,13 +96,16 @@ build_image() {
 }
 
 main() {
+    BASE_DIR=$CACHE_DIR/image-base-$DEBIAN_SUITE-$(base_key)
+    BASE_IMAGE=localhost/reclaimd-base:$DEBIAN_SUITE-$(base_key)
     local cmd
     for cmd in mmdebstrap buildah runc; do
         command -v "$cmd" >/dev/null || die "$cmd is missing; run deploy/image/tools.sh"
     done
     local ver hash dir tag start=$SECONDS
     ver=$(version)
-    hash=$(sources_hash)
+    # The image's key covers its sources, the Containerfile and the base recipe.
+    hash=$( (sources_hash; base_key) | sha256sum | cut -c1-12)
     dir=$CACHE_DIR/image-$ver-$hash
     tag=localhost/reclaimd:$ver-$hash
     if [[ -f $dir/reclaimd.oci.tar ]]; then
