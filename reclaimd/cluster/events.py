@@ -40,6 +40,7 @@ from kubernetes_asyncio import client as k8s
 
 from reclaimd.cluster import client
 from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.model import Gang, Member, Notice, RankAck, RestartWaste
 
 log = logging.getLogger(__name__)
 
@@ -412,3 +413,69 @@ def notice_note(source: str, kind: str, notice_id: str, deadline: datetime | Non
     """The ``Interrupted`` note: where the notice came from, what it says, when the node goes."""
     when = micro_time(deadline) if deadline is not None else "none"
     return f"{_cut(source, 40)} {_cut(kind, 40)} notice {_cut(notice_id, 200)}; deadline {when}"
+
+
+class NoticeEvents:
+    """The pipeline's steps as Events: one call per step, each never blocking or raising.
+
+    Notes carry only the notice's source, kind, id and deadline, object names, outcomes and
+    numbers: never a label value, so nothing outside the ledger's label allowlist is shown.
+    """
+
+    def __init__(self, recorder: EventRecorder) -> None:
+        self.recorder = recorder
+
+    def claimed(self, notice: Notice, nodes: tuple[str, ...], *, cordoned: bool) -> None:
+        note = notice_note(notice.source, notice.kind.value, notice.id, notice.deadline)
+        for node in nodes:
+            self.recorder.record(Regarding.node(node), Reason.INTERRUPTED, note)
+            if cordoned:
+                self.recorder.record(
+                    Regarding.node(node),
+                    Reason.CORDONED,
+                    f"cordoned and tainted {_cut(notice.kind.value, 40)} "
+                    f"for notice {_cut(notice.id, 200)}",
+                )
+
+    def checkpoint_requested(self, notice: Notice, gang: Gang, budget_end: datetime) -> None:
+        note = (
+            f"checkpoint requested for gang {_cut(gang.key.name, 200)} by "
+            f"{micro_time(budget_end)} (notice {_cut(notice.id, 200)})"
+        )
+        for member in gang.members:
+            self.recorder.record(_pod(member), Reason.CHECKPOINT_REQUESTED, note)
+
+    def checkpoint_answered(self, acks: tuple[RankAck, ...] | list[RankAck]) -> None:
+        for ack in acks:
+            if ack.acked:
+                where = f" covered by {_cut(ack.covered_by, 200)}" if ack.covered_by else ""
+                durable = "durable" if ack.durable else "not durable"
+                note = f"checkpoint acked ({durable}, {ack.latency_s:.1f}s){where}"
+                self.recorder.record(_pod(ack.member), Reason.CHECKPOINT_ACKED, note)
+            else:
+                why = _cut(ack.error, 200) or "no answer within the budget"
+                self.recorder.record(
+                    _pod(ack.member), Reason.CHECKPOINT_MISSED, f"checkpoint missed: {why}"
+                )
+
+    def evicted(self, member: Member, outcome: str) -> None:
+        self.recorder.record(_pod(member), Reason.EVICTED, f"drain: {_cut(outcome, 40)}")
+
+    def drained(self, notice: Notice, nodes: tuple[str, ...]) -> None:
+        for node in nodes:
+            self.recorder.record(
+                Regarding.node(node), Reason.DRAINED, f"drained for notice {_cut(notice.id, 200)}"
+            )
+
+    def recorded(self, waste: RestartWaste) -> None:
+        note = (
+            f"restart waste {waste.gpu_seconds_lost:.0f} GPU-seconds, checkpoint "
+            f"{waste.outcome.value}, deadline {'met' if waste.deadline_met else 'missed'} "
+            f"(event {_cut(waste.event_id, 100)})"
+        )
+        for member in waste.gang.members:
+            self.recorder.record(_pod(member), Reason.RESTART_WASTE_RECORDED, note)
+
+
+def _pod(member: Member) -> Regarding:
+    return Regarding.pod(member.namespace, member.name, member.uid)

@@ -13,11 +13,23 @@ from reclaimd.cluster.events import (
     NOTE_LIMIT,
     EventRecorder,
     EventSettings,
+    NoticeEvents,
     Reason,
     Regarding,
     notice_note,
 )
 from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
+from reclaimd.model import (
+    CheckpointOutcome,
+    Gang,
+    GangKey,
+    Member,
+    Notice,
+    NoticeKind,
+    RankAck,
+    RestartWaste,
+    Target,
+)
 
 NODE = Regarding.node("ip-10-0-0-1", uid="n-1")
 POD = Regarding.pod("train", "llm-0", uid="p-1")
@@ -305,3 +317,68 @@ def test_every_reason_has_an_action_and_a_type(reason: Reason) -> None:
     body = rec._body(entry)
     assert body["type"] in ("Normal", "Warning")
     assert 0 < len(body["action"]) <= 128
+
+
+# --- NoticeEvents: the pipeline's steps -----------------------------------------------------
+
+
+def _gang() -> Gang:
+    members = tuple(
+        Member(namespace="train", name=f"llm-{r}", uid=f"u-{r}", node=f"n-{r}", gpus=8, rank=r)
+        for r in range(2)
+    )
+    # Cost labels are on the gang; none may reach an Event.
+    return Gang(GangKey("jobset", "train", "llm"), members, labels={"tenant": "secret-team"})
+
+
+def _notice() -> Notice:
+    now = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    return Notice(
+        id="msg-7",
+        source="ec2",
+        kind=NoticeKind.SPOT_INTERRUPTION,
+        target=Target(instance_id="i-1"),
+        issued_at=now,
+        deadline=now + timedelta(minutes=2),
+        received_at=now,
+    )
+
+
+async def test_the_steps_of_one_notice_as_events() -> None:
+    sink = Sink()
+    rec = recorder(sink)
+    steps = NoticeEvents(rec)
+    gang, notice = _gang(), _notice()
+    steps.claimed(notice, ("n-0", "n-1"), cordoned=True)
+    steps.checkpoint_requested(notice, gang, notice.deadline - timedelta(seconds=40))
+    steps.checkpoint_answered(
+        [RankAck(gang.members[0], acked=True, durable=True, latency_s=3.2),
+         RankAck(gang.members[1], acked=False, error="timed out")]
+    )  # fmt: skip
+    steps.evicted(gang.members[0], "evicted")
+    steps.drained(notice, ("n-0",))
+    steps.recorded(
+        RestartWaste(
+            event_id="ev-1", notice=notice, gang=gang, gpu_seconds_lost=960.0,
+            stopped_at=notice.deadline, last_good_checkpoint=None,
+            outcome=CheckpointOutcome.PARTIAL, deadline_met=True,
+        )
+    )  # fmt: skip
+    rec.start()
+    await rec.drain()
+    await rec.close()
+    seen = [(b["regarding"]["name"], b["reason"]) for _, b in sink.created]
+    assert seen == [
+        ("n-0", "Interrupted"), ("n-0", "Cordoned"), ("n-1", "Interrupted"), ("n-1", "Cordoned"),
+        ("llm-0", "CheckpointRequested"), ("llm-1", "CheckpointRequested"),
+        ("llm-0", "CheckpointAcked"), ("llm-1", "CheckpointMissed"),
+        ("llm-0", "Evicted"), ("n-0", "Drained"),
+        ("llm-0", "RestartWasteRecorded"), ("llm-1", "RestartWasteRecorded"),
+    ]  # fmt: skip
+    notes = {(b["regarding"]["name"], b["reason"]): b["note"] for _, b in sink.created}
+    assert notes[("n-0", "Interrupted")] == (
+        "ec2 spot_interruption notice msg-7; deadline 2026-05-01T12:02:00.000000Z"
+    )
+    assert notes[("llm-1", "CheckpointMissed")] == "checkpoint missed: timed out"
+    assert "960 GPU-seconds" in notes[("llm-0", "RestartWasteRecorded")]
+    assert all("secret-team" not in b["note"] for _, b in sink.created)
