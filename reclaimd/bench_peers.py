@@ -50,9 +50,11 @@ NTH_BUILD = REPO / "deploy" / "local" / "nth" / "build.sh"
 NTH_VERSION = "v1.25.6"
 REGION, ZONE = "us-east-2", "us-east-2a"
 LABEL = "reclaimd.io/bench-peers"
-NTH_NAMESPACE = "nth-bench"
+# Both consumers run as ServiceAccounts of the bench's own namespace: identities nobody else
+# on the shared stack uses, so the requests counted for them are theirs alone.
+BENCH_NAMESPACE = "bench-peers"
 NTH_SA = "aws-node-termination-handler"
-RECLAIMD_USER = "reclaimd"  # CN of the stack's reclaimd client certificate
+RECLAIMD_SA = "reclaimd"
 SIDES = ("nth", "reclaimd")
 PODS_PER_NODE = 2
 
@@ -262,20 +264,22 @@ class Apiserver:
         with self._get("/metrics") as r:
             return cast(bytes, r.read()).decode()
 
-    def priority_level_of(self, *, token: str = "", cert: tuple[Path, Path] | None = None) -> str:
-        """The APF priority level a request by this identity lands on (response header)."""
+    def priority_level_of(self, token: str, timeout_s: float = 30) -> str:
+        """The APF priority level a request with this token lands on (a response header),
+        once the token may list nodes (a new binding takes a moment to reach the authorizer)."""
         ctx = ssl.create_default_context(cafile=str(self.ca))
-        headers = {}
-        if cert is not None:
-            ctx.load_cert_chain(str(cert[0]), str(cert[1]))
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        headers = {"Authorization": f"Bearer {token}"}
         req = urllib.request.Request(self.url + "/api/v1/nodes?limit=1", headers=headers)
-        try:
-            with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
-                uid = r.headers.get("X-Kubernetes-PF-PriorityLevel-UID", "")
-        except urllib.error.HTTPError as e:  # 403 still went through APF
-            uid = e.headers.get("X-Kubernetes-PF-PriorityLevel-UID", "")
+        end = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+                    uid = r.headers.get("X-Kubernetes-PF-PriorityLevel-UID", "")
+                break
+            except urllib.error.HTTPError as e:
+                if e.code != 403 or time.monotonic() > end:
+                    raise BenchError(f"a bench identity cannot list nodes: HTTP {e.code}") from e
+                time.sleep(0.3)
         path = "/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations"
         with self._get(path) as r:
             items = json.loads(r.read())["items"]
@@ -535,7 +539,8 @@ class Bench:
     apiserver: Apiserver
     workdir: Path
     nth_binary: Path | None = None
-    nth_token: Path | None = None
+    tokens: dict[str, Path] = field(default_factory=dict)
+    reclaimd_kubeconfig: Path | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
 
     def say(self, message: str) -> None:
@@ -544,77 +549,66 @@ class Bench:
     # --- identities and FlowSchemas -------------------------------------------------------
 
     async def setup_identities(self) -> None:
+        """Both ServiceAccounts with their RBAC, a token each, the FlowSchemas that count them."""
         from kubernetes_asyncio import client as k8s
 
         from reclaimd.chaos import fleet, kube
+        from reclaimd.chaos.harness import RBAC
         from reclaimd.cluster.client import build_api_client
 
         api = await build_api_client(self.stack.kubeconfig)
         try:
             await self._delete_flow_schemas(api)
-            await fleet.ensure_namespace(api, NTH_NAMESPACE)
-            role = f"{NTH_SA}-bench"
-            await kube.apply_documents(
-                api,
-                [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "ServiceAccount",
-                        "metadata": {"name": NTH_SA, "namespace": NTH_NAMESPACE},
-                    },
-                    {
-                        "apiVersion": "rbac.authorization.k8s.io/v1",
-                        "kind": "ClusterRole",
-                        "metadata": {"name": role},
-                        "rules": NTH_RULES,
-                    },
-                    {
-                        "apiVersion": "rbac.authorization.k8s.io/v1",
-                        "kind": "ClusterRoleBinding",
-                        "metadata": {"name": role},
-                        "roleRef": {
-                            "apiGroup": "rbac.authorization.k8s.io",
-                            "kind": "ClusterRole",
-                            "name": role,
-                        },
-                        "subjects": [
-                            {"kind": "ServiceAccount", "name": NTH_SA, "namespace": NTH_NAMESPACE}
-                        ],
-                    },
-                ],
-            )
-            if "nth" in self.args.sides:
-                # A day is plenty for one bench; a pod's projected token would be rotated.
-                token = await k8s.CoreV1Api(api).create_namespaced_service_account_token(
-                    NTH_SA, NTH_NAMESPACE, cast(Any, {"spec": {"expirationSeconds": 86400}})
-                )
-                self.nth_token = self.workdir / "nth-token"
-                self.nth_token.write_text(token.status.token)
-                self.nth_token.chmod(0o600)
-                (self.workdir / "nth-namespace").write_text(NTH_NAMESPACE)
+            # Nodes an interrupted bench left behind (their names could come round again).
+            stale = await k8s.CoreV1Api(api).list_node(label_selector=LABEL)
+            await fleet.delete_nodes(api, [n.metadata.name for n in stale.items])
+            await fleet.ensure_namespace(api, BENCH_NAMESPACE)
+            await kube.apply_file(api, RBAC)
+            await kube.apply_documents(api, [*_nth_rbac(), *_reclaimd_rbac(RBAC)])
+            core = k8s.CoreV1Api(api)
             docs = []
             for side in self.args.sides:
-                level = await asyncio.to_thread(self._priority_level, side)
-                docs += flow_schemas(side, self._subject(side), level)
+                sa = NTH_SA if side == "nth" else RECLAIMD_SA
+                # A day is plenty for one bench; a pod's projected token would be rotated.
+                token = await core.create_namespaced_service_account_token(
+                    sa, BENCH_NAMESPACE, cast(Any, {"spec": {"expirationSeconds": 86400}})
+                )
+                self.tokens[side] = self.workdir / f"{side}-token"
+                self.tokens[side].write_text(token.status.token)
+                self.tokens[side].chmod(0o600)
+                level = await asyncio.to_thread(
+                    self.apiserver.priority_level_of, token.status.token
+                )
+                subject = {
+                    "kind": "ServiceAccount",
+                    "serviceAccount": {"name": sa, "namespace": BENCH_NAMESPACE},
+                }
+                docs += flow_schemas(side, subject, level)
                 self.say(f"counting {side}'s API requests at the apiserver (APF level {level})")
+            (self.workdir / "namespace").write_text(BENCH_NAMESPACE)
+            if "reclaimd" in self.tokens:
+                self.reclaimd_kubeconfig = self._token_kubeconfig(self.tokens["reclaimd"])
             await kube.apply_documents(api, docs)
             await asyncio.sleep(2)  # the APF config controller picks new schemas up in ~1 s
         finally:
             await api.close()
 
-    def _subject(self, side: str) -> dict[str, Any]:
-        if side == "nth":
-            return {
-                "kind": "ServiceAccount",
-                "serviceAccount": {"name": NTH_SA, "namespace": NTH_NAMESPACE},
-            }
-        return {"kind": "User", "user": {"name": RECLAIMD_USER}}
-
-    def _priority_level(self, side: str) -> str:
-        if side == "nth":
-            assert self.nth_token is not None
-            return self.apiserver.priority_level_of(token=self.nth_token.read_text())
-        return self.apiserver.priority_level_of(cert=_kubeconfig_cert(self.stack))
+    def _token_kubeconfig(self, token: Path) -> Path:
+        admin = yaml.safe_load(Path(self.stack.kubeconfig).read_text())
+        cluster = admin["clusters"][0]
+        user = "bench-peers-reclaimd"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [cluster],
+            "users": [{"name": user, "user": {"token": token.read_text()}}],
+            "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user}}],
+            "current-context": user,
+        }
+        path = self.workdir / "reclaimd.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
 
     async def _delete_flow_schemas(self, api: Any) -> None:
         from kubernetes_asyncio import client as k8s
@@ -696,8 +690,9 @@ class Bench:
     async def _start(self, side: str, h: Any) -> Any:
         if side == "reclaimd":
             # `reclaimd run` with the drills' settings, its SQS source on the bench's queue.
-            return await h.start_daemon("reclaimd")
-        assert self.nth_binary is not None and self.nth_token is not None
+            kube = {"kubeconfig": str(self.reclaimd_kubeconfig)}
+            return await h.start_daemon("reclaimd", kube=kube)
+        assert self.nth_binary is not None
         api_host, _, api_port = self.apiserver.url.removeprefix("https://").partition(":")
         env = nth_env(
             queue_url=h.queue_url,
@@ -707,8 +702,8 @@ class Bench:
             workers=self.args.nth_workers or self.args.nodes,
         )
         p = NthProcess(
-            self.nth_binary, h.workdir, env, self.nth_token, self.apiserver.ca,
-            self.workdir / "nth-namespace",
+            self.nth_binary, h.workdir, env, self.tokens["nth"], self.apiserver.ca,
+            self.workdir / "namespace",
         )  # fmt: skip
         await p.start()
         return p
@@ -1018,22 +1013,62 @@ def table(summary: dict[str, Any], rat: dict[str, Any] | None) -> str:
 # --- wiring -----------------------------------------------------------------------------------
 
 
-def _kubeconfig_cert(stack: Any) -> tuple[Path, Path]:
-    """The client certificate and key of reclaimd's kubeconfig, as files."""
-    import base64
+def _nth_rbac() -> list[dict[str, Any]]:
+    role = f"{FS_PREFIX}nth"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": NTH_SA, "namespace": BENCH_NAMESPACE},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": NTH_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": NTH_SA, "namespace": BENCH_NAMESPACE}],
+        },
+    ]
 
-    cfg = yaml.safe_load(Path(stack.reclaimd_kubeconfig).read_text())
-    user = cfg["users"][0]["user"]
-    base = Path(stack.reclaimd_kubeconfig).parent
-    if "client-certificate" in user:
-        return base / user["client-certificate"], base / user["client-key"]
-    out = Path(stack.dir) / "runs" / "bench-peers"
-    out.mkdir(parents=True, exist_ok=True)
-    crt, key = out / "reclaimd.crt", out / "reclaimd.key"
-    crt.write_bytes(base64.b64decode(user["client-certificate-data"]))
-    key.write_bytes(base64.b64decode(user["client-key-data"]))
-    key.chmod(0o600)
-    return crt, key
+
+def _reclaimd_rbac(rbac: Path) -> list[dict[str, Any]]:
+    """reclaimd's ServiceAccount, and a copy of each binding of deploy/kubernetes/rbac.yaml for
+    it: exactly the rights reclaimd ships with."""
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": RECLAIMD_SA, "namespace": BENCH_NAMESPACE},
+        }
+    ]
+    for doc in yaml.safe_load_all(rbac.read_text()):
+        if not doc or doc.get("kind") not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        meta = {"name": f"{FS_PREFIX}{doc['metadata']['name']}"}
+        if "namespace" in doc["metadata"]:
+            meta["namespace"] = doc["metadata"]["namespace"]
+        docs.append(
+            {
+                "apiVersion": doc["apiVersion"],
+                "kind": doc["kind"],
+                "metadata": meta,
+                "roleRef": doc["roleRef"],
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": RECLAIMD_SA, "namespace": BENCH_NAMESPACE}
+                ],
+            }
+        )
+    return docs
 
 
 def _apiserver(stack: Any) -> Apiserver:
