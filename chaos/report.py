@@ -215,6 +215,7 @@ def evaluate(
         _evicted_check(expected, by_gang, expect),
         _claims_check(notices, observed.claims),
         _trace_check(rows.values(), observed.events, traces, expect),
+        _split_check(observed.events, expect),
     ]
     if expect.max_notice_to_drained_s is not None:
         checks.append(_latency_check(rows.values(), expect.max_notice_to_drained_s))
@@ -528,6 +529,46 @@ def _trace_check(
         not problems,
         "; ".join(problems) or f"{len(rows)} trace(s), every event linked",
         required=expect.traces,
+    )
+
+
+V2 = "reclaimd.restart-waste/v2"
+
+
+def split_problems(event: Mapping[str, Any]) -> list[str]:
+    """What is wrong with one event's ``x_WasteByInstance`` (empty: nothing, or no split).
+
+    The parts must add up to the gang: their GPU-seconds to ``x_WastedGpuSeconds`` (each
+    part and the total are rounded to 0.001, hence the tolerance), their ranks to
+    ``x_GangSize`` and their GPUs to ``x_GpuCount``. A v2 event must carry the split.
+    """
+    parts = event.get("x_WasteByInstance")
+    if parts is None:
+        return ["v2 event without x_WasteByInstance"] if event.get("schema") == V2 else []
+    if not isinstance(parts, list) or not all(isinstance(p, Mapping) for p in parts):
+        return ["x_WasteByInstance is not a list of parts"]
+    out = []
+    total = event.get("x_WastedGpuSeconds")
+    seconds = [p.get("x_WastedGpuSeconds") for p in parts]
+    if not isinstance(total, int | float) or not all(isinstance(v, int | float) for v in seconds):
+        out.append("GPU-seconds missing")
+    elif abs(sum(seconds) - total) > 0.0005 * (len(parts) + 1) + 1e-9:
+        out.append(f"parts {sum(seconds):.3f} GPU-s vs {total}")
+    for part_key, gang_key in (("x_Ranks", "x_GangSize"), ("x_GpuCount", "x_GpuCount")):
+        if gang_key in event and sum(p.get(part_key) or 0 for p in parts) != event[gang_key]:
+            out.append(f"parts' {part_key} do not sum to {gang_key}")
+    return out
+
+
+def _split_check(events: Sequence[Mapping[str, Any]], expect: Expectations) -> Check:
+    """Every event's per-instance split adds up to the gang (``reclaimd.restart-waste/v2``)."""
+    bad = [f"{gang_of(e)}: {'; '.join(p)}" for e in events if (p := split_problems(e))]
+    split = sum(1 for e in events if isinstance(e.get("x_WasteByInstance"), list))
+    return Check(
+        "waste split by instance sums to the gang",
+        not bad,
+        _few(bad, 3) if bad else f"{split} event(s) split, every split adds up",
+        required=expect.ledger_exact,
     )
 
 
