@@ -63,3 +63,11 @@ deploy-tools:
 # ~/.cache/reclaimd/image-<version>-<hash>/reclaimd.oci.tar.
 image: venv deploy-tools
 	deploy/image/build.sh
+
+# 500 ranks of one tenant upload their checkpoints to a moto of its own, each paced at the
+# share of the tenant's PutObject budget reclaimd hands it, through a proxy answering 10 % with
+# 503 SlowDown: out/bench-uploads.json and a table. No stack needed; about 90 s.
+# BENCH_UPLOADS_ARGS="--ranks 50 --objects 2" for a quick run.
+.PHONY: bench-uploads
+bench-uploads: venv
+	$(BIN)/python -m reclaimd.bench_uploads $(BENCH_UPLOADS_ARGS)
