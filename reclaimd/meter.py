@@ -22,6 +22,10 @@ invents). A holder that dies leaves the rest of its hour unmetered: there is no 
 
 A gap between looks longer than ``max_gap_s`` (the event loop stalled, the cache lost its
 watch) is not counted: allocation is only claimed for time the meter saw.
+
+A row's instance facts (instance id, SKU, purchase option, zone) are those the node had when
+it was last counted, not when the hour closes: a reclaimed spot node is usually gone by then,
+and its hour must still be priced on its own instance.
 """
 
 from __future__ import annotations
@@ -259,6 +263,7 @@ class Meter:
         self.clock = clock
         self.integrator = Integrator(max_gap_s=max(4 * interval_s, 60.0))
         self._held_hours: dict[datetime, bool] = {}
+        self._seen: dict[str, NodeFacts] = {}  # node -> its facts when last counted
         self.rows_recorded = 0
 
     async def _mine(self, hour: datetime) -> bool:
@@ -278,17 +283,27 @@ class Meter:
         if not await self._mine(_hour(now)):
             self.integrator.last = None  # not ours: the next hour starts afresh
         else:
-            self.integrator.add(now, holdings(self.view, self.policy), self._sku_of)
+            held = holdings(self.view, self.policy)
+            for h in held:
+                if (facts := self.view.node(h.node)) is not None:
+                    self._seen[h.node] = facts
+            self.integrator.add(now, held, self._sku_of)
         n = 0
         for key, usage in sorted(self.integrator.closed(now).items(), key=lambda kv: str(kv[0])):
-            r = row(key, usage, self.view.node(key.node), self.cluster)
+            r = row(key, usage, self._node(key.node), self.cluster)
             await self.writer.record_encoded(*encode(r))
             n += 1
         self.rows_recorded += n
+        if n:  # forget nodes no open hour needs any more
+            still = {k.node for k in self.integrator.open}
+            self._seen = {k: v for k, v in self._seen.items() if k in still}
         return n
 
+    def _node(self, name: str) -> NodeFacts | None:
+        return self._seen.get(name) or self.view.node(name)
+
     def _sku_of(self, node: str) -> str:
-        facts = self.view.node(node)
+        facts = self._node(node)
         return placement(facts.labels).get("sku", "") if facts is not None else ""
 
     async def run(self) -> None:

@@ -206,3 +206,41 @@ def test_cache_fleet_reads_the_cluster_cache() -> None:
     assert [(h.node, h.gpus, dict(h.labels)["tenant"]) for h in held] == [("n-spot", 8, "team-a")]
     facts = fleet.node("n-spot")
     assert facts is not None and facts.provider_id == "aws:///us-east-2a/i-0spot"
+
+
+class Vanishing(Fleet):
+    """A fleet whose spot node (and its pod) is gone after the first looks."""
+
+    def __init__(self) -> None:
+        super().__init__([FLEET[0]])
+        self.gone = False
+
+    def gpu_pods(self) -> Iterable[Mapping[str, Any]]:
+        return [] if self.gone else self.pods
+
+    def node(self, name: str) -> meter.NodeFacts | None:
+        return None if self.gone else NODES.get(name)
+
+
+async def test_a_node_gone_before_its_hour_closes_keeps_its_instance(tmp_path: Path) -> None:
+    box = tmp_path / "alloc.db"
+    writer = LedgerWriter(bootstrap_servers="", topic="alloc", outbox_path=box)
+    fleet = Vanishing()
+    times = Clock(H12, H12 + timedelta(minutes=30), H12 + timedelta(minutes=40))
+    m = meter.Meter(fleet, writer, Lock(True), cluster="c1", interval_s=900, clock=times)
+    await m.tick()
+    await m.tick()
+    fleet.gone = True  # reclaimed: node and pod deleted before the hour ends
+    await m.tick()
+    times.times.append(H12 + timedelta(hours=1, minutes=1))
+    await m.tick()
+    await writer.close()
+    (r,) = rows(box)
+    # priced on the instance it ran on, with the facts the node had when it was counted
+    assert (r["ResourceId"], r["x_PurchaseOption"], r["SkuId"]) == (
+        "i-0spot",
+        "spot",
+        "p5.48xlarge",
+    )
+    assert r["x_GpuHours"] == 4.0 and r["x_NodeGpus"] == 8
+    assert m._seen == {}  # nothing kept once no open hour needs the node
