@@ -353,7 +353,13 @@ class _Identity:
         """Take a token, waiting for it; ``True`` if it had to wait. ``latest()`` is the last
         moment an attempt may start. With a fixed rate a wait that ends past it is not begun;
         under a share (which may be raised, or be 0 = wait) it waits until then."""
-        async with self.turn:
+        try:
+            # The queue is bounded by this put's own deadline, not by the head's.
+            async with asyncio.timeout(max(0.0, latest() - clock.monotonic())):
+                await self.turn.acquire()
+        except TimeoutError:
+            raise _NoTime("no token in time to finish before the deadline") from None
+        try:
             waited = False
             while True:
                 now = clock.monotonic()
@@ -366,6 +372,8 @@ class _Identity:
                 waited = True
                 wake = self.changed if self.share is not None else None
                 await _sleep_or(clock, min(wait, room), wake)
+        finally:
+            self.turn.release()
 
 
 async def _sleep_or(clock: Clock, seconds: float, event: asyncio.Event | None) -> None:

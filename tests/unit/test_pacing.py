@@ -236,3 +236,21 @@ async def test_no_share_goes_back_to_the_own_limit() -> None:
     assert g.share("acme") is None
     # The zero share kept no tokens; at the own 20/s they accrue again from 1.0 s on.
     assert s3.starts == pytest.approx([1.05, 1.1, 1.15], abs=0.03)
+
+
+async def test_a_put_queued_behind_a_waiting_one_gives_up_at_its_own_deadline() -> None:
+    clock = ManualClock()
+    s3 = Recorder(clock)
+    g = guard(s3, clock, min_attempt_s=0.25)
+    g.set_share("acme", Share(0.0, 0))
+    head = puts(g, 1, clock.after(30))[0]  # waits for a raise that does not come
+    await clock.settle()
+    queued = asyncio.ensure_future(
+        g.put("acme", BUCKET, "checkpoints/acme/q", b"x", deadline=clock.after(0.5))
+    )
+    # Its queueing is bounded by its own deadline (in the loop's time), not the head's 30 s.
+    with pytest.raises(PutFailed) as err:
+        await asyncio.wait_for(queued, 5.0)
+    assert err.value.reason == "deadline"
+    assert not head.done() and s3.starts == []
+    head.cancel()
