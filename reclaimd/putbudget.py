@@ -43,6 +43,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from reclaimd.model import Gang, Member, Notice
+
 HEADER: Final = "X-Reclaimd-Put-Budget"
 REQUEST_FIELD: Final = "put_budget"
 DEFAULT_QPS: Final = 20.0  # the security floor's maxPutObjectQpsPerSa
@@ -126,6 +128,24 @@ def parse_header(value: str | None) -> Share | None:
     except ValueError:
         raise ValueError(f"{HEADER}: qps must be a number and burst an integer") from None
     return Share(qps, burst)
+
+
+# --- whose budget a rank draws on ---------------------------------------------------------
+
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,63}")
+
+
+def tenant_of(gang: Gang) -> str:
+    """The tenant whose budget a gang's ranks share: its ``tenant`` cost label (the pods'
+    ``reclaimd.io/tenant``), else its namespace (the service account's scope)."""
+    label = gang.labels.get("tenant")
+    return label if isinstance(label, str) and _TENANT.fullmatch(label) else gang.key.namespace
+
+
+def rank_key(notice: Notice, member: Member) -> tuple[str, str]:
+    """One rank asked for one notice. Two notices asking one pod at once count twice: the
+    pod takes one share at a time, so that errs on the budget's side."""
+    return notice.id, member.uid or f"{member.namespace}/{member.name}"
 
 
 # --- the allocator ------------------------------------------------------------------------

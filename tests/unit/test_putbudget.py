@@ -2,11 +2,13 @@
 
 import bisect
 import math
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from reclaimd.model import Gang, GangKey, Member, Notice, NoticeKind, Target
 from reclaimd.objectstore import TokenBucket
 from reclaimd.putbudget import (
     HEADER,
@@ -15,6 +17,8 @@ from reclaimd.putbudget import (
     TenantPutBudgets,
     parse_field,
     parse_header,
+    rank_key,
+    tenant_of,
 )
 
 # --- wire format ---------------------------------------------------------------------------
@@ -324,3 +328,42 @@ def test_all_ranks_together_stay_inside_burst_plus_rate(
     pace(now + 2.0)
     for window in (0.25, 1.0, 3.0):
         assert _most_in_window(sends, window) <= burst + qps * window + 1e-6
+
+
+# --- whose budget ----------------------------------------------------------------------------
+
+
+def _gang(labels: dict[str, str]) -> Gang:
+    m = Member(namespace="team-a", name="llama-0", uid="uid-0", node="n1", gpus=8)
+    return Gang(key=GangKey("jobset", "team-a", "llama"), members=(m,), labels=labels)
+
+
+@pytest.mark.parametrize(
+    ("labels", "tenant"),
+    [
+        ({"tenant": "acme"}, "acme"),
+        ({}, "team-a"),
+        ({"tenant": ""}, "team-a"),
+        ({"tenant": "not a tenant!"}, "team-a"),
+        ({"tenant": "x" * 64}, "team-a"),
+    ],
+)
+def test_the_tenant_is_the_cost_label_else_the_namespace(
+    labels: dict[str, str], tenant: str
+) -> None:
+    assert tenant_of(_gang(labels)) == tenant
+
+
+def test_a_rank_is_keyed_per_notice() -> None:
+    gang = _gang({})
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    notice = Notice(
+        id="ec2-1",
+        source="ec2",
+        kind=NoticeKind.SPOT_INTERRUPTION,
+        target=Target(node_name="n1"),
+        issued_at=now,
+        deadline=now,
+        received_at=now,
+    )
+    assert rank_key(notice, gang.members[0]) == ("ec2-1", "uid-0")
