@@ -95,6 +95,19 @@ build_image() {
     "${BUILDAH[@]}" push "$tag" "oci-archive:$out/reclaimd.oci.tar:$tag"
 }
 
+# Every commit that touches the sources is a new image: keep the newest KEEP_IMAGES archives
+# (and their tags in the container storage), drop older ones.
+KEEP_IMAGES=${KEEP_IMAGES:-2}
+prune() {
+    local old
+    while IFS= read -r old; do
+        [[ -n $old ]] || continue
+        "${BUILDAH[@]}" rmi "$(cat "$old/tag" 2>/dev/null)" >/dev/null 2>&1 || true
+        rm -rf "$old"
+        say "pruned $old"
+    done < <(ls -1dt "$CACHE_DIR"/image-[0-9]*[0-9a-f] 2>/dev/null | tail -n +$((KEEP_IMAGES + 1)))
+}
+
 main() {
     BASE_DIR=$CACHE_DIR/image-base-$DEBIAN_SUITE-$(base_key)
     BASE_IMAGE=localhost/reclaimd-base:$DEBIAN_SUITE-$(base_key)
@@ -124,6 +137,7 @@ main() {
     rm -rf "$dir.partial/context"
     echo "$tag" >"$dir.partial/tag"
     mv "$dir.partial" "$dir"
+    prune >&2
     say "image $tag: built in $(fmt_secs $((SECONDS - start))), $(du -h "$dir/reclaimd.oci.tar" | cut -f1) archive" >&2
     echo "$dir/reclaimd.oci.tar"
 }
