@@ -38,6 +38,8 @@ CACHE = Path(os.environ.get("RECLAIMD_CACHE") or Path.home() / ".cache" / "recla
 BUILD = REPO_DIR / "deploy" / "image" / "build.sh"
 PODMAN = ["podman", "--cgroup-manager", "cgroupfs", "--runtime", "runc"]
 ULIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+# The outbox volume, owned by the image's user (U) as the chart's emptyDir is through fsGroup.
+OUTBOX_TMPFS = "type=tmpfs,destination=/var/lib/reclaimd,tmpfs-size=64m,tmpfs-mode=0700,U=true"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 RELEASE = "pod"
 
@@ -186,7 +188,7 @@ async def pod(h: Harness, stack: Any, tmp_path: Path) -> AsyncIterator[Pod]:
 @pytest.fixture
 async def container(pod: Pod, h: Harness, stack: Any) -> AsyncIterator[str]:
     tag = await asyncio.to_thread(image_tag)
-    api = urlsplit(str(stack.values.get("KUBE_API") or "https://127.0.0.1:16443"))
+    api = urlsplit(h.stack.values["KUBE_APISERVER"])
     env = {
         "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": str(api.port or 443),
@@ -200,7 +202,7 @@ async def container(pod: Pod, h: Harness, stack: Any) -> AsyncIterator[str]:
             podman,
             "run", "-d", "--read-only", "--network", "host", *ULIMITS,
             "--hostname", f"reclaimd-{h.run_id}",
-            "--tmpfs", "/var/lib/reclaimd:rw,size=64m,mode=0700,uid=65532,gid=65532",
+            "--mount", OUTBOX_TMPFS,
             "-v", f"{pod.sa_dir}:{SA_DIR}:ro", "-v", f"{pod.etc_dir}:/etc/reclaimd:ro",
             *env_args, tag, *pod.args,
             check=True,

@@ -33,6 +33,8 @@ PODMAN = [
 ]  # fmt: skip
 # podman's default open-files limit is above this machine's hard limit.
 ULIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+# The outbox volume, owned by the image's user (U) as the chart's emptyDir is through fsGroup.
+OUTBOX_TMPFS = "type=tmpfs,destination=/var/lib/reclaimd,tmpfs-size=64m,tmpfs-mode=0700,U=true"
 UID = 65532
 
 
@@ -174,7 +176,7 @@ def container(image: str, stack: Stack, rbac: None, tmp_path: Path) -> Iterator[
         os.chmod(f, 0o755 if f.is_dir() else 0o644)  # readable by uid 65532, writable by none
     started = podman(
         "run", "-d", "--read-only", "--network", "host", *ULIMITS,
-        "--tmpfs", f"/var/lib/reclaimd:rw,size=64m,mode=0700,uid={UID},gid={UID}",
+        "--mount", OUTBOX_TMPFS,
         "-v", f"{etc}:/etc/reclaimd:ro",
         image, "run", "--config", "/etc/reclaimd/config.yaml",
     )  # fmt: skip
