@@ -47,6 +47,19 @@ demo: stack-up
 bench: stack-up
 	$(BIN)/python -m reclaimd.bench
 
+# A zone-wide storm at the apiserver's own limit: calibrate node PATCH/s, then the
+# spot-az-storm-1000 drill on 2 replicas: out/bench-storm.json and a table.
+# BENCH_STORM_ARGS="--cache" adds the cache RSS bench (5,000 nodes, 50,000 pods).
+.PHONY: bench-storm
+bench-storm: stack-up
+	$(BIN)/python -m reclaimd.bench_storm $(BENCH_STORM_ARGS)
+
+# The informer cache's RSS with 5,000 nodes and 50,000 pods (10,000 GPU) created straight in
+# the apiserver, deleted afterwards: out/bench-cache.json. BENCH_CACHE_ARGS="--nodes 500 ...".
+.PHONY: bench-cache
+bench-cache: stack-up
+	$(BIN)/python -m reclaimd.bench_cache $(BENCH_CACHE_ARGS)
+
 # One Spot storm through released aws-node-termination-handler (built once from the Go module
 # proxy) and through reclaimd, side by side: out/bench-peers.json and a table.
 # BENCH_PEERS_ARGS="--nodes 50 --repeat 1" for a quick run.

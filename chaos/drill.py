@@ -713,7 +713,8 @@ class Drill:
             ),
         )
         files = tuple(str(p) for p in sorted(h.workdir.glob("spans-*.jsonl")))
-        return dataclasses.replace(verdict, span_files=files)
+        daemons = tuple((d.name, d.stats()) for d in h.daemons)
+        return dataclasses.replace(verdict, span_files=files, daemons=daemons)
 
     def _gang_facts(self, g: PlannedGang, namespace: str, alive: set[str]) -> report.GangFacts:
         ranks = []

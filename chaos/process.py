@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -60,6 +61,17 @@ class DaemonProcess:
             return self.log_path.read_bytes()
         except FileNotFoundError:
             return b""
+
+    def stats(self) -> dict[str, Any]:
+        """What the process said of itself as it stopped (writes by kind, peak RSS)."""
+        for line in reversed(self._log_bytes().splitlines()):
+            if b'"reclaimd stopped"' in line:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    return {}
+                return {k: doc[k] for k in ("kube_writes", "peak_rss_mb") if k in doc}
+        return {}
 
     def tail(self, lines: int = 5) -> str:
         return " | ".join(self._log_bytes().decode(errors="replace").splitlines()[-lines:])

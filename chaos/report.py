@@ -169,6 +169,7 @@ class Verdict:
     gangs: tuple[GangRow, ...]
     garbage_sent: int = 0
     span_files: tuple[str, ...] = ()  # where reclaimd's traces are, for `reclaimd postmortem`
+    daemons: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # name, what it said as it stopped
 
     @property
     def ok(self) -> bool:
@@ -757,6 +758,7 @@ def to_json(v: Verdict) -> dict[str, Any]:
         "slowest_notice": slowest.facts.notice_id if slowest else None,
         "span_files": list(v.span_files),
         "garbage_sent": v.garbage_sent,
+        "daemons": {name: dict(stats) for name, stats in v.daemons},
         "notices": [
             {
                 "label": r.facts.label,

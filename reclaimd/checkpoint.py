@@ -46,8 +46,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
+from opentelemetry import trace as otel
 from yarl import URL
 
+from reclaimd import putbudget, tracing
 from reclaimd.model import (
     CheckpointOutcome,
     CheckpointScope,
@@ -68,6 +70,7 @@ DRAIN_RESERVE_S = 30.0
 DRAIN_RESERVE_FRACTION = 0.34
 OPEN_BUDGET_S = 120.0
 NOT_OPTED_IN = "not opted in"
+CUT_SHORT = "cut short: a notice with an earlier deadline joined the gang"
 _MAX_URI = 2048
 
 
@@ -139,11 +142,19 @@ async def signal_gang(
     concurrency: int = 64,
     poll_interval_s: float = 0.5,
     on_ack: Callable[[RankAck], None] | None = None,
+    cut: asyncio.Event | None = None,
+    put_budgets: putbudget.TenantPutBudgets | None = None,
 ) -> tuple[RankAck, ...]:
     """Ask the gang to checkpoint; one ``RankAck`` per member, in ``gang.members`` order.
 
+    ``put_budgets``: each request (and each status poll) carries the rank's share of its
+    tenant's PutObject budget, across every gang this process asks, so that a storm of saves
+    stays inside the tenant's rate (docs/checkpoint-contract.md, "Upload budget").
+
     ``on_ack`` is called once per member as its outcome is known (for spans, metrics, the
-    ``last-checkpoint`` annotation). Returns by ``budget_deadline`` (plus the time to cancel).
+    ``last-checkpoint`` annotation). Returns by ``budget_deadline`` (plus the time to cancel),
+    or as soon as ``cut`` is set (a notice dying earlier joined the gang): the ranks that have
+    not answered by then count as not acked.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
@@ -170,6 +181,11 @@ async def signal_gang(
                 settle(i, RankAck(member=m, acked=False, error=NOT_OPTED_IN))
 
     limit = asyncio.Semaphore(concurrency)
+    tenant = putbudget.tenant_of(gang)
+    keys = [putbudget.rank_key(notice, members[i]) for i in asked]
+    if put_budgets is not None:
+        # Counted before the first grant, so the first rank does not take the whole budget.
+        put_budgets.announce(tenant, keys, deadline=budget_end)
 
     async def one(member: Member) -> RankAck:
         async with limit:
@@ -182,22 +198,16 @@ async def signal_gang(
                 budget_deadline=budget_deadline,
                 traceparent=traceparent(member) if traceparent is not None else "",
                 poll_interval_s=poll_interval_s,
+                put_budgets=put_budgets,
+                tenant=tenant,
             )
 
     tasks = {asyncio.create_task(one(members[i])): i for i in asked}
-    pending: set[asyncio.Task[RankAck]] = set(tasks)
     try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                settle(tasks[task], task.result())
+        await _collect(tasks, members, settle, cut)
     finally:
-        # Reached with tasks left only when cancelled (or when on_ack raised): take the
-        # requests down with us rather than leave them running unowned.
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
+        if put_budgets is not None:
+            put_budgets.release_all(tenant, keys)  # the cut short and the never started
 
     if leader is not None:
         said = acks[asked[0]]
@@ -206,6 +216,38 @@ async def signal_gang(
             if i not in acks:
                 settle(i, _covered(m, said, who))
     return tuple(acks[i] for i in range(len(members)))
+
+
+async def _collect(
+    tasks: Mapping[asyncio.Task[RankAck], int],
+    members: tuple[Member, ...],
+    settle: Callable[[int, RankAck], None],
+    cut: asyncio.Event | None,
+) -> None:
+    """Settle each rank as it answers; once ``cut`` is set, the rest as not acked."""
+    pending: set[asyncio.Task[RankAck]] = set(tasks)
+    stop = asyncio.create_task(cut.wait()) if cut is not None else None
+    try:
+        while pending:
+            waiting: set[asyncio.Future[Any]] = {*pending, *([stop] if stop else [])}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending & done:
+                pending.discard(task)
+                settle(tasks[task], task.result())
+            if stop is not None and stop.done():
+                for task in pending:
+                    i = tasks[task]
+                    settle(i, RankAck(member=members[i], acked=False, error=CUT_SHORT))
+                break
+    finally:
+        if stop is not None:
+            stop.cancel()
+        # Reached with tasks left only when cut, cancelled (or when on_ack raised): take the
+        # requests down with us rather than leave them running unowned.
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
 
 
 def _covered(member: Member, said: RankAck, leader: str) -> RankAck:
@@ -241,6 +283,8 @@ async def _signal_member(
     budget_deadline: datetime,
     traceparent: str,
     poll_interval_s: float,
+    put_budgets: putbudget.TenantPutBudgets | None = None,
+    tenant: str = "",
 ) -> RankAck:
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -271,6 +315,15 @@ async def _signal_member(
         return miss("budget spent before the request could be sent")
     headers = {"traceparent": traceparent} if traceparent else {}
     body = request_body(gang, notice, member, deadline)
+    key = putbudget.rank_key(notice, member)
+
+    def poll_headers() -> Mapping[str, str]:
+        if put_budgets is None:
+            return headers
+        return {**headers, putbudget.HEADER: put_budgets.refresh(tenant, key).header_value()}
+
+    if put_budgets is not None:
+        body[putbudget.REQUEST_FIELD] = put_budgets.grant(tenant, key, deadline=end).to_json()
     progress = _Progress()
     try:
         async with asyncio.timeout_at(end):
@@ -279,6 +332,7 @@ async def _signal_member(
                 url=member.checkpoint_url,
                 body=body,
                 headers=headers,
+                poll_headers=poll_headers,
                 poll_interval_s=poll_interval_s,
                 progress=progress,
             )
@@ -292,6 +346,9 @@ async def _signal_member(
         return miss(str(e))
     except (aiohttp.ClientError, OSError, ValueError) as e:
         return miss(_describe(e))
+    finally:
+        if put_budgets is not None:
+            put_budgets.release(tenant, key)
     return RankAck(
         member=member,
         acked=True,
@@ -317,6 +374,7 @@ async def _exchange(
     url: str,
     body: Mapping[str, Any],
     headers: Mapping[str, str],
+    poll_headers: Callable[[], Mapping[str, str]],
     poll_interval_s: float,
     progress: _Progress,
 ) -> _Saved:
@@ -330,10 +388,11 @@ async def _exchange(
     while True:
         await asyncio.sleep(poll_interval_s)
         try:
+            # Every poll carries the rank's current share (it moves as ranks come and go).
             if poll is None:
-                status, reply, _ = await _call(session, "POST", URL(url), body, headers)
+                status, reply, _ = await _call(session, "POST", URL(url), body, poll_headers())
             else:
-                status, reply, _ = await _call(session, "GET", poll, None, headers)
+                status, reply, _ = await _call(session, "GET", poll, None, poll_headers())
         except aiohttp.ClientError as e:
             # A busy trainer may drop a poll; the budget, not one failure, decides.
             progress.last_error = _describe(e)
@@ -427,6 +486,90 @@ def _describe(e: BaseException) -> str:
 def _one_line(text: str, limit: int = 240) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+# --- reclaimd's signaller: the fan-out with one span per rank --------------------------------
+
+
+class Signaller:
+    """``signal_gang`` over one shared HTTP session, with a client span per rank (whose
+    ``traceparent`` the rank receives), for the runbook."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        tracer: otel.Tracer,
+        put_budgets: putbudget.TenantPutBudgets | None = None,
+    ) -> None:
+        self.session, self.tracer, self.put_budgets = session, tracer, put_budgets
+
+    async def signal(
+        self,
+        gang: Gang,
+        notice: Notice,
+        *,
+        budget_deadline: datetime,
+        cut: asyncio.Event | None = None,
+    ) -> tuple[RankAck, ...]:
+        spans: dict[str, otel.Span] = {}
+
+        def traceparent(m: Member) -> str:
+            span = self.tracer.start_span(
+                "reclaimd.checkpoint.rank",
+                kind=otel.SpanKind.CLIENT,  # the checkpoint request: an HTTP call to the pod
+                attributes={
+                    "k8s.namespace.name": m.namespace,
+                    "k8s.pod.name": m.name,
+                    "k8s.pod.uid": m.uid,
+                    "k8s.node.name": m.node,
+                    "http.request.method": "POST",
+                    "reclaimd.rank": -1 if m.rank is None else m.rank,
+                    "reclaimd.gang": str(gang.key),
+                },
+            )
+            spans[m.uid] = span
+            with otel.use_span(span, end_on_exit=False):
+                return tracing.current_traceparent()
+
+        def on_ack(ack: RankAck) -> None:
+            span = spans.pop(ack.member.uid, None)
+            if span is None:
+                return
+            span.set_attribute("reclaimd.acked", ack.acked)
+            span.set_attribute("reclaimd.durable", ack.durable)
+            if ack.step is not None:
+                span.set_attribute("reclaimd.checkpoint.step", ack.step)
+            if ack.error:
+                span.set_attribute("reclaimd.error", ack.error[:200])
+            if not ack.acked:
+                span.set_status(otel.StatusCode.ERROR, ack.error[:200] or "no ack")
+            span.end()
+
+        try:
+            return await signal_gang(
+                gang,
+                notice,
+                budget_deadline=budget_deadline,
+                session=self.session,
+                traceparent=traceparent,
+                on_ack=on_ack,
+                cut=cut,
+                put_budgets=self.put_budgets,
+            )
+        finally:
+            for span in spans.values():  # cut short (cancelled) before the rank answered
+                span.set_status(otel.StatusCode.ERROR, "checkpoint step ended before the answer")
+                span.end()
+
+
+def session(max_connections: int) -> aiohttp.ClientSession:
+    """The HTTP session every checkpoint request goes through. Its pool is sized for a storm
+    (thousands of ranks asked within seconds); each rank is its own host, so no per-host cap
+    beyond a few sockets (a rank sees a POST and then polls)."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=4)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None), raise_for_status=False
+    )
 
 
 # --- pure reading of the result -------------------------------------------------------------

@@ -48,7 +48,10 @@ class SqsSettings(_Strict):
     region: str = "us-east-1"
     wait_time_s: int = Field(20, ge=0, le=20)
     batch_size: int = Field(10, ge=1, le=10)
-    concurrency: int = Field(10, ge=1, le=100)
+    # Long polls in parallel: one receive loop caps ingest at a batch per round trip.
+    receivers: int = Field(4, ge=1, le=32)
+    # Messages being admitted at once (claim, then delete), across the receivers.
+    concurrency: int = Field(64, ge=1, le=1000)
     visibility_timeout_s: int = Field(30, ge=5, le=43200)
 
 
@@ -116,10 +119,29 @@ class LedgerSettings(_Strict):
     label_allowlist: tuple[str, ...] = ("tenant", "queue", "sku", "cell", "purchase_option")
 
 
+class AllocationSettings(_Strict):
+    """The allocation meter: GPU-, MIG- and HBM-hours per hour and instance, by cost label,
+    for ``reclaimd report``. One replica meters each hour (an hourly Lease)."""
+
+    enabled: bool = False
+    topic: str = "reclaimd.allocation"  # a sibling of the ledger topic, same broker
+    # None: next to the ledger's outbox (``<outbox>-allocation.sqlite``).
+    outbox_path: Path | None = None
+    interval_s: float = Field(30.0, gt=0)
+
+
 class KubeSettings(_Strict):
     kubeconfig: Path | None = None  # None: in-cluster service account
-    qps: float = Field(50.0, gt=0)
+    # The write budget adapts between these: it starts at start_qps, grows while the API
+    # server accepts, halves on 429 / Retry-After / priority-and-fairness rejections, and
+    # never exceeds qps (the operator's cap). Every write (claims, evictions, Leases) shares
+    # it, earliest deadline first.
+    qps: float = Field(1000.0, gt=0)
+    start_qps: float = Field(300.0, gt=0)
+    min_qps: float = Field(5.0, gt=0)
     burst: int = Field(100, ge=1)
+    # Connections to the API server: a storm's writes in flight at once.
+    connections: int = Field(64, ge=1, le=1024)
 
 
 class TracingSettings(_Strict):
@@ -142,9 +164,17 @@ class Settings(_Strict):
     kafka_notices: KafkaNoticeSettings = KafkaNoticeSettings()
     policy: PolicySettings = PolicySettings()
     ledger: LedgerSettings = LedgerSettings()
+    allocation: AllocationSettings = AllocationSettings()
     tracing: TracingSettings = TracingSettings()
     metrics_port: int = Field(9464, ge=0, le=65535)
-    workers: int = Field(16, ge=1, le=1024)
+    # Notices handled at once. Each waits (for acks, for pods to go) as a cheap task, not a
+    # worker; this bounds memory, while the write budget bounds the load on the API server.
+    max_in_flight: int = Field(4096, ge=1, le=100_000)
+    # Checkpoint requests in flight at once, across every gang of every notice.
+    checkpoint_connections: int = Field(4096, ge=1, le=65_536)
+    # The security floor's maxPutObjectQpsPerSa: each tenant's checkpoint uploads, all ranks
+    # together, per replica. Each request tells the rank its share (docs/checkpoint-contract.md).
+    max_put_object_qps_per_sa: float = Field(20.0, gt=0)
     # A notice is acted on this long before its deadline at the earliest (a Health change
     # weeks out is claimed now, drained then).
     schedule_horizon_s: float = Field(600.0, gt=0)

@@ -1,7 +1,8 @@
 """The always-on process: wire the parts, resume open claims, run until SIGTERM.
 
-Root tasks (cache watch, ledger publisher, scheduler workers, one task per source, the resume
-loop) run in one TaskGroup: if one dies the others are cancelled and the process exits
+This module only wires: the parts live in their own modules. Root tasks (ledger publisher,
+scheduler, holder Lease, resume scan, one task per source) run in one TaskGroup: if one dies
+the others are cancelled and the process exits
 non-zero, so the orchestrator restarts it and it resumes from the claims in the cluster
 (crash-only). SIGTERM stops the sources first, gives notices in flight a grace period, then
 flushes the ledger outbox.
@@ -12,157 +13,59 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
-from opentelemetry import trace as otel
+from opentelemetry.trace import SpanContext
 
-from reclaimd import checkpoint, health, ledger, logs, metrics, tracing, waste
-from reclaimd.cluster import actions, cache, claims, client, gangclaims, ratelimit
+from reclaimd import (
+    checkpoint,
+    health,
+    ledger,
+    logs,
+    meter,
+    metrics,
+    putbudget,
+    tracing,
+    waste,
+)
+from reclaimd.cluster import (
+    actions,
+    cache,
+    claimlog,
+    claims,
+    client,
+    gangclaims,
+    holders,
+    ratelimit,
+)
 from reclaimd.config import Settings, UnknownTarget
-from reclaimd.intake import Admission, Intake
-from reclaimd.model import Gang, Member, Notice, ParseError, RankAck, utcnow
+from reclaimd.intake import Admission, Admitted, Intake
+from reclaimd.model import Notice
 from reclaimd.pipeline import Budget, Report, Runbook
-from reclaimd.scheduler import Scheduler
+from reclaimd.scheduler import GangOwners, Scheduler
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 20.0
 
 
-class _Signaller:
-    """The pipeline's ``Signaller`` over ``checkpoint.signal_gang`` with one span per rank."""
-
-    def __init__(self, session: aiohttp.ClientSession, tracer: Any) -> None:
-        self.session, self.tracer = session, tracer
-
-    async def signal(
-        self, gang: Gang, notice: Notice, *, budget_deadline: datetime
-    ) -> tuple[RankAck, ...]:
-        spans: dict[str, Any] = {}
-
-        def traceparent(m: Member) -> str:
-            span = self.tracer.start_span(
-                "reclaimd.checkpoint.rank",
-                kind=otel.SpanKind.CLIENT,  # the checkpoint request: an HTTP call to the pod
-                attributes={
-                    "k8s.namespace.name": m.namespace,
-                    "k8s.pod.name": m.name,
-                    "k8s.pod.uid": m.uid,
-                    "k8s.node.name": m.node,
-                    "http.request.method": "POST",
-                    "reclaimd.rank": -1 if m.rank is None else m.rank,
-                    "reclaimd.gang": str(gang.key),
-                },
-            )
-            spans[m.uid] = span
-            with otel.use_span(span, end_on_exit=False):
-                return tracing.current_traceparent()
-
-        def on_ack(ack: RankAck) -> None:
-            span = spans.pop(ack.member.uid, None)
-            if span is None:
-                return
-            span.set_attribute("reclaimd.acked", ack.acked)
-            span.set_attribute("reclaimd.durable", ack.durable)
-            if ack.step is not None:
-                span.set_attribute("reclaimd.checkpoint.step", ack.step)
-            if ack.error:
-                span.set_attribute("reclaimd.error", ack.error[:200])
-            if not ack.acked:
-                span.set_status(otel.StatusCode.ERROR, ack.error[:200] or "no ack")
-            span.end()
-
-        try:
-            return await checkpoint.signal_gang(
-                gang,
-                notice,
-                budget_deadline=budget_deadline,
-                session=self.session,
-                traceparent=traceparent,
-                on_ack=on_ack,
-            )
-        finally:
-            for span in spans.values():  # cut short (cancelled) before the rank answered
-                span.set_status(otel.StatusCode.ERROR, "checkpoint step ended before the answer")
-                span.end()
-
-
-class ClaimLost(RuntimeError):
-    """Another holder or notice owns the object now: stop acting on this notice."""
-
-
-class _Claims:
-    """Intake's ``ClaimWriter`` and the runbook's ``Progress`` over the cluster claim store.
-
-    It remembers which object each notice is claimed on, so a phase write needs no lookup.
-    """
-
-    def __init__(self, store: claims.ClaimStore, lease_s: float) -> None:
-        self.store = store
-        self.lease_s = lease_s
-        self.objects: dict[str, claims.ClaimTarget] = {}
-
-    @staticmethod
-    def object_for(notice: Notice, node: str | None) -> claims.ClaimTarget:
-        w = notice.target.workload
-        if w is not None:
-            return claims.WorkloadObj(w.namespace, w.name)
-        assert node is not None
-        return claims.NodeObj(node)
-
-    async def claim(self, notice: Notice, node: str | None) -> Admission:
-        obj = self.object_for(notice, node)
-        result = await self.store.claim(obj, notice)
-        admission = _ADMISSION[result.status]
-        if admission in (Admission.CLAIMED, Admission.RESUMED):
-            self.objects[notice.id] = obj
-        return admission
-
-    async def advance(self, notice: Notice, phase: str, **facts: Any) -> None:
-        obj = self.objects.get(notice.id)
-        if obj is None:
-            return
-        result = await self.store.advance(obj, notice.id, phase, **facts)
-        if result.status is claims.AdvanceStatus.LOST:
-            raise ClaimLost(f"{obj.describe()} is no longer ours for {notice.id}")
-        if phase == claims.Phase.DONE:
-            self.objects.pop(notice.id, None)
-
-    async def keep_alive(self, notice: Notice) -> None:
-        """Renew the lease while a long step (checkpoint wait, PDB retries) runs."""
-        while True:
-            await asyncio.sleep(self.lease_s / 3)
-            obj = self.objects.get(notice.id)
-            if obj is not None:
-                with contextlib.suppress(Exception):
-                    await self.store.heartbeat(obj, notice.id)
-
-
-_ADMISSION = {
-    claims.ClaimStatus.CLAIMED: Admission.CLAIMED,
-    claims.ClaimStatus.ALREADY_OURS: Admission.RESUMED,
-    claims.ClaimStatus.TAKEN_OVER: Admission.RESUMED,
-    claims.ClaimStatus.DUPLICATE: Admission.DUPLICATE,
-    claims.ClaimStatus.SUPERSEDED: Admission.SUPERSEDED,
-    claims.ClaimStatus.TARGET_NOT_FOUND: Admission.UNKNOWN_TARGET,
-}
-
-
 @dataclass(frozen=True)
 class _Parts:
     view: cache.ClusterCache
     store: claims.ClaimStore
-    claims: _Claims
+    holders: holders.HolderLeases
     ledger: ledger.LedgerWriter
-    scheduler: Scheduler
+    scheduler: Scheduler[Admitted]
     intake: Intake
     limiter: ratelimit.RateLimiter
     metrics: metrics.Metrics
+    meter: meter.Meter | None = None
 
 
 @dataclass
@@ -171,6 +74,7 @@ class Daemon:
 
     settings: Settings
     on_report: Callable[[Report], None] | None = None
+    limiter: ratelimit.RateLimiter | None = None  # the write budget, once wired
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     def stop(self) -> None:
@@ -180,15 +84,25 @@ class Daemon:
     def _wire(self, api: Any, tracer: Any, session: aiohttp.ClientSession) -> _Parts:
         """Build every part from the settings; nothing runs yet."""
         s = self.settings
-        limiter = ratelimit.RateLimiter(ratelimit.RateSettings(qps=s.kube.qps, burst=s.kube.burst))
+        limiter = ratelimit.RateLimiter(
+            ratelimit.RateSettings(
+                qps=s.kube.qps,
+                start_qps=s.kube.start_qps,
+                min_qps=s.kube.min_qps,
+                burst=s.kube.burst,
+            )
+        )
         view = cache.ClusterCache(api, labeler=ledger.cost_labels)
+        alive = holders.HolderLeases(
+            api, s.lease_namespace, s.holder, lease_s=s.claim_stale_s, limiter=limiter
+        )
         store = claims.ClaimStore(
             api,
             s.holder,
             limiter=limiter,
             settings=claims.ClaimSettings(lease_s=s.claim_stale_s),
+            liveness=alive.renewed,
         )
-        claim_log = _Claims(store, s.claim_stale_s)
         writer = actions.ClusterActions(
             api,
             limiter=limiter,
@@ -205,7 +119,6 @@ class Daemon:
             outbox_path=s.ledger.outbox_path,
             policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
         )
-
         receipts = tracing.Receipts(
             tracer,
             destinations={
@@ -214,7 +127,6 @@ class Daemon:
                 "kafka": s.kafka_notices.topic,
             },
         )
-
         observed = metrics.Metrics(label_policy=ledger_writer.policy)
 
         def keep(report: Report) -> None:
@@ -222,51 +134,76 @@ class Daemon:
             if self.on_report is not None:
                 self.on_report(report)
 
-        def admitted(notice: Notice, admission: Admission) -> None:
-            # A receive span and a count per admitted notice.
-            receipts.on_admission(notice, admission)
+        def admitted(notice: Notice, admission: Admission) -> SpanContext | None:
             observed.observe_admission(notice, admission)
+            return receipts.on_admission(notice, admission)
 
         runbook = Runbook(
             view=view,
             writer=writer,
-            signaller=_Signaller(session, tracer),
+            signaller=checkpoint.Signaller(
+                session, tracer, putbudget.TenantPutBudgets(s.max_put_object_qps_per_sa)
+            ),
             ledger=ledger_writer,
-            progress=claim_log,
-            gang_lock=gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter),
+            progress=claimlog.ClaimLog(store, view),
+            owners=GangOwners(
+                gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter)
+            ),
             budget=Budget(
                 drain_reserve_s=s.policy.drain_reserve_s,
                 drain_reserve_fraction=s.policy.drain_reserve_fraction,
                 no_deadline_horizon_s=s.windows.default_s,
             ),
-            build_waste=waste.build_restart_waste,
+            # Each rank's waste is priced where it ran: the event names each node's instance.
+            build_waste=waste.with_placements(
+                lambda node: ledger.placement(view.node_labels(node), view.provider_id(node))
+            ),
             tracer=tracer,
             cluster_name=s.cluster_name,
             evict_concurrency=s.policy.evict_concurrency,
             on_report=keep,
-            # late-bound: the intake is built below, once the scheduler exists
-            claim_times=lambda notice_id: intake.claim_times(notice_id),  # noqa: PLW0108
-            receipts=receipts.context,
             ledger_topic=s.ledger.topic,
         )
 
-        async def handle(notice: Notice) -> Report:
-            alive = asyncio.create_task(claim_log.keep_alive(notice))
-            try:
-                return await runbook.handle(notice)
-            finally:
-                alive.cancel()
-
-        scheduler = Scheduler(handle, workers=s.workers, horizon_s=s.schedule_horizon_s)
+        scheduler = Scheduler(
+            runbook.handle, max_in_flight=s.max_in_flight, horizon_s=s.schedule_horizon_s
+        )
         intake = Intake(
-            claims=claim_log,
+            claims=claimlog.ClaimLog(store, view),
             resolver=view,
             submit=scheduler.submit,
             drop_unknown=s.policy.unknown_target is UnknownTarget.DROP,
             expire_after=timedelta(seconds=s.policy.expired_after_s),
             on_admission=admitted,
         )
-        return _Parts(view, store, claim_log, ledger_writer, scheduler, intake, limiter, observed)
+        return _Parts(
+            view,
+            store,
+            alive,
+            ledger_writer,
+            scheduler,
+            intake,
+            limiter,
+            observed,
+            self._meter(api, view, ledger_writer.policy),
+        )
+
+    def _meter(
+        self, api: Any, view: cache.ClusterCache, policy: ledger.LabelPolicy
+    ) -> meter.Meter | None:
+        a, s = self.settings.allocation, self.settings
+        if not a.enabled:
+            return None
+        outbox = a.outbox_path or s.ledger.outbox_path.with_name(
+            f"{s.ledger.outbox_path.stem}-allocation.sqlite"
+        )
+        rows = ledger.LedgerWriter(
+            bootstrap_servers=s.ledger.bootstrap, topic=a.topic, outbox_path=outbox, policy=policy
+        )
+        lock = meter.LeaseHourLock(api, s.lease_namespace, s.holder, s.cluster_name)
+        return meter.Meter(
+            meter.CacheFleet(view), rows, lock, cluster=s.cluster_name, interval_s=a.interval_s
+        )
 
     async def run(self, *, ready: asyncio.Event | None = None) -> None:
         s = self.settings
@@ -279,11 +216,12 @@ class Daemon:
             },
         )
         tracer = provider.get_tracer(tracing.TRACER_NAME)
-        api = await client.build_api_client(str(s.kube.kubeconfig) if s.kube.kubeconfig else None)
-        session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None), raise_for_status=False
+        api = await client.build_api_client(
+            str(s.kube.kubeconfig) if s.kube.kubeconfig else None, pool_size=s.kube.connections
         )
+        session = checkpoint.session(s.checkpoint_connections)
         parts = self._wire(api, tracer, session)
+        self.limiter = parts.limiter
         view, scheduler, ledger_writer = parts.view, parts.scheduler, parts.ledger
         self.intake, self.scheduler, self.ledger = parts.intake, scheduler, ledger_writer
         serving = contextlib.AsyncExitStack()
@@ -302,11 +240,30 @@ class Daemon:
             if not await view.wait_synced(timeout_s=60):
                 raise RuntimeError("cluster cache did not sync within 60 s")
             async with asyncio.TaskGroup() as tg:
+                # Our Lease first: the claims we write are live only while it is renewed.
+                await parts.holders.renew()
                 background = [
                     tg.create_task(ledger_writer.run(), name="ledger"),
+                    *(
+                        [
+                            tg.create_task(parts.meter.writer.run(), name="allocation-ledger"),
+                            tg.create_task(parts.meter.run(), name="allocation-meter"),
+                        ]
+                        if parts.meter is not None
+                        else []
+                    ),
                     tg.create_task(scheduler.run(), name="scheduler"),
+                    tg.create_task(parts.holders.run(), name="holder-lease"),
                     tg.create_task(
-                        self._resume_loop(parts.store, parts.claims, scheduler), name="resume"
+                        claimlog.resume_loop(
+                            parts.store,
+                            view,
+                            resume=parts.intake.resume,
+                            in_flight=scheduler.running,
+                            renewed=parts.holders.renewed,
+                            lease_s=s.claim_stale_s,
+                        ),
+                        name="resume",
                     ),
                 ]
                 sources = [
@@ -326,6 +283,8 @@ class Daemon:
                     async with asyncio.timeout(STOP_GRACE_S):
                         await scheduler.wait_idle()
                 await ledger_writer.flush(timeout_s=5.0)
+                if parts.meter is not None:
+                    await parts.meter.writer.flush(timeout_s=2.0)
                 for task in background:
                     task.cancel()
         finally:
@@ -333,40 +292,12 @@ class Daemon:
             await session.close()
             with contextlib.suppress(Exception):
                 await ledger_writer.close()
+            if parts.meter is not None:
+                with contextlib.suppress(Exception):
+                    await parts.meter.writer.close()
             await view.stop()
             await api.close()
             provider.shutdown()
-
-    async def _resume_loop(
-        self, store: claims.ClaimStore, claim_log: _Claims, scheduler: Scheduler
-    ) -> None:
-        """Resume open claims at start, then keep looking: a peer that dies mid-storm leaves
-        claims whose messages are already acked, and only this scan finds them."""
-        while True:
-            try:
-                await self._resume(store, claim_log, scheduler)
-            except Exception as e:
-                logs.event(log, "resume scan failed", logging.WARNING, error=str(e)[:200])
-            await asyncio.sleep(claim_log.lease_s / 2)
-
-    async def _resume(
-        self, store: claims.ClaimStore, claim_log: _Claims, scheduler: Scheduler
-    ) -> None:
-        """Queue every open claim this holder may finish (ours, or a dead peer's)."""
-        now = utcnow()
-        for claim in await store.list_open():
-            try:
-                notice = Notice.from_json(claim.notice)
-            except ParseError:
-                continue  # written by a newer or broken version: leave it to its holder
-            if notice.deadline is not None and notice.deadline < now:
-                continue
-            if claim.holder != self.settings.holder and not claim.stale(now, claim_log.lease_s):
-                continue
-            node = claim.target.name if isinstance(claim.target, claims.NodeObj) else None
-            if await claim_log.claim(notice, node) is Admission.RESUMED:
-                logs.event(log, "resuming notice", notice_id=notice.id, phase=claim.phase.value)
-                await scheduler.submit(notice)
 
     def _sources(self, intake: Intake, api: Any) -> dict[str, Any]:
         s = self.settings
@@ -435,14 +366,26 @@ async def run(settings: Settings) -> int:
         loop.add_signal_handler(sig, on_signal)
     try:
         await task
-        logs.event(log, "reclaimd stopped")
+        _stopped(daemon)
     except asyncio.CancelledError:
-        logs.event(log, "reclaimd stopped")
+        _stopped(daemon)
         return 0
     except Exception as e:
         logs.event(log, "reclaimd failed", logging.ERROR, error="; ".join(_leaves(e))[:1000])
         return 1
     return 0
+
+
+def _stopped(daemon: Daemon) -> None:
+    """The last line: what this process cost the API server and the machine (the storm
+    bench reads it)."""
+    limiter = daemon.limiter
+    logs.event(
+        log,
+        "reclaimd stopped",
+        kube_writes=dict(limiter.by_kind) if limiter is not None else {},
+        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    )
 
 
 def _leaves(e: BaseException) -> list[str]:

@@ -1,8 +1,12 @@
 """Dedupe and durable claim, then tell the transport whether it may ack.
 
-The claim is the first write for a notice (ARCHITECTURE §3). A transport deletes, acks or
-commits its message only when ``Admission.ack`` is true: a claim that could not be written
-(apiserver down, conflict storm) leaves the message for redelivery, so nothing is lost.
+The claim is the first write for a notice (ARCHITECTURE §3), and on a node it is also the
+cordon: one PATCH when the notice is admitted. A transport deletes, acks or commits its
+message only when ``Admission.ack`` is true: a claim that could not be written (apiserver
+down, conflict storm) leaves the message for redelivery, so nothing is lost.
+
+What the runbook needs from the admission travels with it as one ``Admitted`` value: the
+notice, the claimed object, when the claim was started and stored, and the receive span.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
+
+from opentelemetry.trace import SpanContext
 
 from reclaimd import logs
 from reclaimd.model import Notice, Target, utcnow
@@ -35,9 +42,33 @@ class Admission(StrEnum):
         return self is not Admission.RETRY
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """What a claim attempt gave: the admission and, when ours, the object it is on."""
+
+    admission: Admission
+    on: object = None  # the claimed object, opaque here (``cluster.claimlog`` knows it)
+    node: str = ""  # the doomed node, when the target is one
+    cordoned: bool = False  # the claim's write also cordoned and tainted the node
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A notice that is ours to act on, as the intake hands it to the runbook."""
+
+    notice: Notice
+    claim: Claimed
+    claim_times: tuple[datetime, datetime] | None = None  # started, stored; None: resumed
+    receipt: SpanContext | None = None  # the receive span, to link the notice's trace to
+
+    @property
+    def id(self) -> str:
+        return self.notice.id
+
+
 class ClaimWriter(Protocol):
-    async def claim(self, notice: Notice, node: str | None) -> Admission:
-        """Write the claim for ``notice`` on ``node`` (or its workload); one of the admissions."""
+    async def claim(self, notice: Notice, node: str | None) -> Claimed:
+        """Write the claim for ``notice`` on ``node`` (or its workload)."""
         ...
 
 
@@ -51,12 +82,14 @@ class Intake:
         *,
         claims: ClaimWriter,
         resolver: TargetResolver,
-        submit: Callable[[Notice], Awaitable[object]],
+        submit: Callable[[Admitted], Awaitable[object]],
         drop_unknown: bool,
         expire_after: timedelta = timedelta(minutes=5),
-        on_admission: Callable[[Notice, Admission], None] | None = None,
+        on_admission: Callable[[Notice, Admission], SpanContext | None] | None = None,
         memory: int = 50_000,
     ) -> None:
+        """``on_admission`` sees every admission (metrics, the receive span) and may return
+        the receive span's context, which the ``Admitted`` carries to the notice's trace."""
         self.claims, self.resolver, self.submit = claims, resolver, submit
         self.drop_unknown = drop_unknown
         self.expire_after = expire_after
@@ -64,12 +97,7 @@ class Intake:
         # Ids claimed by this process: a redelivery costs no apiserver round trip.
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._memory = memory
-        # When each claim was started and stored: the runbook puts it in the notice's trace.
-        self._claim_times: OrderedDict[str, tuple[datetime, datetime]] = OrderedDict()
         self._flights: dict[str, asyncio.Future[Admission]] = {}
-
-    def claim_times(self, notice_id: str) -> tuple[datetime, datetime] | None:
-        return self._claim_times.get(notice_id)
 
     async def admit(self, notice: Notice) -> Admission:
         """Admit ``notice``; concurrent deliveries of one notice share one admission."""
@@ -90,8 +118,18 @@ class Intake:
         finally:
             del self._flights[notice.id]
 
+    async def resume(self, notice: Notice, node: str | None) -> Admission:
+        """Claim again a notice found open in the cluster (ours from before a restart, or a
+        dead peer's) and queue it; a live peer's claim stays its own."""
+        return await self._claim(notice, node, resumed=True)
+
     async def _admit_logged(self, notice: Notice) -> Admission:
         admission = await self._admit(notice)
+        if admission not in (Admission.CLAIMED, Admission.RESUMED):
+            self._observe(notice, admission)
+        return admission
+
+    def _observe(self, notice: Notice, admission: Admission) -> SpanContext | None:
         logs.event(
             log,
             "notice admitted",
@@ -101,9 +139,9 @@ class Intake:
             target=notice.target.describe(),
             admission=admission.value,
         )
-        if self.on_admission is not None:
-            self.on_admission(notice, admission)
-        return admission
+        if self.on_admission is None:
+            return None
+        return self.on_admission(notice, admission)
 
     async def _admit(self, notice: Notice) -> Admission:
         if notice.id in self._seen:
@@ -117,26 +155,30 @@ class Intake:
             node = self.resolver.resolve_node(notice.target)
             if node is None:
                 return Admission.UNKNOWN_TARGET if self.drop_unknown else Admission.RETRY
+        return await self._claim(notice, node, resumed=False)
+
+    async def _claim(self, notice: Notice, node: str | None, *, resumed: bool) -> Admission:
         started = utcnow()
         try:
-            admission = await self.claims.claim(notice, node)
+            claimed = await self.claims.claim(notice, node)
         except Exception as e:
             # Whatever failed, the message stays with the transport and comes back.
             logs.event(
                 log, "claim failed", logging.WARNING, notice_id=notice.id, error=str(e)[:200]
             )
             return Admission.RETRY
+        admission = claimed.admission
         if admission is Admission.UNKNOWN_TARGET and not self.drop_unknown:
             return Admission.RETRY
         if admission in (Admission.CLAIMED, Admission.RESUMED):
-            self._remember(notice.id, (started, utcnow()))
-            await self.submit(notice)
+            stored = utcnow()
+            self._remember(notice.id)
+            receipt = self._observe(notice, admission) if not resumed else None
+            times = None if resumed else (started, stored)
+            await self.submit(Admitted(notice, claimed, claim_times=times, receipt=receipt))
         return admission
 
-    def _remember(self, notice_id: str, times: tuple[datetime, datetime]) -> None:
+    def _remember(self, notice_id: str) -> None:
         self._seen[notice_id] = None
-        self._claim_times[notice_id] = times
         while len(self._seen) > self._memory:
             self._seen.popitem(last=False)
-        while len(self._claim_times) > self._memory:
-            self._claim_times.popitem(last=False)

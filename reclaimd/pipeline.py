@@ -1,20 +1,25 @@
 """The per-notice runbook, read top to bottom.
 
-The claim was written by intake before the transport acked the message; from there a notice goes
+The intake's claim was the first write, and on a node it also cordoned and tainted it, before
+the transport acked the message. From there a notice goes
 
-    resolve -> cordon/taint -> checkpoint every rank -> drain -> one ledger event per gang
+    resolve -> own its gangs -> per gang, at once: checkpoint every rank -> drain -> one event
 
 Every step is idempotent (a resumed notice runs the runbook again from the top) and every step
 watches the deadline: the checkpoint budget ends early enough to leave the drain its reserve,
-and the drain escalates as the deadline nears (the eviction policy decides how). Side effects
-sit behind the small protocols below so each step can be exercised alone.
+and the drain escalates as the deadline nears (the eviction policy decides how). Gangs are
+settled concurrently and independently: a gang whose rank hangs does not hold back the drain
+of another. A gang that a notice in this process already owns is joined, not waited for
+(``scheduler.GangOwners``). Side effects sit behind the small protocols below so each step
+can be exercised alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -22,6 +27,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from reclaimd import checkpoint, logs, tracing
+from reclaimd.intake import Admitted
 from reclaimd.model import (
     Gang,
     GangKey,
@@ -35,7 +41,7 @@ from reclaimd.model import (
     WorkloadRef,
     utcnow,
 )
-from reclaimd.scheduler import GangFlights
+from reclaimd.scheduler import GangFlight, GangOwners
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +56,6 @@ class ClusterView(Protocol):
 
 
 class ClusterWriter(Protocol):
-    async def cordon_and_taint(self, node: str, notice: Notice) -> None: ...
-
     async def evict(self, member: Member, *, deadline: datetime) -> str:
         """Evict (or, per policy, delete) one pod; returns a short outcome word."""
         ...
@@ -63,22 +67,25 @@ class ClusterWriter(Protocol):
 
 class Signaller(Protocol):
     async def signal(
-        self, gang: Gang, notice: Notice, *, budget_deadline: datetime
-    ) -> tuple[RankAck, ...]: ...
+        self,
+        gang: Gang,
+        notice: Notice,
+        *,
+        budget_deadline: datetime,
+        cut: asyncio.Event | None = None,
+    ) -> tuple[RankAck, ...]:
+        """Every rank's outcome by ``budget_deadline``, or earlier once ``cut`` is set."""
+        ...
 
 
 class Ledger(Protocol):
     async def record(self, waste: RestartWaste) -> None: ...
 
 
-class GangLock(Protocol):
-    async def acquire(self, gang: Gang, notice: Notice) -> bool:
-        """True when this notice charges the gang (cluster-wide, across replicas)."""
-        ...
-
-
 class Progress(Protocol):
-    async def advance(self, notice: Notice, phase: str, **facts: Any) -> None: ...
+    async def done(self, admitted: Admitted, **facts: Any) -> None:
+        """The notice is finished: its claim says so (the resume scan skips it)."""
+        ...
 
 
 WasteBuilder = Callable[..., RestartWaste]
@@ -95,7 +102,13 @@ class Budget:
     drain_reserve_fraction: float
     no_deadline_horizon_s: float  # an early warning's checkpoint budget
 
-    def checkpoint_deadline(self, notice: Notice, now: datetime) -> datetime:
+    def checkpoint_deadline(
+        self, notice: Notice, now: datetime, *, deadline: datetime | None = None
+    ) -> datetime:
+        """When the checkpoint wait ends; ``deadline`` overrides the notice's own (a gang
+        joined by a notice that dies earlier)."""
+        if deadline is not None and deadline != notice.deadline:
+            notice = dataclasses.replace(notice, deadline=deadline)
         # Nothing to drain after a checkpoint-only or scheduler-reclaim notice: the whole
         # window is the workload's.
         reserve = (
@@ -134,7 +147,8 @@ class Report:
     acks: dict[GangKey, tuple[RankAck, ...]] = field(default_factory=dict)
     evictions: dict[str, str] = field(default_factory=dict)  # ns/pod -> outcome
     wastes: list[RestartWaste] = field(default_factory=list)
-    skipped_gangs: list[GangKey] = field(default_factory=list)
+    skipped_gangs: list[GangKey] = field(default_factory=list)  # another notice charges them
+    joined_gangs: list[GangKey] = field(default_factory=list)  # ...one in this process
 
     def mark(self, step: str, at: datetime | None = None) -> None:
         self.times[step] = at or utcnow()
@@ -153,72 +167,79 @@ class Runbook:
         signaller: Signaller,
         ledger: Ledger,
         progress: Progress,
-        gang_lock: GangLock,
+        owners: GangOwners,
         budget: Budget,
         build_waste: WasteBuilder,
         tracer: trace.Tracer,
         cluster_name: str,
         evict_concurrency: int = 32,
         on_report: Callable[[Report], None] | None = None,
-        claim_times: Callable[[str], tuple[datetime, datetime] | None] = lambda _: None,
-        receipts: Callable[[str], trace.SpanContext | None] = lambda _: None,
         ledger_topic: str = "",
     ) -> None:
         self.view, self.writer, self.signaller = view, writer, signaller
         self.ledger, self.progress, self.budget = ledger, progress, budget
-        self.gang_lock = gang_lock
+        self.owners = owners
         self.build_waste = build_waste
         self.tracer = tracer
         self.cluster_name = cluster_name
         self.evict_concurrency = evict_concurrency
         self.on_report = on_report
-        self.claim_times = claim_times
-        self.receipts = receipts  # the notice's receive span, to link the trace to its message
         self.ledger_topic = ledger_topic
-        self.flights = GangFlights()
 
-    async def handle(self, notice: Notice) -> Report:
+    async def handle(self, admitted: Admitted) -> Report:
+        notice = admitted.notice
         report = Report(notice)
         report.mark("received", notice.received_at)
         # The trace starts when the notice was received, so the window spent in the transport
         # and in the claim shows in the post-mortem; an exception is recorded on the root.
         with tracing.notice_span(
-            self.tracer, notice, cluster=self.cluster_name, receipt=self.receipts(notice.id)
+            self.tracer, notice, cluster=self.cluster_name, receipt=admitted.receipt
         ) as root:
-            self._claim_span(notice, report)
+            self._claim_spans(admitted, report)
             try:
-                await self._run(notice, report)
+                await self._run(admitted, report)
             finally:
                 root.set_attribute("reclaimd.deadline_met", report.deadline_met)
         if self.on_report is not None:
             self.on_report(report)
         return report
 
-    async def _run(self, notice: Notice, report: Report) -> None:
+    async def _run(self, admitted: Admitted, report: Report) -> None:
+        notice = admitted.notice
         plan = self.resolve(notice)
         report.plan = plan
         report.mark("resolved")
-        await self.cordon(plan, report)
         if notice.response is Response.CHECKPOINT_ONLY:
             # An early warning takes nothing away: it asks every gang to save and charges
-            # none, so it must not hold the gangs against the notice that will.
-            await self.checkpoint(notice, plan.gangs, report)
-            await self.progress.advance(notice, "done", outcome="checkpoint-only")
+            # none, so it must not own the gangs the interruption that follows will charge.
+            await asyncio.gather(*(self.checkpoint(notice, g, None, report) for g in plan.gangs))
+            await self.progress.done(admitted, outcome="checkpoint-only")
             return
-        async with self.flights.hold(g.key for g in plan.gangs):
-            gangs = await self._ours(plan.gangs, report)
-            acks = await self.checkpoint(notice, gangs, report)
-            stopped = await self.drain(notice, gangs, report)
-            await self.record(notice, gangs, acks, stopped, report)
-        await self.progress.advance(notice, "done", deadline_met=report.deadline_met)
+        flights = await self.own(plan, report)
+        try:
+            await asyncio.gather(*(self.settle(notice, f, report) for f in flights))
+        finally:
+            for flight in flights:
+                self.owners.release(flight)
+        await self.progress.done(admitted, deadline_met=report.deadline_met)
 
-    def _claim_span(self, notice: Notice, report: Report) -> None:
-        times = self.claim_times(notice.id)
-        if times is None:
-            return  # resumed after a restart: the claim was made by an earlier process
-        span = self.tracer.start_span("reclaimd.claim", start_time=_ns(times[0]))
-        span.end(end_time=_ns(times[1]))
-        report.mark("claimed", times[1])
+    def _claim_spans(self, admitted: Admitted, report: Report) -> None:
+        """The claim (and, on a node, the cordon: the same write) as spans of this trace."""
+        if admitted.claim_times is None:
+            return  # resumed: the claim was made by an earlier process or a dead peer
+        start, end = (_ns(t) for t in admitted.claim_times)
+        self.tracer.start_span("reclaimd.claim", start_time=start).end(end_time=end)
+        report.mark("claimed", admitted.claim_times[1])
+        if admitted.claim.cordoned:
+            node = admitted.claim.node
+            attributes: dict[str, Any] = {"reclaimd.claim_write": True}
+            if node:
+                attributes["k8s.node.name"] = node
+            span = self.tracer.start_span(
+                "reclaimd.cordon", start_time=start, attributes=attributes
+            )
+            span.end(end_time=end)
+            report.mark("cordoned", admitted.claim_times[1])
 
     # --- the steps ------------------------------------------------------------------------
 
@@ -237,40 +258,55 @@ class Runbook:
                 span.set_attribute("k8s.node.name", nodes[0])
             return Plan(notice=notice, nodes=nodes, gangs=gangs)
 
-    async def cordon(self, plan: Plan, report: Report) -> None:
-        if plan.notice.response is not Response.FULL:
-            return
-        nodes = {"k8s.node.name": plan.nodes[0]} if plan.nodes else {}
-        with self.tracer.start_as_current_span("reclaimd.cordon", attributes=nodes):
-            for node in plan.nodes:
-                await self.writer.cordon_and_taint(node, plan.notice)
-        report.mark("cordoned")
-        await self.progress.advance(plan.notice, "cordoned")
+    async def own(self, plan: Plan, report: Report) -> list[GangFlight]:
+        """The gangs this notice charges. The others are owned by an earlier notice (another
+        node of the same gang): in this process the notice joins that flight (its deadline
+        governs if earlier), on another replica the gang's Lease says who charges it."""
+        taken = await self.owners.take(plan.gangs, plan.notice, plan.nodes)
+        report.skipped_gangs.extend(k for k in taken.skipped)
+        report.joined_gangs.extend(taken.joined)
+        return taken.owned
+
+    async def settle(self, notice: Notice, flight: GangFlight, report: Report) -> None:
+        """One gang, start to end: every rank asked to checkpoint, drained, charged once."""
+        acks = await self.checkpoint(notice, flight.gang, flight, report)
+        stopped = await self.drain(notice, flight, report)
+        await self.record(notice, flight.gang, acks, stopped, report)
 
     async def checkpoint(
-        self, notice: Notice, gangs: Sequence[Gang], report: Report
-    ) -> dict[GangKey, tuple[RankAck, ...]]:
-        budget_end = self.budget.checkpoint_deadline(notice, utcnow())
+        self, notice: Notice, gang: Gang, flight: GangFlight | None, report: Report
+    ) -> tuple[RankAck, ...]:
+        deadline_of = flight.deadline if flight is not None else notice.deadline
+        budget_end = self.budget.checkpoint_deadline(notice, utcnow(), deadline=deadline_of)
         with self.tracer.start_as_current_span(
-            "reclaimd.checkpoint", attributes={"reclaimd.budget_deadline": budget_end.isoformat()}
+            "reclaimd.checkpoint",
+            attributes={
+                "reclaimd.budget_deadline": budget_end.isoformat(),
+                "reclaimd.gang": str(gang.key),
+            },
         ):
-            results = await asyncio.gather(
-                *(self.signaller.signal(g, notice, budget_deadline=budget_end) for g in gangs)
+            if flight is not None:
+                flight.checkpoint_until(
+                    lambda d: self.budget.checkpoint_deadline(notice, utcnow(), deadline=d)
+                )
+            acks = await self.signaller.signal(
+                gang,
+                notice,
+                budget_deadline=budget_end,
+                cut=flight.cut if flight is not None else None,
             )
-        acks = {g.key: r for g, r in zip(gangs, results, strict=True)}
-        report.acks.update(acks)
+        report.acks[gang.key] = acks
         report.mark("signaled")
-        await self.progress.advance(notice, "signaled")
         return acks
 
-    async def drain(
-        self, notice: Notice, gangs: Sequence[Gang], report: Report
-    ) -> dict[GangKey, Stop]:
-        """Evict every rank of every gang; returns when each gang stopped, and if in time."""
-        deadline = notice.deadline or utcnow() + timedelta(seconds=120)
+    async def drain(self, notice: Notice, flight: GangFlight, report: Report) -> Stop:
+        """Evict every rank of the gang; when it stopped, and whether in time. The deadline is
+        the earliest of every notice that joined the gang."""
+        gang = flight.gang
+        deadline = flight.deadline or utcnow() + timedelta(seconds=120)
         limit = asyncio.Semaphore(self.evict_concurrency)
 
-        async def one(gang: Gang, member: Member) -> Stop:
+        async def one(member: Member) -> Stop:
             with self.tracer.start_as_current_span(
                 "reclaimd.evict",
                 attributes={
@@ -298,59 +334,50 @@ class Runbook:
                     return Stop(max(utcnow(), deadline), in_time=False)
                 return Stop(gone, in_time=gone <= deadline)
 
-        with self.tracer.start_as_current_span("reclaimd.drain"):
-            per_gang = await asyncio.gather(
-                *(asyncio.gather(*(one(g, m) for m in g.members)) for g in gangs)
-            )
-        stopped = {g.key: Stop.last(stops) for g, stops in zip(gangs, per_gang, strict=True)}
-        report.mark("drained", max((s.at for s in stopped.values()), default=utcnow()))
-        await self.progress.advance(notice, "drained")
+        with self.tracer.start_as_current_span(
+            "reclaimd.drain", attributes={"reclaimd.gang": str(gang.key)}
+        ):
+            stopped = Stop.last(await asyncio.gather(*(one(m) for m in gang.members)))
+        report.mark("drained", max(stopped.at, report.times.get("drained", stopped.at)))
         return stopped
 
     async def record(
         self,
         notice: Notice,
-        gangs: Sequence[Gang],
-        acks: Mapping[GangKey, tuple[RankAck, ...]],
-        stopped: Mapping[GangKey, Stop],
+        gang: Gang,
+        acks: tuple[RankAck, ...],
+        stopped: Stop,
         report: Report,
     ) -> None:
         with self.tracer.start_as_current_span(
             "reclaimd.ledger",
-            kind=trace.SpanKind.PRODUCER,  # it creates the events; the outbox sends them later
-            attributes=tracing.producer_attributes("kafka", self.ledger_topic, len(gangs)),
+            kind=trace.SpanKind.PRODUCER,  # it creates the event; the outbox sends it later
+            attributes={
+                **tracing.producer_attributes("kafka", self.ledger_topic, 1),
+                "reclaimd.gang": str(gang.key),
+            },
         ) as span:
-            traceparent = tracing.current_traceparent()
-            for gang in gangs:
-                waste = self.build_waste(
-                    notice,
-                    gang,
-                    acks.get(gang.key, ()),
-                    stopped[gang.key].at,
-                    deadline_met=stopped[gang.key].in_time,
-                    traceparent=traceparent,
-                    cluster=self.cluster_name,
-                )
-                await self.ledger.record(waste)
-                report.wastes.append(waste)
-            span.set_attribute("reclaimd.events", len(gangs))
+            waste = self.build_waste(
+                notice,
+                gang,
+                acks,
+                stopped.at,
+                deadline_met=stopped.in_time,
+                traceparent=tracing.current_traceparent(),
+                cluster=self.cluster_name,
+            )
+            await self.ledger.record(waste)
+            report.wastes.append(waste)
+            span.set_attribute("reclaimd.events", 1)
         report.mark("recorded")
-        await self.progress.advance(notice, "recorded")
         logs.event(
             log,
-            "notice handled",
+            "gang charged",
             notice_id=notice.id,
-            gangs=len(gangs),
-            gpu_seconds_lost=round(sum(w.gpu_seconds_lost for w in report.wastes), 3),
-            deadline_met=report.deadline_met,
+            gang=str(gang.key),
+            gpu_seconds_lost=round(waste.gpu_seconds_lost, 3),
+            deadline_met=stopped.in_time,
         )
-
-    async def _ours(self, gangs: Sequence[Gang], report: Report) -> tuple[Gang, ...]:
-        """The gangs this notice charges; the others belong to an earlier notice (another node
-        of the same gang), here or on another replica."""
-        owned = await asyncio.gather(*(self.gang_lock.acquire(g, report.notice) for g in gangs))
-        report.skipped_gangs.extend(g.key for g, mine in zip(gangs, owned, strict=True) if not mine)
-        return tuple(g for g, mine in zip(gangs, owned, strict=True) if mine)
 
 
 def _ns(t: datetime) -> int:

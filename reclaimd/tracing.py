@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -322,12 +321,12 @@ def ns(t: datetime) -> int:
 
 
 class Receipts:
-    """One receive span per delivery of a notice, remembered for the notice's root span link.
+    """One receive span per delivery of a notice; the intake hands its context on to the root.
 
     ``on_admission`` fits ``Intake(on_admission=...)``: intake calls it once per notice of a
     message, after the claim, before the transport settles the message. The span covers parse
-    to admission. The first delivery's span is the one the root links to; a redelivery
-    (duplicate) gets its own span, which shows in the backend, but does not replace it.
+    to admission. The admitting delivery's span is the one the root links to; a redelivery
+    (duplicate) gets its own span, which shows in the backend.
     ``destinations`` names the queue, subscription or topic per ``messaging.system``.
     """
 
@@ -336,14 +335,12 @@ class Receipts:
         tracer: trace.Tracer,
         *,
         destinations: Mapping[str, str] | None = None,
-        memory: int = 10_000,
     ) -> None:
         self.tracer = tracer
         self.destinations = dict(destinations or {})
-        self._memory = memory
-        self._contexts: OrderedDict[str, trace.SpanContext] = OrderedDict()
 
-    def on_admission(self, notice: Notice, admission: str) -> None:
+    def on_admission(self, notice: Notice, admission: str) -> trace.SpanContext:
+        """Record the receive span; its context, for the notice's root span to link to."""
         origin = origin_of(notice.source)
         attrs: Attributes = {
             "reclaimd.notice.id": notice.id,
@@ -377,11 +374,5 @@ class Receipts:
             start_time=ns(notice.received_at),
         )
         span.end(end_time=ns(utcnow()))
-        if notice.id not in self._contexts:
-            self._contexts[notice.id] = span.get_span_context()
-            while len(self._contexts) > self._memory:
-                self._contexts.popitem(last=False)
+        return span.get_span_context()
 
-    def context(self, notice_id: str) -> trace.SpanContext | None:
-        """The receive span of the notice's first delivery in this process, if any."""
-        return self._contexts.get(notice_id)

@@ -20,27 +20,23 @@ notice's deadline, so in a storm the most urgent node is served first.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
-from reclaimd.cluster import client
+from reclaimd.cluster import client, taints
 from reclaimd.cluster.claims import MERGE_PATCH
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.config import EvictionPolicy
 from reclaimd.model import Member, Notice, utcnow
 
 log = logging.getLogger(__name__)
-
-TAINT_KEY = "reclaimd.io/interruption"
-TAINT_EFFECT = "NoSchedule"
-
 
 class EvictResult(StrEnum):
     EVICTED = "evicted"  # the API accepted the eviction; the pod is terminating
@@ -89,7 +85,10 @@ class ClusterActions:
     # --- cordon and taint --------------------------------------------------------------
 
     async def cordon_and_taint(self, node: str, notice: Notice) -> None:
-        """Mark ``node`` unschedulable with our taint; no-op when already so or gone."""
+        """Mark ``node`` unschedulable with our taint; no-op when already so or gone.
+
+        The storm path cordons in the claim's own write (``claims``); this stands alone for
+        callers that hold no claim."""
         what = f"cordon node/{node}"
         for _ in range(20):
             try:
@@ -98,31 +97,26 @@ class ClusterActions:
             except client.NotFound:
                 log.info("%s: node is gone, nothing to cordon", what)
                 return
-            taints = [t.to_dict() for t in current.spec.taints or ()]
-            wanted = {"key": TAINT_KEY, "value": notice.kind.value, "effect": TAINT_EFFECT}
-            ours = [
-                t for t in taints if t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT
-            ]
-            if current.spec.unschedulable and ours and ours[0].get("value") == wanted["value"]:
+            spec = taints.cordon_spec(
+                bool(current.spec.unschedulable),
+                [t.to_dict() for t in current.spec.taints or ()],
+                notice.kind.value,
+            )
+            if spec is None:
                 return
-            kept = [
-                _taint_json(t)
-                for t in taints
-                if not (t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT)
-            ]
-            body = {
-                "metadata": {"resourceVersion": current.metadata.resource_version},
-                "spec": {"unschedulable": True, "taints": [*kept, wanted]},
-            }
-            await self._limiter.acquire(notice.deadline)
+            version = current.metadata.resource_version
+            body = {"metadata": {"resourceVersion": version}, "spec": spec}
             try:
-                with client.kube_errors(what):
-                    await self._core.patch_node(node, body, **MERGE_PATCH)
+                await self._limiter.call(
+                    what,
+                    notice.deadline,
+                    functools.partial(self._core.patch_node, node, body, **MERGE_PATCH),
+                )
             except client.Conflict:
                 continue  # someone else wrote the node: recompute from what is there now
             except client.NotFound:
                 return
-            log.info("%s: cordoned, tainted %s=%s", what, TAINT_KEY, wanted["value"])
+            log.info("%s: cordoned, tainted %s=%s", what, taints.TAINT_KEY, notice.kind.value)
             return
         raise client.Conflict(what, 409, "still conflicting after 20 re-reads")
 
@@ -137,15 +131,19 @@ class ClusterActions:
         if policy is EvictionPolicy.FORCE_NEAR_DEADLINE:
             give_up_at -= self._settings.force_before_s
         what = f"evict pod/{member.namespace}/{member.name}"
+        give_up = datetime.fromtimestamp(give_up_at, tz=deadline.tzinfo)
         attempt = 0
         while True:
-            await self._limiter.acquire(deadline)
             hint_s: float | None = None
             try:
-                with client.kube_errors(what):
-                    await self._core.create_namespaced_pod_eviction(
+                await self._limiter.call(
+                    what,
+                    deadline,
+                    lambda: self._core.create_namespaced_pod_eviction(
                         member.name, member.namespace, _eviction(member)
-                    )
+                    ),
+                    retry_until=give_up,
+                )
                 return EvictResult.EVICTED
             except client.NotFound:
                 return EvictResult.GONE
@@ -155,7 +153,7 @@ class ClusterActions:
                     return EvictResult.GONE
             except (client.TooManyRequests, client.ServerError) as e:
                 # 429: a PDB refuses. 500: the pod is under several PDBs (the server cannot
-                # pick one); other 5xx are transient. All wait for the same retry.
+                # pick one). Load shedding was already retried by the budget.
                 hint_s = e.retry_after_s
             except client.KubeError as e:
                 log.warning("%s: %s", what, e)
@@ -179,17 +177,19 @@ class ClusterActions:
     async def _force_delete(self, member: Member, deadline: datetime, what: str) -> EvictResult:
         left = int(max(0.0, deadline.timestamp() - self._clock().timestamp()))
         grace = min(self._settings.delete_grace_s, left)
-        await self._limiter.acquire(deadline)
         try:
-            with client.kube_errors(what):
-                await self._core.delete_namespaced_pod(
+            await self._limiter.call(
+                what,
+                deadline,
+                lambda: self._core.delete_namespaced_pod(
                     member.name,
                     member.namespace,
                     grace_period_seconds=grace,
                     body=k8s.V1DeleteOptions(
                         grace_period_seconds=grace, preconditions=_preconditions(member)
                     ),
-                )
+                ),
+            )
         except (client.NotFound, client.Conflict):
             return EvictResult.GONE
         except client.KubeError as e:
@@ -230,16 +230,3 @@ def _eviction(member: Member) -> k8s.V1Eviction:
         metadata=k8s.V1ObjectMeta(name=member.name, namespace=member.namespace),
         delete_options=k8s.V1DeleteOptions(preconditions=_preconditions(member)),
     )
-
-
-def _taint_json(taint: dict[str, Any]) -> dict[str, Any]:
-    """A taint from ``V1Taint.to_dict()`` back in API form (camelCase, no nulls)."""
-    out = {"key": taint.get("key"), "effect": taint.get("effect")}
-    if taint.get("value") is not None:
-        out["value"] = taint["value"]
-    if taint.get("time_added") is not None:
-        added = taint["time_added"]
-        out["timeAdded"] = (
-            added.isoformat().replace("+00:00", "Z") if isinstance(added, datetime) else str(added)
-        )
-    return out

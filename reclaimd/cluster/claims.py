@@ -20,25 +20,33 @@ The decision (``decide``) is a pure function of what is on the object:
   ours); with a later deadline (or none: an early warning) -> ``CLAIMED``, the more urgent
   notice replaces it and the old holder finds out at its next ``advance``.
 
-The lease: a holder refreshes ``heartbeat_at`` on every ``advance`` (and ``heartbeat``). A
-claim whose ``heartbeat_at`` is older than ``lease_s`` belongs to a holder presumed dead and
-can be taken over; a claim is *abandoned* when its deadline has passed and its lease is
-stale. A holder doing a long step must call ``heartbeat`` more often than ``lease_s``.
+The claim write is the storm's fast path: for a full-response notice on a node it also
+cordons and taints the node, in the same PATCH, computed from the cluster cache's copy of the
+node (``NodeSnapshot``) so that no GET precedes it; a 409 means the copy was stale, and only
+then is the node read. After that the claim is written once more, at ``done``: progress in
+between is not recorded, since a resumed notice runs its runbook again from the top.
+
+The lease: a claim is live while its holder is. Each replica renews one Lease of its own
+(``holders``); ``liveness`` tells the last renewal seen for a holder, and a claim's own
+``heartbeat_at`` (its last write) counts too. A claim whose holder has renewed neither within
+``lease_s`` belongs to a holder presumed dead (crashed, or hung: a stopped process renews
+nothing) and can be taken over; a claim is *abandoned* when its deadline has passed and its
+lease is stale.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
 
-from reclaimd.cluster import client
+from reclaimd.cluster import client, taints
 from reclaimd.cluster.cache import WorkloadApi
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import Notice, ParseError, frozen_map, parse_time, rfc3339, utcnow
@@ -155,15 +163,17 @@ class Claim:
         except (KeyError, ValueError) as e:
             raise ParseError(f"{target.describe()}: claim is missing or has a bad {e}") from e
 
-    def stale(self, now: datetime, lease_s: float) -> bool:
-        return now - self.heartbeat_at > timedelta(seconds=lease_s)
+    def stale(self, now: datetime, lease_s: float, renewed: datetime | None = None) -> bool:
+        """Neither the claim nor its holder's Lease (``renewed``) was written for ``lease_s``."""
+        last = self.heartbeat_at if renewed is None else max(self.heartbeat_at, renewed)
+        return now - last > timedelta(seconds=lease_s)
 
-    def open(self, now: datetime, lease_s: float) -> bool:
+    def open(self, now: datetime, lease_s: float, renewed: datetime | None = None) -> bool:
         """Still to be acted on: not finished, and not past its deadline with no live holder."""
         if self.phase.terminal:
             return False
         expired = self.deadline is not None and self.deadline <= now
-        return not (expired and self.stale(now, lease_s))
+        return not (expired and self.stale(now, lease_s, renewed))
 
 
 class ClaimStatus(StrEnum):
@@ -201,10 +211,25 @@ def _no_later(a: datetime | None, b: datetime | None) -> bool:
     return b is None or a <= b
 
 
+Liveness = Callable[[str], datetime | None]
+"""The last renewal seen of a holder's Lease; None when none was seen."""
+
+
+def _never_renewed(_holder: str) -> datetime | None:
+    return None
+
+
 def decide(
-    existing: Claim | None, notice: Notice, holder: str, now: datetime, lease_s: float
+    existing: Claim | None,
+    notice: Notice,
+    holder: str,
+    now: datetime,
+    lease_s: float,
+    *,
+    renewed: datetime | None = None,
 ) -> ClaimStatus:
-    """What a claim attempt means, given what is on the object (see the module doc)."""
+    """What a claim attempt means, given what is on the object (see the module doc);
+    ``renewed`` is the last renewal of the existing claim's holder."""
     if existing is None:
         return ClaimStatus.CLAIMED
     if existing.notice_id == notice.id:
@@ -212,14 +237,38 @@ def decide(
             return ClaimStatus.DUPLICATE
         if existing.holder == holder:
             return ClaimStatus.ALREADY_OURS
-        if existing.stale(now, lease_s):
+        if existing.stale(now, lease_s, renewed):
             return ClaimStatus.TAKEN_OVER
         return ClaimStatus.DUPLICATE
-    if not existing.open(now, lease_s):
+    if not existing.open(now, lease_s, renewed):
         return ClaimStatus.CLAIMED
     if _no_later(existing.deadline, notice.deadline):
         return ClaimStatus.SUPERSEDED
     return ClaimStatus.CLAIMED
+
+
+class NodeSnapshot(Protocol):
+    """The cache's copy of a node (``cache.NodeView`` fits): enough to write the claim and the
+    cordon without reading the node first."""
+
+    @property
+    def resource_version(self) -> str: ...
+    @property
+    def unschedulable(self) -> bool: ...
+    @property
+    def taints(self) -> tuple[Mapping[str, Any], ...]: ...
+    @property
+    def claim_text(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What is on the object: the claim (None: none) and what a write must be computed from."""
+
+    claim: Claim | None
+    version: str
+    unschedulable: bool = False
+    taints: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -243,6 +292,7 @@ class ClaimStore:
         limiter: RateLimiter | None = None,
         settings: ClaimSettings = ClaimSettings(),
         clock: Callable[[], datetime] = utcnow,
+        liveness: Liveness = _never_renewed,
     ) -> None:
         if not holder:
             raise ValueError("claim holder must not be empty")
@@ -252,18 +302,35 @@ class ClaimStore:
         self._limiter = limiter or RateLimiter()
         self._settings = settings
         self._clock = clock
+        self._liveness = liveness
 
     # --- public -------------------------------------------------------------------------
 
-    async def claim(self, obj: ClaimTarget, notice: Notice) -> ClaimResult:
-        """Claim ``obj`` for ``notice``; retried on conflict, idempotent on redelivery."""
+    async def claim(
+        self,
+        obj: ClaimTarget,
+        notice: Notice,
+        *,
+        cordon: bool = False,
+        seed: NodeSnapshot | None = None,
+    ) -> ClaimResult:
+        """Claim ``obj`` for ``notice``; retried on conflict, idempotent on redelivery.
+
+        ``cordon``: a node is also cordoned and tainted in the same write (the notice's own
+        claim, a resume or a takeover alike). ``seed``: the cache's copy of the node, used for
+        the first attempt instead of a GET.
+        """
+        read: _Read | None = _seeded(obj, seed)
         for _ in range(self._settings.max_conflicts):
-            found = await self._read(obj)
-            if found is None:
-                return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
-            existing, version = found
+            if read is None:
+                read = await self._read(obj)
+                if read is None:
+                    return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
+            existing = read.claim
             now = self._clock()
-            status = decide(existing, notice, self.holder, now, self._settings.lease_s)
+            lease_s = self._settings.lease_s
+            renewed = self._liveness(existing.holder) if existing is not None else None
+            status = decide(existing, notice, self.holder, now, lease_s, renewed=renewed)
             if status in (ClaimStatus.DUPLICATE, ClaimStatus.SUPERSEDED):
                 return ClaimResult(status, existing)
             if status is ClaimStatus.CLAIMED:
@@ -279,16 +346,24 @@ class ClaimStore:
                     notice=notice.to_json(),
                     facts=frozen_map(
                         {"supersedes": existing.notice_id}
-                        if existing is not None and existing.open(now, self._settings.lease_s)
+                        if existing is not None and existing.open(now, lease_s, renewed)
                         else {}
                     ),
                 )
             else:  # ours already, or taken over: keep its phase and history, renew the lease
                 assert existing is not None
                 new = replace(existing, holder=self.holder, heartbeat_at=now)
+            spec = (
+                taints.cordon_spec(read.unschedulable, read.taints, notice.kind.value)
+                if cordon and isinstance(obj, NodeObj)
+                else None
+            )
             try:
-                await self._write(obj, version, new, notice.deadline)
+                await self._write(
+                    obj, read.version, new, _claim_order(notice), spec=spec, until=notice.deadline
+                )
             except client.Conflict:
+                read = None  # the copy was stale, or someone wrote in between: read again
                 continue
             except client.NotFound:
                 return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
@@ -320,7 +395,7 @@ class ClaimStore:
             found = await self._read(obj)
             if found is None:
                 return AdvanceResult(AdvanceStatus.TARGET_NOT_FOUND)
-            existing, version = found
+            existing, version = found.claim, found.version
             if (
                 existing is None
                 or existing.notice_id != notice_id
@@ -353,15 +428,29 @@ class ClaimStore:
 
     async def get(self, obj: ClaimTarget) -> Claim | None:
         found = await self._read(obj)
-        return found[0] if found is not None else None
+        return found.claim if found is not None else None
 
-    async def list_open(self, namespaces: tuple[str, ...] = ()) -> list[Claim]:
-        """Every unfinished claim on nodes and Workloads (in ``namespaces``, or all)."""
+    async def list_open(
+        self,
+        namespaces: tuple[str, ...] = (),
+        *,
+        node_claims: Iterable[tuple[str, str]] | None = None,
+    ) -> list[Claim]:
+        """Every unfinished claim on nodes and Workloads (in ``namespaces``, or all).
+
+        ``node_claims``: (node, claim annotation) pairs from the cache, instead of a LIST of
+        every node (thousands, every scan, in the middle of a storm)."""
         claims: list[Claim] = []
-        with client.kube_errors("list nodes"):
-            nodes = await self._core.list_node()
-        for node in nodes.items or ():
-            claims.extend(self._parse(NodeObj(node.metadata.name), node.metadata.annotations))
+        if node_claims is None:
+            with client.kube_errors("list nodes"):
+                nodes = await self._core.list_node()
+            node_claims = [
+                (n.metadata.name, (n.metadata.annotations or {}).get(CLAIM_ANNOTATION, ""))
+                for n in nodes.items or ()
+            ]
+        for name, text in node_claims:
+            if text:
+                claims.extend(self._parse(NodeObj(name), {CLAIM_ANNOTATION: text}))
         wl = self._settings.workloads
         try:
             with client.kube_errors("list workloads"):
@@ -397,8 +486,8 @@ class ClaimStore:
             log.warning("ignoring unreadable claim: %s", e)
             return []
 
-    async def _read(self, obj: ClaimTarget) -> tuple[Claim | None, str] | None:
-        """The claim on ``obj`` (None when there is none) and the version read; None if absent.
+    async def _read(self, obj: ClaimTarget) -> _Read | None:
+        """What is on ``obj`` now (a claim or none, its version, its cordon); None if absent.
 
         An unreadable annotation counts as no claim: a hand-edited value must not block every
         future notice for that node, and our write replaces it.
@@ -407,40 +496,83 @@ class ClaimStore:
             with client.kube_errors(f"read {obj.describe()}"):
                 if isinstance(obj, NodeObj):
                     node = await self._core.read_node(obj.name)
-                    annotations: Mapping[str, str] | None = node.metadata.annotations
-                    version = str(node.metadata.resource_version)
-                else:
-                    wl = self._settings.workloads
-                    body = await self._custom.get_namespaced_custom_object(
-                        wl.group, wl.version, obj.namespace, wl.plural, obj.name
+                    parsed = self._parse(obj, node.metadata.annotations)
+                    return _Read(
+                        parsed[0] if parsed else None,
+                        str(node.metadata.resource_version),
+                        bool(node.spec.unschedulable),
+                        tuple(t.to_dict() for t in node.spec.taints or ()),
                     )
-                    meta = body.get("metadata") or {}
-                    annotations = meta.get("annotations")
-                    version = str(meta.get("resourceVersion"))
+                wl = self._settings.workloads
+                body = await self._custom.get_namespaced_custom_object(
+                    wl.group, wl.version, obj.namespace, wl.plural, obj.name
+                )
         except client.NotFound:
             return None
-        parsed = self._parse(obj, annotations)
-        return (parsed[0] if parsed else None), version
+        meta = body.get("metadata") or {}
+        parsed = self._parse(obj, meta.get("annotations"))
+        return _Read(parsed[0] if parsed else None, str(meta.get("resourceVersion")))
 
     async def _write(
-        self, obj: ClaimTarget, version: str, claim: Claim, deadline: datetime | None
+        self,
+        obj: ClaimTarget,
+        version: str,
+        claim: Claim,
+        deadline: datetime | None,
+        *,
+        spec: Mapping[str, Any] | None = None,
+        until: datetime | None = None,
     ) -> None:
-        body = {
-            "metadata": {
-                "resourceVersion": version,
-                "annotations": {
-                    CLAIM_ANNOTATION: json.dumps(
-                        claim.to_json(), sort_keys=True, separators=(",", ":")
-                    )
-                },
-            }
+        """``deadline`` orders the write in the budget; ``until`` (default: the same) bounds
+        its retries."""
+        text = json.dumps(claim.to_json(), sort_keys=True, separators=(",", ":"))
+        body: dict[str, Any] = {
+            "metadata": {"resourceVersion": version, "annotations": {CLAIM_ANNOTATION: text}}
         }
-        await self._limiter.acquire(deadline)
-        with client.kube_errors(f"write claim on {obj.describe()}"):
-            if isinstance(obj, NodeObj):
-                await self._core.patch_node(obj.name, body, **MERGE_PATCH)
-            else:
-                wl = self._settings.workloads
-                await self._custom.patch_namespaced_custom_object(
-                    wl.group, wl.version, obj.namespace, wl.plural, obj.name, body, **MERGE_PATCH
-                )
+        if spec:
+            body["spec"] = dict(spec)
+        what = f"write claim on {obj.describe()}"
+        if isinstance(obj, NodeObj):
+            await self._limiter.call(
+                what,
+                deadline,
+                lambda: self._core.patch_node(obj.name, body, **MERGE_PATCH),
+                retry_until=until,
+            )
+            return
+        wl = self._settings.workloads
+        await self._limiter.call(
+            what,
+            deadline,
+            lambda: self._custom.patch_namespaced_custom_object(
+                wl.group, wl.version, obj.namespace, wl.plural, obj.name, body, **MERGE_PATCH
+            ),
+            retry_until=until,
+        )
+
+
+CLAIM_LEAD_S = 120.0
+
+
+def _claim_order(notice: Notice) -> datetime | None:
+    """Where a claim (the cordon) waits in the write budget: as if it were due when the
+    notice was issued, so that in a storm every claim is served before the evictions of the
+    notices already running and a notice is cordoned as it arrives. A change announced weeks
+    ahead sorts ``CLAIM_LEAD_S`` before its own far deadline instead."""
+    if notice.deadline is None:
+        return None
+    lead = notice.deadline - timedelta(seconds=CLAIM_LEAD_S)
+    return min(notice.deadline, max(notice.issued_at, lead))
+
+
+def _seeded(obj: ClaimTarget, seed: NodeSnapshot | None) -> _Read | None:
+    """A first read from the cache's copy of the node, when there is one to trust."""
+    if seed is None or not isinstance(obj, NodeObj) or not seed.resource_version:
+        return None
+    claim: Claim | None = None
+    if seed.claim_text:
+        try:
+            claim = Claim.from_json(obj, seed.claim_text)
+        except ParseError:
+            claim = None
+    return _Read(claim, seed.resource_version, seed.unschedulable, tuple(seed.taints))

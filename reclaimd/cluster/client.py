@@ -61,6 +61,11 @@ class TooManyRequests(KubeError):
     retriable = True
 
 
+class Throttled(TooManyRequests):
+    """429 for load, not for the object: API Priority and Fairness or max-in-flight. Retried
+    by the write budget, which also slows down (``ratelimit.RateLimiter.call``)."""
+
+
 class Forbidden(KubeError):
     pass
 
@@ -121,10 +126,27 @@ def _retry_after(headers: Any) -> float | None:
         return None
 
 
+# Headers the API server's priority and fairness filter puts on every answer it shapes.
+_APF_HEADERS = ("X-Kubernetes-PF-FlowSchema-UID", "X-Kubernetes-PF-PriorityLevel-UID")
+
+
+def _is_load_shed(message: str, headers: Any) -> bool:
+    """A 429 about load (retry later, slower) rather than an Eviction a PDB refuses: the
+    latter names the disruption budget and carries no Retry-After."""
+    if "disruption budget" in message.lower():
+        return False
+    if _retry_after(headers) is not None:
+        return True
+    return bool(headers) and any(headers.get(h) for h in _APF_HEADERS)
+
+
 def error_for(what: str, status: int, body: Any = None, headers: Any = None) -> KubeError:
     """Map an HTTP status (and the Status body, when there is one) to our class."""
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 or status == 0 else KubeError)
-    return cls(what, status, server_message(body), _retry_after(headers))
+    message = server_message(body)
+    if cls is TooManyRequests and _is_load_shed(message, headers):
+        cls = Throttled
+    return cls(what, status, message, _retry_after(headers))
 
 
 def from_api_exception(what: str, e: ApiException) -> KubeError:
@@ -144,7 +166,7 @@ def kube_errors(what: str) -> Iterator[None]:
 
 
 async def build_api_client(
-    kubeconfig: str | None = None, *, context: str | None = None
+    kubeconfig: str | None = None, *, context: str | None = None, pool_size: int = 64
 ) -> k8s.ApiClient:
     """An ``ApiClient`` from ``kubeconfig``, else in-cluster config, else ``$KUBECONFIG``.
 
@@ -169,4 +191,7 @@ async def build_api_client(
     except (k8s_config.ConfigException, OSError, ValueError, TypeError, KeyError) as e:
         reason = str(e).splitlines()[0][:MESSAGE_LIMIT] if str(e) else type(e).__name__
         raise ConfigError("load Kubernetes config", 0, reason) from e
+    # The generated client's pool defaults to 5 x CPUs connections: in a storm every
+    # write would queue behind ten sockets, far below what the API server takes.
+    configuration.connection_pool_maxsize = pool_size
     return k8s.ApiClient(configuration=configuration)

@@ -1,15 +1,23 @@
-"""One client-side limiter for every Kubernetes write, served earliest deadline first.
+"""The one write budget for every Kubernetes write: adaptive, served earliest deadline first.
 
 A mass interruption (a zone's Spot capacity reclaimed) turns into hundreds of claims,
-cordons and evictions at once. The API server protects itself (priority and fairness, 429),
-but then the order of our writes is whatever the retries make it. A token bucket here keeps
-us under the server's limits, and its queue is a heap keyed by the notice deadline, so the
-node that dies in 20 s is cordoned before the one that dies in 110 s.
+evictions and Leases at once. The API server protects itself (API Priority and Fairness
+answers 429 with ``Retry-After``), but then the order of our writes is whatever the retries
+make it. So every write takes a token here first, and the queue of waiters is a heap keyed by
+the notice deadline: the node that dies in 20 s is served before the one that dies in 110 s.
 
-Tokens refill at ``qps`` up to ``burst``. A caller takes a token at once when nobody waits;
-otherwise it queues and one dispatcher task hands out tokens as they refill, always to the
-earliest deadline (ties: first come). A waiter cancelled after being served gives its token
-back, so cancellation never leaks capacity.
+The rate adapts (AIMD): it starts at ``start_qps`` (near what an API server takes), grows
+while the server accepts, halves when the server pushes back (429 from priority and fairness,
+``Retry-After``, 5xx overload), and every waiter holds off until a ``Retry-After`` has passed.
+``qps`` is the operator's cap and is never exceeded. Each replica adapts on its own signals.
+
+``call`` is the one place that makes a Kubernetes write and retries it: it takes the token,
+turns failures into ``KubeError`` (``client.kube_errors``), feeds the outcome back into the
+rate, and retries what the server asked us to retry until the deadline. Logic-level answers
+(409 conflict, 404, a PDB's refusal) go back to the caller, who knows what they mean.
+
+A waiter cancelled after being served gives its token back, so cancellation never leaks
+capacity.
 """
 
 from __future__ import annotations
@@ -18,32 +26,65 @@ import asyncio
 import heapq
 import itertools
 import math
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
+
+from reclaimd.cluster import client
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class RateSettings:
-    qps: float = 50.0
-    """Sustained writes per second; client-go's controllers default lower (5 to 20), but a
-    storm is exactly when we want to spend the server's headroom."""
+    qps: float = 1000.0
+    """The operator's cap on writes per second; the adaptive rate never goes above it."""
 
     burst: int = 100
-    """Writes allowed at once after a quiet period: one storm's claims and cordons."""
+    """Writes allowed at once after a quiet period."""
+
+    start_qps: float | None = None
+    """Where the adaptive rate starts; None: at the cap. A local kube-apiserver takes about
+    450 node PATCHes/s from one client; priority and fairness tells us when we are above."""
+
+    min_qps: float = 5.0
+    """The rate never backs off below this: a storm must still make progress."""
+
+    growth_per_s: float = 0.25
+    """While the server accepts, the rate grows by this fraction of itself per second."""
+
+    retry_base_s: float = 0.2
+    retry_cap_s: float = 5.0
+    """Backoff of a retried write (full jitter), never past its deadline."""
+
+    max_attempts: int = 8
+    """Attempts of one write when it has no deadline to bound it."""
 
 
 class RateLimiter:
     def __init__(self, settings: RateSettings = RateSettings()) -> None:
         if settings.qps <= 0 or settings.burst < 1:
             raise ValueError("rate limiter: qps must be > 0 and burst >= 1")
-        self._qps = settings.qps
+        if settings.min_qps <= 0:
+            raise ValueError("rate limiter: min_qps must be > 0")
+        self.settings = settings
+        self.rate = min(settings.qps, settings.start_qps or settings.qps)
         self._burst = float(settings.burst)
         self._tokens = float(settings.burst)
         self._stamp: float | None = None
+        self._hold_until = 0.0  # loop time before which nobody is served (Retry-After)
+        self._last_cut = -math.inf
         self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
         self._dispatcher: asyncio.Task[None] | None = None
-        self.throttled = 0  # acquisitions that had to wait
+        self.throttled = 0  # acquisitions that had to wait for a token
+        self.pushed_back = 0  # writes the server refused as overload (429 APF, 5xx)
+        self.writes = 0  # writes the server answered (accepted, or refused for the object)
+        self.by_kind: Counter[str] = Counter()  # attempts by kind: "evict pod", "create lease"
 
     @property
     def waiting(self) -> int:
@@ -52,16 +93,17 @@ class RateLimiter:
     async def acquire(self, deadline: datetime | None = None) -> None:
         """Wait for a token; among waiters, the earliest ``deadline`` is served first."""
         loop = asyncio.get_running_loop()
-        self._refill(loop.time())
-        if not self._waiters and self._tokens >= 1:
+        now = loop.time()
+        self._refill(now)
+        if not self._waiters and self._tokens >= 1 and now >= self._hold_until:
             self._tokens -= 1
             return
         key = deadline.timestamp() if deadline is not None else math.inf
         fut: asyncio.Future[None] = loop.create_future()
-        self.throttled += 1  # had to queue: the client-side limit, not the server, held it
+        self.throttled += 1
         heapq.heappush(self._waiters, (key, next(self._order), fut))
         if self._dispatcher is None or self._dispatcher.done():
-            self._dispatcher = loop.create_task(self._dispatch(), name="k8s-rate-limiter")
+            self._dispatcher = loop.create_task(self._dispatch(), name="k8s-write-budget")
         try:
             await fut
         except asyncio.CancelledError:
@@ -70,17 +112,91 @@ class RateLimiter:
                 self._tokens = min(self._burst, self._tokens + 1)
             raise
 
+    # --- feedback from the server ---------------------------------------------------------
+
+    def accepted(self) -> None:
+        """A write went through: the rate may grow (``_refill`` applies it with time)."""
+        self.writes += 1
+
+    def pushed(self, retry_after_s: float | None) -> None:
+        """The server said "too many": halve the rate (once per second at most, since every
+        write in flight gets the same answer) and hold everyone until ``Retry-After``."""
+        self.pushed_back += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._last_cut >= 1.0:
+            self._last_cut = now
+            self.rate = max(self.settings.min_qps, self.rate / 2)
+            self._tokens = min(self._tokens, 1.0)
+        if retry_after_s:
+            self._hold_until = max(self._hold_until, now + min(retry_after_s, 30.0))
+
+    # --- the one retry point ----------------------------------------------------------------
+
+    async def call(
+        self,
+        what: str,
+        deadline: datetime | None,
+        write: Callable[[], Awaitable[T]],
+        *,
+        retry_until: datetime | None = None,
+    ) -> T:
+        """Make one Kubernetes write under the budget; retry what the server asked us to retry.
+
+        Retried: 429 from priority and fairness (``client.Throttled``), 5xx and transport
+        failures, with full-jitter backoff (at least ``Retry-After``), until ``retry_until``
+        (default: ``deadline``, which also orders the queue) or, without either,
+        ``max_attempts``. Everything else is raised as ``KubeError``.
+        """
+        s = self.settings
+        until = retry_until or deadline
+        kind = what.split("/", 1)[0]
+        for attempt in itertools.count(1):
+            await self.acquire(deadline)
+            self.by_kind[kind] += 1
+            try:
+                with client.kube_errors(what):
+                    result = await write()
+            except (client.Throttled, client.ServerError) as e:
+                self.pushed(e.retry_after_s if isinstance(e, client.Throttled) else None)
+                ceiling = min(s.retry_cap_s, s.retry_base_s * 2**attempt)
+                delay = max(random.uniform(0, ceiling), e.retry_after_s or 0.0)
+                if until is not None:
+                    left = until.timestamp() - time.time()
+                    if left <= delay:
+                        raise
+                elif attempt >= s.max_attempts:
+                    raise
+                await asyncio.sleep(delay)
+                continue
+            except client.KubeError:
+                self.accepted()  # an answer about the object, not about the load
+                raise
+            self.accepted()
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- the bucket -------------------------------------------------------------------------
+
     def _refill(self, now: float) -> None:
         if self._stamp is not None:
-            self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._qps)
+            elapsed = max(0.0, now - self._stamp)
+            self._tokens = min(self._burst, self._tokens + elapsed * self.rate)
+            if self._waiters and now - self._last_cut > 1.0:
+                # Demand above the rate and no push-back for a second: probe for more.
+                grown = self.rate * (1 + self.settings.growth_per_s * elapsed)
+                self.rate = min(self.settings.qps, grown)
         self._stamp = now
 
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
         while self._waiters:
-            self._refill(loop.time())
+            now = loop.time()
+            self._refill(now)
+            if now < self._hold_until:
+                await asyncio.sleep(self._hold_until - now)
+                continue
             if self._tokens < 1:
-                await asyncio.sleep((1 - self._tokens) / self._qps)
+                await asyncio.sleep((1 - self._tokens) / self.rate)
                 continue
             _, _, fut = heapq.heappop(self._waiters)
             if fut.done():  # its caller was cancelled while queued

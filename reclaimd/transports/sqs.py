@@ -43,7 +43,8 @@ class SqsSource:
         self.counters = Counters()
         # boto3 blocks; a pool of our own keeps long polls from starving other to_thread users.
         self._pool = ThreadPoolExecutor(
-            max_workers=settings.concurrency + 2, thread_name_prefix="sqs"
+            max_workers=settings.receivers + min(settings.concurrency, 32),
+            thread_name_prefix="sqs",
         )
         self._limit = asyncio.Semaphore(settings.concurrency)
 
@@ -52,21 +53,27 @@ class SqsSource:
         return await loop.run_in_executor(self._pool, partial(fn, **kwargs))
 
     async def run(self) -> None:
-        backoff = 1.0
+        """``receivers`` long-poll loops; a storm's ingest is not one round trip at a time."""
         try:
-            while True:
-                try:
-                    await self.poll_once()
-                    backoff = 1.0
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    self.counters.transport_errors += 1
-                    logs.event(log, "sqs poll failed", logging.WARNING, error=str(e)[:200])
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+            async with asyncio.TaskGroup() as tg:
+                for i in range(self.settings.receivers):
+                    tg.create_task(self._receive_loop(), name=f"sqs-receive-{i}")
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _receive_loop(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                await self.poll_once()
+                backoff = 1.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.counters.transport_errors += 1
+                logs.event(log, "sqs poll failed", logging.WARNING, error=str(e)[:200])
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
 
     async def poll_once(self) -> int:
         reply = await self._call(

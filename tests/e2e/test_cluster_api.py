@@ -22,8 +22,8 @@ from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR, Stack
 
 from reclaimd.cluster import client
-from reclaimd.cluster.actions import TAINT_KEY, ActionSettings, ClusterActions, EvictResult
-from reclaimd.cluster.cache import CacheSettings, ClusterCache
+from reclaimd.cluster.actions import ActionSettings, ClusterActions, EvictResult
+from reclaimd.cluster.cache import CacheSettings, ClusterCache, NodeView
 from reclaimd.cluster.claims import (
     AdvanceStatus,
     ClaimStatus,
@@ -32,10 +32,14 @@ from reclaimd.cluster.claims import (
     Phase,
     WorkloadObj,
 )
+from reclaimd.cluster.gangclaims import GangClaims
+from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
+from reclaimd.cluster.taints import TAINT_KEY, taint_json
 from reclaimd.cluster.watch import Changed, KubeEndpoint, Listed, watch_objects
 from reclaimd.config import EvictionPolicy
 from reclaimd.model import (
+    Gang,
     GangKey,
     Member,
     Notice,
@@ -687,3 +691,93 @@ async def test_storm_writes_are_served_earliest_deadline_first(
         with contextlib.suppress(asyncio.CancelledError):
             await recorder
     assert order == sorted(names, key=lambda n: deadlines[n])
+
+
+# --- the storm's fast path ---------------------------------------------------------------------
+
+
+async def _copy_of(admin: k8s.ApiClient, name: str) -> NodeView:
+    """What the cache holds of a node: its version, cordon, taints and claim."""
+    node = await k8s.CoreV1Api(admin).read_node(name)
+    return NodeView(
+        name=name,
+        resource_version=str(node.metadata.resource_version),
+        unschedulable=bool(node.spec.unschedulable),
+        taints=tuple(taint_json(t.to_dict()) for t in node.spec.taints or ()),
+        claim_text=(node.metadata.annotations or {}).get("reclaimd.io/claim"),
+        labels=dict(node.metadata.labels or {}),
+    )
+
+
+async def test_the_claim_cordons_and_taints_in_one_write_from_the_cache_copy(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    (node,) = await make_nodes(admin, f"fast-{RUN}")
+    core = k8s.CoreV1Api(admin)
+    other: Any = {"spec": {"taints": [{"key": "gpu", "value": "h100", "effect": "NoSchedule"}]}}
+    await core.patch_node(node, other)
+    limiter = RateLimiter()
+    store = ClaimStore(as_reclaimd, "replica-a", limiter=limiter)
+    spot = notice("fast", node=node)
+    seed = await _copy_of(admin, node)
+
+    result = await store.claim(NodeObj(node), spot, cordon=True, seed=seed)
+    assert result.status is ClaimStatus.CLAIMED
+    assert dict(limiter.by_kind) == {"write claim on node": 1}  # one write, no read first
+    after = await core.read_node(node)
+    assert after.spec.unschedulable
+    assert sorted((t.key, t.value) for t in after.spec.taints) == [
+        ("gpu", "h100"),
+        (TAINT_KEY, "spot_interruption"),
+    ]
+    assert spot.id in after.metadata.annotations["reclaimd.io/claim"]
+
+    # A stale copy (someone wrote the node since): 409, read, write again; nothing lost.
+    stale = await _copy_of(admin, node)
+    await core.patch_node(node, {"metadata": {"labels": {"touched": "yes"}}})
+    early = notice("faster", node=node, deadline_s=30)  # more urgent: replaces the claim
+    again = await store.claim(NodeObj(node), early, cordon=True, seed=stale)
+    assert again.status is ClaimStatus.CLAIMED
+    assert limiter.by_kind["write claim on node"] == 3  # the refused write, then the good one
+    final = await core.read_node(node)
+    assert early.id in final.metadata.annotations["reclaimd.io/claim"]
+    assert final.metadata.labels["touched"] == "yes"
+
+
+async def test_holder_leases_tell_who_is_alive(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    limiter = RateLimiter()
+    a = HolderLeases(as_reclaimd, "reclaimd", f"holder-a-{RUN}", lease_s=20, limiter=limiter)
+    b = HolderLeases(as_reclaimd, "reclaimd", f"holder-b-{RUN}", lease_s=20, limiter=limiter)
+    assert b.renewed(a.holder) is None
+    before = utcnow()
+    await a.renew()  # creates the Lease
+    await a.renew()  # renews it
+    await b.refresh()
+    seen = b.renewed(a.holder)
+    assert seen is not None and seen >= before - timedelta(seconds=1)
+    assert b.renewed(f"nobody-{RUN}") is None
+    assert a.renewed(a.holder) is not None  # its own, without a read
+
+
+def _gang(name: str, *uids: str) -> Gang:
+    return Gang(
+        GangKey("jobset", NS, name),
+        tuple(Member(NS, f"{name}-{u}", f"{RUN}-{u}", f"n-{u}", 8) for u in uids),
+    )
+
+
+async def test_a_gang_lease_charges_one_notice_per_incarnation(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    leases = GangClaims(as_reclaimd, "reclaimd", "replica-a", limiter=RateLimiter())
+    first, second, third = (notice(n) for n in ("g-first", "g-second", "g-third"))
+    name = f"lease-{RUN}"
+    assert await leases.acquire(_gang(name, "u1", "u2"), first)
+    # the owner already drains it: a later notice sees fewer pods, still the same gang
+    assert not await leases.acquire(_gang(name, "u2"), second)
+    assert await leases.acquire(_gang(name, "u1", "u2"), first)  # resumed: still its own
+    # restarted with all-new pods: a new incarnation, charged again
+    assert await leases.acquire(_gang(name, "u7", "u8"), third)
+    assert not await leases.acquire(_gang(name, "u8"), second)

@@ -61,7 +61,8 @@ async def as_reclaimd(stack: Any) -> AsyncIterator[k8s.ApiClient]:
 def namespace_for(resource: str, verb: str) -> str:
     if resource in ("nodes", "clusterroles"):
         return ""
-    return "reclaimd" if resource == "leases" and verb in ("get", "create", "patch", "list") else "default"
+    own = resource == "leases" and verb in ("get", "create", "patch", "list")
+    return "reclaimd" if own else "default"
 
 
 async def can(

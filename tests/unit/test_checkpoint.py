@@ -17,6 +17,7 @@ from aiohttp import web
 
 from reclaimd import annotations as ann
 from reclaimd.checkpoint import (
+    CUT_SHORT,
     NOT_OPTED_IN,
     budget_for,
     durable_since,
@@ -731,3 +732,45 @@ def test_parse_time_round_trip_of_the_request_deadline() -> None:
     ends = datetime(2026, 11, 30, 1, 1, 30, 250000, tzinfo=UTC)
     body = request_body(make_gang(), make_notice(), make_member("a", rank=0), ends)
     assert parse_time(body["deadline"]) == ends
+
+
+async def test_a_cut_ends_the_wait_and_keeps_the_acks_already_in(
+    session: aiohttp.ClientSession,
+) -> None:
+    async with silent_server() as silent, workload(trainer()) as quick:
+        gang = make_gang(
+            make_member("llama-0", rank=0, url=quick.url),
+            make_member("llama-1", rank=1, url=silent.url),
+        )
+        cut = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.3, cut.set)
+        acks = await asyncio.wait_for(
+            signal_gang(
+                gang, make_notice(), budget_deadline=budget(60.0), session=session, cut=cut
+            ),
+            10,
+        )
+        assert [a.acked for a in acks] == [True, False]
+        assert acks[1].error == CUT_SHORT
+
+
+async def test_each_request_carries_the_ranks_share_of_its_tenants_put_budget(
+    session: aiohttp.ClientSession,
+) -> None:
+    from reclaimd.putbudget import TenantPutBudgets, tenant_of
+
+    budgets = TenantPutBudgets(20.0)
+    async with workload(trainer()) as a, workload(trainer()) as b:
+        gang = make_gang(
+            make_member("llama-0", rank=0, url=a.url), make_member("llama-1", rank=1, url=b.url)
+        )
+        acks = await signal_gang(
+            gang, make_notice(), budget_deadline=budget(10), session=session, put_budgets=budgets
+        )
+        assert all(ack.acked for ack in acks)
+        assert tenant_of(gang) == "team-a"  # no tenant label: the gang's namespace
+        shares = [s.requests[-1].put_budget for s in (a, b)]
+    assert all(share is not None for share in shares)
+    assert sum(share.qps for share in shares if share is not None) <= 20.0
+    # every share went back once the ranks answered
+    assert budgets.in_flight("team-a") == 0 and budgets.outstanding("team-a") == (0, 0)

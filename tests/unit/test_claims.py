@@ -69,3 +69,57 @@ def test_unreadable_claims_are_one_line_parse_errors(text: str) -> None:
     with pytest.raises(ParseError) as e:
         Claim.from_json(NODE, text)
     assert "\n" not in str(e.value) and "node/gpu-1" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("renewed_ago_s", "status"),
+    [
+        (None, ClaimStatus.TAKEN_OVER),  # no Lease seen, claim written long ago: dead
+        (5.0, ClaimStatus.DUPLICATE),  # its holder's Lease is fresh: a live peer's claim
+        (LEASE_S + 1, ClaimStatus.TAKEN_OVER),  # the Lease went stale too (crashed, hung)
+    ],
+)
+def test_a_claim_lives_as_long_as_its_holders_lease(
+    renewed_ago_s: float | None, status: ClaimStatus
+) -> None:
+    old = claim("n1", heartbeat_age_s=LEASE_S * 3)
+    renewed = None if renewed_ago_s is None else NOW - timedelta(seconds=renewed_ago_s)
+    assert decide(old, notice("n1", 120), "a", NOW, LEASE_S, renewed=renewed) is status
+
+
+def test_the_cache_copy_seeds_the_first_write() -> None:
+    from reclaimd.cluster.cache import NodeView
+    from reclaimd.cluster.claims import _seeded
+
+    text = json.dumps(claim("n1").to_json())
+    view = NodeView("gpu-1", "42", False, ({"key": "k", "effect": "NoSchedule"},), text, {})
+    read = _seeded(NODE, view)
+    assert read is not None and read.version == "42" and read.claim == claim("n1")
+    assert read.taints == ({"key": "k", "effect": "NoSchedule"},)
+    # no version known (not cached yet) or a workload target: read from the API instead
+    assert _seeded(NODE, NodeView("gpu-1", "", False, (), None, {})) is None
+
+
+def test_cordon_spec_keeps_other_taints_and_is_idempotent() -> None:
+    from reclaimd.cluster.taints import TAINT_KEY, cordon_spec
+
+    other = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    spec = cordon_spec(False, [other], "spot_interruption")
+    assert spec == {
+        "unschedulable": True,
+        "taints": [other, {"key": TAINT_KEY, "value": "spot_interruption", "effect": "NoSchedule"}],
+    }
+    assert cordon_spec(True, spec["taints"], "spot_interruption") is None
+    moved = cordon_spec(True, spec["taints"], "maintenance")
+    assert moved is not None and [t["value"] for t in moved["taints"]] == ["present", "maintenance"]
+
+
+def test_claims_are_served_as_if_due_when_issued_but_far_changes_wait() -> None:
+    from reclaimd.cluster.claims import _claim_order
+
+    spot = notice("n1", 120)
+    assert _claim_order(spot) == spot.issued_at  # before every eviction of the storm
+    far = notice("n2", 14 * 86400)
+    assert far.deadline is not None
+    assert _claim_order(far) == far.deadline - timedelta(seconds=120)
+    assert _claim_order(notice("n3", None)) is None

@@ -1,7 +1,7 @@
 import asyncio
 from datetime import timedelta
 
-from reclaimd.intake import Admission, Intake
+from reclaimd.intake import Admission, Admitted, Claimed, Intake
 from reclaimd.model import Notice, NoticeKind, Target, WorkloadRef, utcnow
 
 
@@ -15,11 +15,11 @@ class Claims:
         self.answer = answer
         self.calls: list[tuple[str, str | None]] = []
 
-    async def claim(self, n: Notice, node: str | None) -> Admission:
+    async def claim(self, n: Notice, node: str | None) -> Claimed:
         self.calls.append((n.id, node))
         if isinstance(self.answer, Exception):
             raise self.answer
-        return self.answer
+        return Claimed(self.answer, on=("obj", node), node=node or "", cordoned=node is not None)
 
 
 class Resolver:
@@ -30,7 +30,7 @@ class Resolver:
 async def run(claims: Claims, n: Notice, *, drop: bool = True) -> tuple[Admission, list[str]]:
     submitted: list[str] = []
 
-    async def submit(x: Notice) -> None:
+    async def submit(x: Admitted) -> None:
         submitted.append(x.id)
 
     intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=drop)
@@ -48,7 +48,7 @@ async def test_redelivery_is_a_duplicate_without_a_second_claim() -> None:
     claims = Claims(Admission.CLAIMED)
     submitted: list[str] = []
 
-    async def submit(x: Notice) -> None:
+    async def submit(x: Admitted) -> None:
         submitted.append(x.id)
 
     intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
@@ -119,7 +119,7 @@ class Gated(Claims):
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
 
-    async def claim(self, n: Notice, node: str | None) -> Admission:
+    async def claim(self, n: Notice, node: str | None) -> Claimed:
         self.entered.set()
         await self.gate.wait()
         return await super().claim(n, node)
@@ -129,7 +129,7 @@ async def test_concurrent_deliveries_of_one_notice_share_one_claim() -> None:
     claims = Gated(Admission.CLAIMED)
     submitted: list[str] = []
 
-    async def submit(x: Notice) -> None:
+    async def submit(x: Admitted) -> None:
         submitted.append(x.id)
 
     intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
@@ -146,7 +146,7 @@ async def test_concurrent_deliveries_of_one_notice_share_one_claim() -> None:
 async def test_a_cancelled_admission_tells_its_waiters_to_retry() -> None:
     claims = Gated(Admission.CLAIMED)
 
-    async def submit(x: Notice) -> None:
+    async def submit(x: Admitted) -> None:
         return None
 
     intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
@@ -158,3 +158,39 @@ async def test_a_cancelled_admission_tells_its_waiters_to_retry() -> None:
     leader.cancel()
     assert await follower is Admission.RETRY
     assert intake._flights == {}
+
+
+async def test_the_admitted_value_carries_claim_times_receipt_and_the_claim() -> None:
+    claims = Claims(Admission.CLAIMED)
+    got: list[Admitted] = []
+    seen: list[tuple[str, Admission]] = []
+
+    async def submit(x: Admitted) -> None:
+        got.append(x)
+
+    def on_admission(n: Notice, a: Admission) -> None:
+        seen.append((n.id, a))
+
+    intake = Intake(
+        claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True,
+        on_admission=on_admission,
+    )
+    n = notice("n1", Target(instance_id="i-1"))
+    assert await intake.admit(n) is Admission.CLAIMED
+    (a,) = got
+    assert a.notice is n and a.claim.node == "node-1" and a.claim.cordoned
+    assert a.claim_times is not None and a.claim_times[0] <= a.claim_times[1]
+    assert seen == [("n1", Admission.CLAIMED)]  # observed before the runbook got it
+
+
+async def test_resume_claims_again_and_submits_without_claim_times() -> None:
+    claims = Claims(Admission.RESUMED)
+    got: list[Admitted] = []
+
+    async def submit(x: Admitted) -> None:
+        got.append(x)
+
+    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
+    n = notice("n1", Target(instance_id="i-1"))
+    assert await intake.resume(n, "node-1") is Admission.RESUMED
+    assert [a.claim_times for a in got] == [None] and claims.calls == [("n1", "node-1")]

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from opentelemetry.sdk.trace import TracerProvider
 
 from reclaimd import waste
+from reclaimd.intake import Admission, Admitted, Claimed
 from reclaimd.model import (
     Gang,
     GangKey,
@@ -21,6 +22,7 @@ from reclaimd.model import (
     utcnow,
 )
 from reclaimd.pipeline import Budget, Runbook
+from reclaimd.scheduler import GangOwners
 
 T0 = utcnow()
 
@@ -38,6 +40,7 @@ class World:
         self.log: list[str] = []
         self.recorded: list[RestartWaste] = []
         self.owners: dict[GangKey, str] = {}
+        self.budgets: list[datetime] = []
 
     # ClusterView
     def resolve_node(self, target: Target) -> str | None:
@@ -51,9 +54,6 @@ class World:
         return (GANG,)
 
     # ClusterWriter
-    async def cordon_and_taint(self, node: str, notice: Notice) -> None:
-        self.log.append(f"cordon {node}")
-
     async def evict(self, m: Member, *, deadline: datetime) -> str:
         self.log.append(f"evict {m.name}")
         return "evicted"
@@ -64,9 +64,15 @@ class World:
 
     # Signaller
     async def signal(
-        self, gang: Gang, notice: Notice, *, budget_deadline: datetime
+        self,
+        gang: Gang,
+        notice: Notice,
+        *,
+        budget_deadline: datetime,
+        cut: asyncio.Event | None = None,
     ) -> tuple[RankAck, ...]:
         self.log.append(f"signal {gang.key.name}")
+        self.budgets.append(budget_deadline)
         now = utcnow()
         return tuple(RankAck(m, True, True, now) for m in gang.members)
 
@@ -79,8 +85,8 @@ class World:
     async def record(self, w: RestartWaste) -> None:
         self.recorded.append(w)
 
-    async def advance(self, notice: Notice, phase: str, **facts: object) -> None:
-        self.log.append(f"phase {phase}")
+    async def done(self, admitted: Admitted, **facts: object) -> None:
+        self.log.append("phase done")
 
 
 def runbook(world: World) -> Runbook:
@@ -90,12 +96,18 @@ def runbook(world: World) -> Runbook:
         signaller=world,
         ledger=world,
         progress=world,
-        gang_lock=world,
+        owners=GangOwners(world),
         budget=Budget(30, 0.34, 120),
         build_waste=waste.build_restart_waste,
         tracer=TracerProvider().get_tracer("t"),
         cluster_name="test",
     )
+
+
+def admitted(n: Notice) -> Admitted:
+    node = {"i-1": "n1", "i-2": "n2"}.get(n.target.instance_id, "")
+    now = utcnow()
+    return Admitted(n, Claimed(Admission.CLAIMED, node=node, cordoned=True), (now, now))
 
 
 def spot(nid: str, instance: str, response: Response = Response.FULL) -> Notice:
@@ -114,9 +126,10 @@ def spot(nid: str, instance: str, response: Response = Response.FULL) -> Notice:
 
 async def test_runbook_order_and_one_event_per_gang() -> None:
     world = World()
-    report = await runbook(world).handle(spot("a", "i-1"))
+    report = await runbook(world).handle(admitted(spot("a", "i-1")))
     steps = [e.split()[0] for e in world.log]
-    assert steps.index("cordon") < steps.index("signal") < steps.index("evict")
+    assert steps.index("signal") < steps.index("evict")
+    assert "cordoned" in report.times  # the claim's write cordoned it
     # every rank of the gang, the one on the healthy node n2 too
     assert {e for e in world.log if e.startswith("evict")} == {
         "evict g-0",
@@ -131,18 +144,23 @@ async def test_runbook_order_and_one_event_per_gang() -> None:
 async def test_second_notice_for_same_gang_charges_nothing_twice() -> None:
     world = World()
     rb = runbook(world)
-    await asyncio.gather(rb.handle(spot("a", "i-1")), rb.handle(spot("b", "i-2")))
+    _, b = await asyncio.gather(
+        rb.handle(admitted(spot("a", "i-1"))), rb.handle(admitted(spot("b", "i-2")))
+    )
     assert sorted(w.gang.key.name for w in world.recorded) == ["g", "solo"]
+    # b did not wait for a's runbook: it joined the gang a owns
+    assert b.joined_gangs == [GANG.key] and b.wastes == []
+    assert world.log.count("signal g") == 1
 
 
 async def test_checkpoint_only_neither_cordons_nor_drains() -> None:
     world = World()
     rb = runbook(world)
-    await rb.handle(spot("r", "i-1", Response.CHECKPOINT_ONLY))
-    assert not [e for e in world.log if e.startswith(("cordon", "evict"))]
+    await rb.handle(admitted(spot("r", "i-1", Response.CHECKPOINT_ONLY)))
+    assert not [e for e in world.log if e.startswith("evict")]
     assert "signal g" in world.log and world.recorded == []
     # ...and it holds no gang: the interruption that follows still drains and charges them
-    await rb.handle(spot("a", "i-1"))
+    await rb.handle(admitted(spot("a", "i-1")))
     assert sorted(w.gang.key.name for w in world.recorded) == ["g", "solo"]
 
 

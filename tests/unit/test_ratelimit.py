@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from reclaimd.cluster import client
 from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -63,3 +65,89 @@ async def test_a_cancelled_waiter_is_skipped_and_keeps_no_token() -> None:
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="qps"):
         RateLimiter(RateSettings(qps=0, burst=1))
+
+
+# --- adaptive: back off on the server's word, grow while it accepts ------------------------
+
+
+def api_error(status: int, headers: dict[str, str] | None = None, message: str = "") -> Exception:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    e = ApiException(status=status, reason="x")
+    e.headers = headers or {}
+    e.body = json.dumps({"message": message}) if message else None
+    return e
+
+
+def test_a_429_is_load_shedding_unless_a_pdb_says_no() -> None:
+    apf = client.error_for("w", 429, None, {"X-Kubernetes-PF-FlowSchema-UID": "abc"})
+    retry = client.error_for("w", 429, None, {"Retry-After": "2"})
+    pdb = client.error_for(
+        "evict",
+        429,
+        {"message": "Cannot evict pod as it would violate the pod's disruption budget."},
+    )
+    assert isinstance(apf, client.Throttled) and isinstance(retry, client.Throttled)
+    assert retry.retry_after_s == 2.0
+    assert isinstance(pdb, client.TooManyRequests) and not isinstance(pdb, client.Throttled)
+
+
+async def test_push_back_halves_the_rate_once_a_second_and_holds_for_retry_after() -> None:
+    limiter = RateLimiter(RateSettings(qps=400.0, start_qps=200.0, burst=1, min_qps=10))
+    assert limiter.rate == 200.0
+    limiter.pushed(None)
+    limiter.pushed(None)  # the same wave of refusals: one cut
+    assert limiter.rate == 100.0
+    limiter.pushed(0.3)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await limiter.acquire()
+    assert loop.time() - started >= 0.25  # nobody is served before Retry-After has passed
+    assert limiter.pushed_back == 3
+
+
+async def test_the_rate_grows_under_demand_up_to_the_cap() -> None:
+    limiter = RateLimiter(RateSettings(qps=300.0, start_qps=100.0, burst=1, growth_per_s=4.0))
+    for _ in range(150):  # more demand than the start rate serves in a second
+        await limiter.acquire()
+    assert 100.0 < limiter.rate <= 300.0
+
+
+async def test_call_retries_what_the_server_asked_and_raises_the_rest() -> None:
+    limiter = RateLimiter(RateSettings(qps=1000.0, burst=10, retry_base_s=0.01, retry_cap_s=0.02))
+    answers: list[Exception | str] = [
+        api_error(429, {"Retry-After": "0"}, "Too many requests"),
+        api_error(503),
+        "ok",
+    ]
+
+    async def write() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    assert await limiter.call("patch node/x", later, write) == "ok"
+    assert limiter.pushed_back == 2 and limiter.writes == 1 and answers == []
+
+    async def conflict() -> str:
+        raise api_error(409)
+
+    with pytest.raises(client.Conflict):
+        await limiter.call("patch node/x", later, conflict)
+
+
+async def test_call_gives_up_at_its_deadline() -> None:
+    limiter = RateLimiter(RateSettings(qps=1000.0, burst=10, retry_base_s=0.5, retry_cap_s=1.0))
+    calls = 0
+
+    async def down() -> None:
+        nonlocal calls
+        calls += 1
+        raise api_error(503)
+
+    soon = datetime.now(UTC) + timedelta(seconds=0.05)
+    with pytest.raises(client.ServerError):
+        await limiter.call("patch node/x", soon, down)
+    assert calls == 1  # the backoff would outlive the deadline: no second try

@@ -1,0 +1,285 @@
+"""``make bench-storm``: a zone-wide Spot reclaim at the API server's own limit, in one run.
+
+1. **Calibrate** the physical limit: node PATCHes (a merge patch of one annotation, the shape
+   of reclaimd's claim write) against the stack's kube-apiserver from one client at several
+   concurrencies, on plain Node objects made for it and deleted after. The best rate is the
+   apiserver's max writes/s on this machine, today.
+2. **Storm**: the shipped ``spot-az-storm-1000`` drill (1,000 kwok nodes, 2,000 GPU pods in
+   gangs of 1-8 ranks, 300 Spot warnings within 5 s, 2 replicas), judged as every drill is.
+3. Report: writes made by kind (what each replica counted at its write budget), the physical
+   minimum for all-cordoned (doomed nodes / max writes/s), the measured all-cordoned time
+   (first send to last cordon) and their ratio, notice->cordoned and notice->all-ranks-asked
+   p50/p99/max, deadlines met, each replica's peak RSS; with ``--cache``, the cache's RSS
+   from ``bench_cache`` (5,000 nodes, 50,000 pods).
+
+Timings are reported, never asserted: machines are noisy. JSON in ``out/bench-storm.json``,
+a table on stdout. Exit 0 when the run completed (whether targets were met is in the table),
+1 when the drill's verdict failed, 2 on bad arguments or no stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import platform
+import sys
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any, cast
+
+from reclaimd.bench import percentile
+from reclaimd.chaos import stack as stackenv
+
+SCENARIO = Path(__file__).resolve().parents[1] / "chaos" / "scenarios" / "spot-az-storm-1000.yaml"
+CALIBRATION_LABEL = "reclaimd.io/bench"
+
+
+# --- 1. the physical limit ------------------------------------------------------------------
+
+
+async def calibrate(
+    stack: stackenv.StackEnv, *, nodes: int, concurrencies: list[int], seconds: float
+) -> dict[str, Any]:
+    """Node PATCHes per second at each concurrency, from one client."""
+    from kubernetes_asyncio import client as k8s
+
+    from reclaimd.cluster.client import build_api_client
+
+    run = uuid.uuid4().hex[:6]
+    api = await build_api_client(stack.kubeconfig, pool_size=max(concurrencies))
+    core = k8s.CoreV1Api(api)
+    names = [f"calib-{run}-{i}" for i in range(nodes)]
+    try:
+        gate = asyncio.Semaphore(64)
+
+        async def make(name: str) -> None:
+            async with gate:
+                body = {
+                    "metadata": {"name": name, "labels": {CALIBRATION_LABEL: "calibrate"}},
+                    "spec": {"unschedulable": True},
+                }
+                await core.create_node(cast(Any, body))
+
+        await asyncio.gather(*(make(n) for n in names))
+        rows = [await _patch_rate(core, names, c, seconds) for c in concurrencies]
+        best = max(rows, key=lambda r: r["writes_per_s"])
+        return {"node_patch": rows, "max_writes_per_s": best["writes_per_s"], "best": best}
+    finally:
+        gate = asyncio.Semaphore(64)
+
+        async def drop(name: str) -> None:
+            async with gate:
+                with contextlib.suppress(Exception):
+                    await core.delete_node(name)
+
+        await asyncio.gather(*(drop(n) for n in names))
+        await api.close()
+
+
+async def _patch_rate(core: Any, names: list[str], c: int, seconds: float) -> dict[str, Any]:
+    """``c`` writers PATCH the nodes round-robin for ``seconds``: completed writes per second."""
+    from reclaimd.cluster.claims import MERGE_PATCH
+
+    done = errors = 0
+    stop_at = time.monotonic() + seconds
+
+    async def writer(k: int) -> None:
+        nonlocal done, errors
+        i = k
+        while time.monotonic() < stop_at:
+            body = {"metadata": {"annotations": {"reclaimd.io/calibrate": str(i)}}}
+            try:
+                await core.patch_node(names[i % len(names)], body, **MERGE_PATCH)
+                done += 1
+            except Exception:
+                errors += 1
+            i += c
+
+    started = time.monotonic()
+    await asyncio.gather(*(writer(k) for k in range(c)))
+    rate = done / (time.monotonic() - started)
+    print(f"bench-storm: calibrate c={c}: {rate:.0f} PATCH/s", file=sys.stderr, flush=True)
+    return {"concurrency": c, "writes_per_s": round(rate, 1), "writes": done, "errors": errors}
+
+
+# --- 2. the storm ---------------------------------------------------------------------------
+
+
+async def storm(stack: stackenv.StackEnv, scenario_path: Path) -> dict[str, Any]:
+    from reclaimd.chaos import report
+    from reclaimd.chaos import scenario as scenarios
+    from reclaimd.chaos.drill import Progress, run_drill
+
+    scenario = scenarios.load(scenario_path)
+    verdict = await run_drill(scenario, stack=stack, progress=Progress(sys.stderr))
+    return report.to_json(verdict)
+
+
+def _seconds(rows: list[dict[str, Any]], field: str) -> list[float]:
+    out = []
+    for r in rows:
+        if r.get(field) and r.get("sent_at"):
+            end = datetime.fromisoformat(r[field].replace("Z", "+00:00"))
+            sent = datetime.fromisoformat(r["sent_at"].replace("Z", "+00:00"))
+            out.append((end - sent).total_seconds())
+    return out
+
+
+def _dist(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"p50": None, "p99": None, "max": None, "n": 0}
+    return {
+        "p50": round(percentile(values, 0.5), 3),
+        "p99": round(percentile(values, 0.99), 3),
+        "max": round(max(values), 3),
+        "n": len(values),
+    }
+
+
+def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, Any]:
+    notices = drill["notices"]
+    full = [n for n in notices if n.get("response") == "full"]
+    sent = [datetime.fromisoformat(n["sent_at"].replace("Z", "+00:00")) for n in full]
+    cordons = [
+        datetime.fromisoformat(n["cordoned_at"].replace("Z", "+00:00"))
+        for n in full
+        if n.get("cordoned_at")
+    ]
+    doomed = len(full)
+    max_wps = float(calibration["max_writes_per_s"])
+    minimum_s = doomed / max_wps if max_wps else None
+    all_cordoned_s = (max(cordons) - min(sent)).total_seconds() if cordons and sent else None
+    writes: dict[str, int] = {}
+    rss: dict[str, float | None] = {}
+    for name, stats in (drill.get("daemons") or {}).items():
+        for kind, count in (stats.get("kube_writes") or {}).items():
+            writes[kind] = writes.get(kind, 0) + int(count)
+        rss[name] = stats.get("peak_rss_mb")
+    gangs = drill.get("gangs") or []
+    pods = sum(len(g.get("ranks") or ()) for g in gangs)
+    total = sum(writes.values())
+    return {
+        "doomed_nodes": doomed,
+        "cordoned": len(cordons),
+        "physical_min_all_cordoned_s": round(minimum_s, 3) if minimum_s else None,
+        "all_cordoned_s": round(all_cordoned_s, 3) if all_cordoned_s is not None else None,
+        "ratio_to_physical_min": (
+            round(all_cordoned_s / minimum_s, 2) if all_cordoned_s and minimum_s else None
+        ),
+        "notice_to_cordoned_s": _dist(_seconds(full, "cordoned_at")),
+        "notice_to_all_asked_s": _dist(_seconds(notices, "all_signaled_at")),
+        "notice_to_drained_s": _dist(_seconds(notices, "drained_at")),
+        "deadlines_met": sum(1 for n in notices if n.get("deadline_met")),
+        "notices": len(notices),
+        "writes_by_kind": dict(sorted(writes.items())),
+        "writes_total": total,
+        "writes_per_doomed_node": round(total / doomed, 2) if doomed else None,
+        "gangs_charged": len(gangs),
+        "ranks_of_charged_gangs": pods,
+        "peak_rss_mb": rss,
+        "verdict_ok": drill.get("ok"),
+        "failed_checks": [c["name"] for c in drill.get("checks", []) if not c["ok"]],
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    s = result["storm"]
+    c = result["calibration"]
+    lines = [
+        "== bench-storm",
+        "apiserver node PATCH/s by concurrency: "
+        + ", ".join(f"c={r['concurrency']}: {r['writes_per_s']:.0f}" for r in c["node_patch"]),
+        f"max writes/s {c['max_writes_per_s']:.0f}; {s['doomed_nodes']} doomed nodes ->"
+        f" physical minimum for all-cordoned {s['physical_min_all_cordoned_s']} s",
+        f"all cordoned after {s['all_cordoned_s']} s ({s['cordoned']}/{s['doomed_nodes']}):"
+        f" {s['ratio_to_physical_min']}x the minimum (target <= 2x)",
+    ]
+    for key, label in (
+        ("notice_to_cordoned_s", "notice -> cordoned"),
+        ("notice_to_all_asked_s", "notice -> all ranks asked"),
+        ("notice_to_drained_s", "notice -> drained"),
+    ):
+        d = s[key]
+        lines.append(f"{label:<28} p50 {d['p50']}  p99 {d['p99']}  max {d['max']}  (n={d['n']})")
+    lines.append(f"deadlines met {s['deadlines_met']}/{s['notices']}")
+    lines.append(
+        f"writes {s['writes_total']} ({s['writes_per_doomed_node']} per doomed node): "
+        + ", ".join(f"{k} {v}" for k, v in s["writes_by_kind"].items())
+    )
+    lines.append("peak RSS MB: " + ", ".join(f"{k} {v}" for k, v in s["peak_rss_mb"].items()))
+    if "cache" in result:
+        lines.append(f"cache: {json.dumps(result['cache'])}")
+    lines.append(
+        f"drill verdict: {'ok' if s['verdict_ok'] else 'FAILED ' + ', '.join(s['failed_checks'])}"
+    )
+    return "\n".join(lines)
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    stack = stackenv.load()
+    calibration = await calibrate(
+        stack, nodes=args.calibrate_nodes, concurrencies=args.concurrency, seconds=args.seconds
+    )
+    drill = await storm(stack, args.scenario)
+    result: dict[str, Any] = {
+        "benchmark": "storm",
+        "scenario": args.scenario.stem,
+        "calibration": calibration,
+        "storm": summarize(calibration, drill),
+        "machine": {"python": platform.python_version(), "cpus": _cpus()},
+    }
+    if args.cache:
+        from reclaimd import bench_cache
+
+        result["cache"] = await bench_cache.bench(bench_cache.parse([]), stack)
+    args.drill_json.parent.mkdir(parents=True, exist_ok=True)
+    args.drill_json.write_text(json.dumps(drill, indent=1) + "\n")
+    return result
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def _concurrencies(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("concurrencies must be positive integers")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="reclaimd.bench_storm", description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", type=Path, default=SCENARIO)
+    p.add_argument("--calibrate-nodes", type=int, default=200)
+    p.add_argument("--concurrency", type=_concurrencies, default=[1, 8, 32, 64, 128])
+    p.add_argument("--seconds", type=float, default=3.0, help="per calibration concurrency")
+    p.add_argument("--cache", action="store_true", help="also the cache RSS bench (slow)")
+    p.add_argument("--out", type=Path, default=Path("out/bench-storm.json"))
+    p.add_argument("--drill-json", type=Path, default=Path("out/bench-storm-drill.json"))
+    args = p.parse_args(argv)
+    if not args.scenario.is_file():
+        print(f"bench-storm: no scenario file {args.scenario}", file=sys.stderr)
+        return 2
+    try:
+        result = asyncio.run(bench(args))
+    except stackenv.StackNotRunning as e:
+        print(f"bench-storm: {e}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    return 0 if result["storm"]["verdict_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The claim log: the intake's ``ClaimWriter``, the runbook's ``Progress``, the resume scan.
+
+A notice's claim is written twice: when it is admitted (the claim, and on a node the cordon
+and taint, in one write computed from the cache's copy of the node) and when it is done.
+In between nothing is recorded: a resumed notice runs its runbook again from the top, and
+every step of it is idempotent. The holder's liveness is its Lease (``holders``), not a
+heartbeat per claim.
+
+The resume scan finds every open claim this replica may finish, ours from before a restart
+or a dead peer's, and hands it back to the intake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from reclaimd import logs
+from reclaimd.cluster import claims
+from reclaimd.intake import Admission, Admitted, Claimed
+from reclaimd.model import Notice, ParseError, Response, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class ClaimLost(RuntimeError):
+    """Another holder or notice owns the object now: stop acting on this notice."""
+
+
+class NodeCopies(Protocol):
+    """The cluster cache's nodes (``cache.ClusterCache`` fits)."""
+
+    def node(self, name: str) -> claims.NodeSnapshot | None: ...
+    def node_claims(self) -> Iterable[tuple[str, str]]: ...
+
+
+_ADMISSION = {
+    claims.ClaimStatus.CLAIMED: Admission.CLAIMED,
+    claims.ClaimStatus.ALREADY_OURS: Admission.RESUMED,
+    claims.ClaimStatus.TAKEN_OVER: Admission.RESUMED,
+    claims.ClaimStatus.DUPLICATE: Admission.DUPLICATE,
+    claims.ClaimStatus.SUPERSEDED: Admission.SUPERSEDED,
+    claims.ClaimStatus.TARGET_NOT_FOUND: Admission.UNKNOWN_TARGET,
+}
+
+
+def object_for(notice: Notice, node: str | None) -> claims.ClaimTarget:
+    w = notice.target.workload
+    if w is not None:
+        return claims.WorkloadObj(w.namespace, w.name)
+    if node is None:
+        raise ValueError(f"notice {notice.id}: no node and no workload to claim")
+    return claims.NodeObj(node)
+
+
+class ClaimLog:
+    def __init__(self, store: claims.ClaimStore, nodes: NodeCopies) -> None:
+        self.store = store
+        self.nodes = nodes
+
+    async def claim(self, notice: Notice, node: str | None) -> Claimed:
+        obj = object_for(notice, node)
+        cordon = isinstance(obj, claims.NodeObj) and notice.response is Response.FULL
+        seed = self.nodes.node(obj.name) if isinstance(obj, claims.NodeObj) else None
+        result = await self.store.claim(obj, notice, cordon=cordon, seed=seed)
+        admission = _ADMISSION[result.status]
+        ours = admission in (Admission.CLAIMED, Admission.RESUMED)
+        return Claimed(admission, on=obj, node=node or "", cordoned=cordon and ours)
+
+    async def done(self, admitted: Admitted, **facts: Any) -> None:
+        obj = admitted.claim.on
+        if not isinstance(obj, claims.NodeObj | claims.WorkloadObj):
+            raise TypeError(f"notice {admitted.id}: not a claim of this log")
+        result = await self.store.advance(obj, admitted.id, claims.Phase.DONE, **facts)
+        if result.status is claims.AdvanceStatus.LOST:
+            raise ClaimLost(f"{obj.describe()} is no longer ours for {admitted.id}")
+
+
+async def resume_loop(
+    store: claims.ClaimStore,
+    nodes: NodeCopies,
+    *,
+    resume: Callable[[Notice, str | None], Awaitable[Admission]],
+    in_flight: Callable[[str], bool],
+    renewed: claims.Liveness,
+    lease_s: float,
+) -> None:
+    """Resume open claims at start, then keep looking: a peer that dies mid-storm leaves
+    claims whose messages are already acked, and only this scan finds them."""
+    while True:
+        try:
+            await resume_once(
+                store, nodes, resume=resume, in_flight=in_flight, renewed=renewed, lease_s=lease_s
+            )
+        except Exception as e:
+            logs.event(log, "resume scan failed", logging.WARNING, error=str(e)[:200])
+        await asyncio.sleep(lease_s / 2)
+
+
+async def resume_once(
+    store: claims.ClaimStore,
+    nodes: NodeCopies,
+    *,
+    resume: Callable[[Notice, str | None], Awaitable[Admission]],
+    in_flight: Callable[[str], bool],
+    renewed: claims.Liveness,
+    lease_s: float,
+) -> int:
+    """Hand every open claim this holder may finish (ours, or a dead peer's) to ``resume``;
+    the number resumed. Node claims come from the cache, Workload claims from a LIST."""
+    now = utcnow()
+    resumed = 0
+    for claim in await store.list_open(node_claims=nodes.node_claims()):
+        if in_flight(claim.notice_id):
+            continue  # this process is on it: a resume would only write the claim again
+        try:
+            notice = Notice.from_json(claim.notice)
+        except ParseError:
+            continue  # written by a newer or broken version: leave it to its holder
+        if notice.deadline is not None and notice.deadline < now:
+            continue
+        if claim.holder != store.holder and not claim.stale(now, lease_s, renewed(claim.holder)):
+            continue
+        node = claim.target.name if isinstance(claim.target, claims.NodeObj) else None
+        if await resume(notice, node) is Admission.RESUMED:
+            resumed += 1
+            logs.event(log, "resuming notice", notice_id=notice.id, phase=claim.phase.value)
+    return resumed

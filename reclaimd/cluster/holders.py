@@ -1,0 +1,120 @@
+"""Which replicas are alive: one Lease per holder, renewed while the process runs.
+
+A claim names its holder. Rather than each claim heartbeating on its own (at 350 notices in
+flight that alone exceeds a write budget), each replica renews one Lease,
+``reclaimd-holder-<digest>`` in reclaimd's namespace, every ``lease_s / 3``; a replica's
+claims are live while its Lease is. ``renewed(holder)`` answers from the last LIST of those
+Leases (refreshed at every renewal), so a claim decision costs no request. A process that
+crashes or hangs (SIGSTOP) stops renewing and, ``lease_s`` later, its claims can be taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from kubernetes_asyncio import client as k8s
+
+from reclaimd.cluster import client
+from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster.ratelimit import RateLimiter
+from reclaimd.model import parse_time, rfc3339, utcnow
+
+log = logging.getLogger(__name__)
+
+HOLDER_LABEL = "reclaimd.io/holder-lease"
+HOLDER_ANNOTATION = "reclaimd.io/holder"
+
+
+def lease_name(holder: str) -> str:
+    # Holder names (pod names, hostnames) need not be valid object names: hash them.
+    return "reclaimd-holder-" + hashlib.sha256(holder.encode()).hexdigest()[:24]
+
+
+class HolderLeases:
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        namespace: str,
+        holder: str,
+        *,
+        lease_s: float,
+        limiter: RateLimiter,
+    ) -> None:
+        self._coord = k8s.CoordinationV1Api(api_client)
+        self.namespace, self.holder, self.lease_s = namespace, holder, lease_s
+        self._limiter = limiter
+        self._seen: dict[str, datetime] = {}
+        self.renewed_at: datetime | None = None  # our own last successful renewal
+
+    def renewed(self, holder: str) -> datetime | None:
+        """The last renewal seen of ``holder``'s Lease (ours: the last one we made)."""
+        if holder == self.holder:
+            return self.renewed_at
+        return self._seen.get(holder)
+
+    async def run(self) -> None:
+        """Renew our Lease and refresh the others', every ``lease_s / 3``, until cancelled."""
+        while True:
+            try:
+                await self.renew()
+                await self.refresh()
+            except client.KubeError as e:
+                # Keep trying: our claims survive a missed renewal or two (lease_s = 3 periods).
+                log.warning("holder lease: %s", e)
+            await asyncio.sleep(self.lease_s / 3)
+
+    async def renew(self) -> None:
+        now = utcnow()
+        name = lease_name(self.holder)
+        body: dict[str, Any] = {
+            "metadata": {
+                "name": name,
+                "labels": {HOLDER_LABEL: "true"},
+                "annotations": {HOLDER_ANNOTATION: self.holder},
+            },
+            "spec": {
+                "holderIdentity": self.holder[:128],
+                "leaseDurationSeconds": max(1, round(self.lease_s)),
+                "renewTime": _micro(now),
+            },
+        }
+        # Served before any notice's write: a missed renewal would let a peer take over.
+        urgent = now + timedelta(seconds=self.lease_s / 3)
+        try:
+            await self._limiter.call(
+                f"renew lease/{name}",
+                urgent,
+                lambda: self._coord.patch_namespaced_lease(
+                    name, self.namespace, body, **MERGE_PATCH
+                ),
+            )
+        except client.NotFound:
+            await self._limiter.call(
+                f"create lease/{name}",
+                urgent,
+                lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+            )
+        self.renewed_at = now
+
+    async def refresh(self) -> None:
+        with client.kube_errors("list holder leases"):
+            leases = await self._coord.list_namespaced_lease(
+                self.namespace, label_selector=f"{HOLDER_LABEL}=true"
+            )
+        seen: dict[str, datetime] = {}
+        for lease in leases.items or ():
+            holder = (lease.metadata.annotations or {}).get(HOLDER_ANNOTATION)
+            renew = lease.spec.renew_time if lease.spec is not None else None
+            if not holder or renew is None:
+                continue
+            seen[holder] = renew if isinstance(renew, datetime) else parse_time(str(renew))
+        self._seen = seen
+
+
+def _micro(t: datetime) -> str:
+    """MicroTime, as Lease.spec.renewTime wants it."""
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if t.tzinfo else rfc3339(t)
