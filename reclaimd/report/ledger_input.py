@@ -217,10 +217,12 @@ async def _read_kafka(
     out: list[tuple[str, Mapping[str, Any]]] = []
     try:
         await consumer.start()
-        partitions = await consumer.partitions_for_topic(topic) or set()
+        # Listing topics never creates one (a metadata request for a name may, on a broker
+        # that auto-creates); only a topic that exists is described.
+        partitions = await _partitions(bootstrap, topic) if topic in await consumer.topics() else []
         if not partitions:
             raise InputError(f"kafka {topic}: no such topic")
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         end = await consumer.end_offsets(tps)
         start: dict[TopicPartition, int] = dict.fromkeys(tps, 0)
@@ -248,11 +250,40 @@ async def _read_kafka(
                     if isinstance(ev, dict):
                         out.append((f"kafka {topic}[{tp.partition}]@{r.offset}", ev))
             left = {tp for tp in left if await consumer.position(tp) < end[tp]}
-    except KafkaError as e:
+    except (KafkaError, OSError) as e:
         raise InputError(f"kafka {bootstrap}: {type(e).__name__}: {str(e)[:80]}") from e
     finally:
-        await consumer.stop()
+        await _stop(consumer)
     return out
+
+
+async def _partitions(bootstrap: str, topic: str) -> list[int]:
+    """The topic's partition ids (the consumer's own metadata only knows assigned topics)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    return sorted(
+        int(p["partition"])
+        for t in described
+        if t.get("topic") == topic and not t.get("error_code")
+        for p in t.get("partitions") or ()
+    )
+
+
+async def _stop(consumer: Any) -> None:
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        # aiokafka 0.14 re-raises the cancellation of its own coordinator task when the
+        # consumer stops before that task ran; only a cancellation of this task goes on.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
 
 
 def read(sources: Iterable[str], since: datetime | None, policy: LabelPolicy) -> Ledger:
