@@ -350,8 +350,9 @@ class LeaseHourLock:
 class CacheFleet:
     """``FleetView`` over ``cluster.cache.ClusterCache``.
 
-    The cache has no public accessor for all pods and nodes yet, so this reads its index
-    directly; replace with ``cache.gpu_pods()`` / ``cache.node_facts()`` once it has them.
+    Nodes come through the cache's public queries (``node``, ``provider_id``). The cache has
+    no public accessor for all its GPU pods yet, so ``gpu_pods`` reads its index; replace it
+    with ``cache.gpu_pods()`` once the cache has one.
     """
 
     def __init__(self, cache: Any) -> None:
@@ -362,5 +363,5 @@ class CacheFleet:
         return [p.decode() if hasattr(p, "decode") else p for p in self._cache._idx.pods.values()]
 
     def node(self, name: str) -> NodeFacts | None:
-        n = self._cache._idx.nodes.get(name)
-        return NodeFacts(n.labels, n.provider_id) if n is not None else None
+        view = self._cache.node(name)
+        return NodeFacts(view.labels, self._cache.provider_id(name)) if view is not None else None
