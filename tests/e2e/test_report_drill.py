@@ -547,3 +547,18 @@ async def test_the_report_of_a_drill_matches_its_ground_truth_to_the_cent(
     problems = check_report(from_file, "tenant", truth)
     problems += check_report(by_option, "purchase_option", truth)
     assert not problems, "\n".join(problems)
+
+
+async def test_a_missing_topic_is_one_line_and_exit_2(stack: Any, tmp_path: Path) -> None:
+    env = stackenv.load()
+    rates = tmp_path / "rates.csv"
+    rates.write_text(f"sku,purchase_option,usd_per_gpu_hour\n{SKU},spot,4\n")
+    topic = f"reclaimd.restart-waste.none-{utcnow():%H%M%S%f}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "reclaimd.cli", "report", "--ledger", f"kafka://{env.kafka}/{topic}",
+        "--rates", str(rates),
+        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert err.decode().strip().splitlines() == [f"reclaimd report: kafka {topic}: no such topic"]
