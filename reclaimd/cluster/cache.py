@@ -625,6 +625,10 @@ class ClusterCache:
         node = self._idx.nodes.get(name)
         return node.provider_id if node is not None else ""
 
+    def gpu_pods(self) -> list[dict[str, Any]]:
+        """Every cached GPU pod in its slim form (decoded: a list the caller may keep)."""
+        return [pod.decode() for pod in self._idx.pods.values()]
+
     def node_labels(self, name: str) -> Mapping[str, str]:
         node = self._idx.nodes.get(name)
         return node.labels if node is not None else {}

@@ -16,6 +16,7 @@ from reclaimd.cluster.cache import (
     NodeView,
     node_record,
     pod_record,
+    slim_pod,
 )
 from reclaimd.cluster.watch import Changed, Listed
 from reclaimd.model import GangKey, Target, WorkloadRef
@@ -252,6 +253,14 @@ def test_gpu_pods_are_indexed_from_raw_or_projected_lists(
     ]
     assert train.members[0].checkpoint_url == "http://10.0.0.1:8080/ckpt"
     assert [g.key.name for g in cache.gangs_on_nodes(["n2"])] == ["other", "train"]
+
+
+def test_gpu_pods_lists_every_cached_gpu_pod_in_slim_form() -> None:
+    cache = new_cache()
+    cache._pod_applier("")(listed_projected(fleet()))
+    pods = sorted(cache.gpu_pods(), key=gangs.name_of)
+    assert [gangs.name_of(p) for p in pods] == ["other-0", "train-0", "train-1"]
+    assert pods[1] == slim_pod(gpu_pod("train-0", "n1"))
 
 
 def test_projected_and_raw_lists_build_the_same_gangs() -> None:
