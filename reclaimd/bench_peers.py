@@ -191,17 +191,18 @@ BUCKETS: list[tuple[str, str, str, list[str]]] = [
     ("lease-write", "coordination.k8s.io", "leases", ["*"]),
     ("other-read", "*", "*", ["get", "list", "watch"]),
     ("other-write", "*", "*", ["*"]),
+    ("non-resource", "", "", ["*"]),  # discovery, /version, /healthz: reads
 ]
-READ_BUCKETS = {b for b, _, _, verbs in BUCKETS if set(verbs) <= {"get", "list", "watch"}}
+READ_BUCKETS = {b for b, _, r, verbs in BUCKETS if not r or set(verbs) <= {"get", "list", "watch"}}
 FS_PREFIX = "bench-peers-"
 
 
 def flow_schemas(side: str, subject: dict[str, Any], priority_level: str) -> list[dict[str, Any]]:
     docs = []
     for i, (bucket, group, resource, verbs) in enumerate(BUCKETS):
-        rule: dict[str, Any] = {
-            "subjects": [subject],
-            "resourceRules": [
+        rule: dict[str, Any] = {"subjects": [subject]}
+        if resource:
+            rule["resourceRules"] = [
                 {
                     "verbs": verbs,
                     "apiGroups": [group],
@@ -209,10 +210,9 @@ def flow_schemas(side: str, subject: dict[str, Any], priority_level: str) -> lis
                     "clusterScope": True,
                     "namespaces": ["*"],
                 }
-            ],
-        }
-        if bucket == "other-write":
-            rule["nonResourceRules"] = [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+            ]
+        else:
+            rule["nonResourceRules"] = [{"verbs": verbs, "nonResourceURLs": ["*"]}]
         docs.append(
             {
                 "apiVersion": "flowcontrol.apiserver.k8s.io/v1",

@@ -93,8 +93,11 @@ def test_flow_schemas_are_ordered_and_cover_everything() -> None:
     precedences = [d["spec"]["matchingPrecedence"] for d in docs]
     assert precedences == sorted(precedences) and len(set(precedences)) == len(docs)
     assert all(d["spec"]["priorityLevelConfiguration"]["name"] == "workload-low" for d in docs)
-    last = docs[-1]["spec"]["rules"][0]
-    assert last["resourceRules"][0]["resources"] == ["*"] and "nonResourceRules" in last
+    catch_all = docs[-2]["spec"]["rules"][0]
+    assert catch_all["resourceRules"][0]["resources"] == ["*"]
+    assert catch_all["resourceRules"][0]["verbs"] == ["*"]
+    assert docs[-1]["spec"]["rules"][0]["nonResourceRules"][0]["nonResourceURLs"] == ["*"]
+    assert "non-resource" in bp.READ_BUCKETS and "other-write" not in bp.READ_BUCKETS
     other = bp.flow_schemas("reclaimd", {"kind": "User", "user": {"name": "y"}}, "global-default")
     assert not {d["spec"]["matchingPrecedence"] for d in other} & set(precedences)
 
