@@ -446,8 +446,12 @@ class Moto:
             raise BenchError(f"{server} missing: run `make venv`")
         self.port = _free_port()
         log = (self.workdir / "moto.log").open("ab")
+        # Its own session: a Ctrl-C meant for the bench must not take moto down mid-cleanup.
         self.proc = subprocess.Popen(
-            [str(server), "-H", "127.0.0.1", "-p", str(self.port)], stdout=log, stderr=log
+            [str(server), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
         log.close()
         end = time.monotonic() + timeout_s
@@ -545,6 +549,7 @@ class Bench:
     tokens: dict[str, Path] = field(default_factory=dict)
     reclaimd_kubeconfig: Path | None = None
     background: dict[str, int] = field(default_factory=dict)
+    failed: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
 
     def say(self, message: str) -> None:
@@ -1146,7 +1151,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for repeat in range(1, args.repeat + 1):
                 for side in args.sides:
-                    bench.runs.append(await bench.run_side(side, repeat))
+                    try:
+                        bench.runs.append(await bench.run_side(side, repeat))
+                    except BenchError as e:  # the other runs still count
+                        bench.say(f"{side} run {repeat}/{args.repeat} failed: {e}")
+                        bench.failed.append({"side": side, "repeat": repeat, "error": str(e)})
         finally:
             await bench.teardown_identities()
     summary = {s: summarize(bench.runs, s) for s in args.sides}
@@ -1196,6 +1205,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "summary": summary,
         "ratios_nth_over_reclaimd": rat,
         "runs": bench.runs,
+        "failed_runs": bench.failed,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count() or 0},
     }
 
@@ -1215,8 +1225,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result["summary"], result["ratios_nth_over_reclaimd"]))
+    for f in result["failed_runs"]:
+        print(f"{f['side']} run {f['repeat']} failed: {f['error']}")
     print(f"(JSON: {args.out})")
-    return 0
+    return 1 if result["failed_runs"] else 0
 
 
 if __name__ == "__main__":
