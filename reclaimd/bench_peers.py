@@ -12,10 +12,11 @@ pod: deploy/local/nth/build.sh and ../shared/research/nth-peer-bench.md.
 Measured per node from its message's send: cordoned (a node watch sees
 ``spec.unschedulable``), all its pods gone (a pod watch sees the DELETED events); per run the
 makespan, when the queue was first empty, and the API requests each consumer made, counted at
-the apiserver: every identity gets FlowSchemas of its own (one per resource and verb, on the
-priority level it would have had anyway, so nothing about its treatment changes) and the
-apiserver's ``apiserver_flowcontrol_dispatched_requests_total`` is read before and after.
-Timings are reported, never asserted.
+the apiserver: each consumer runs as a ServiceAccount of the bench's own namespace (NTH with its
+Helm chart's rules, reclaimd with deploy/kubernetes/rbac.yaml's), each gets FlowSchemas of its
+own (one per resource and verb, on the priority level it would have had anyway, so nothing about
+its treatment changes), and the apiserver's ``apiserver_flowcontrol_dispatched_requests_total``
+is read before and after. Timings are reported, never asserted.
 """
 
 from __future__ import annotations
