@@ -129,6 +129,11 @@ def tools() -> None:
         pytest.fail("helm or the prometheus-operator CRDs missing: run deploy/helm/tools.sh")
 
 
+def drop_cluster_wide(stack: Stack) -> None:
+    kubectl(stack, "delete", "clusterroles,clusterrolebindings", "-l",
+            f"app.kubernetes.io/instance={RELEASE}", "--ignore-not-found")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def cluster(stack: Stack, tools: None) -> Iterator[Stack]:
     """The namespaces (restricted Pod Security), the monitor CRDs, and four kwok nodes."""
@@ -149,7 +154,11 @@ def cluster(stack: Stack, tools: None) -> Iterator[Stack]:
             "metadata": {"name": name, "labels": PSS_LABELS},
         }
         kubectl(stack, "apply", "-f", "-", stdin=json.dumps(ns))
+    drop_cluster_wide(stack)  # left by an earlier run that died before its uninstall
     yield stack
+    run(str(HELM), f"--kubeconfig={stack.kubeconfig}", "uninstall", RELEASE, "--namespace", NS,
+        "--ignore-not-found", check=False)  # fmt: skip
+    drop_cluster_wide(stack)
     kubectl(stack, "delete", "namespace", NS, TRAIN_NS, "--wait=false", "--ignore-not-found")
     kubectl(stack, "delete", "node", *sorted(ON_DEMAND | SPOT), "--ignore-not-found")
 
@@ -158,6 +167,18 @@ def cluster(stack: Stack, tools: None) -> Iterator[Stack]:
 async def nodes(cluster: Stack, kube: k8s.ApiClient) -> AsyncIterator[None]:
     await fleet.create_nodes_labelled(kube, NODES, {RUN_LABEL: RUN})
     await fleet.wait_nodes_ready(kube, [n.name for n in NODES])
+
+    # Ready is kwok's word; the scheduler waits for the node lifecycle controller to lift the
+    # not-ready taint, which lags when the shared stack holds thousands of nodes.
+    async def untainted() -> bool:
+        core = k8s.CoreV1Api(kube)
+        for spec in NODES:
+            node = await core.read_node(spec.name)
+            if any(t.key == "node.kubernetes.io/not-ready" for t in node.spec.taints or []):
+                return False
+        return True
+
+    await _wait("the node lifecycle controller lifting not-ready", untainted, timeout_s=240)
     yield
 
 
