@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from reclaimd.cluster.cache import (
     CLAIM_ANNOTATION,
     ClusterCache,
     NodeView,
+    TakingTurns,
     node_record,
     pod_record,
     slim_pod,
@@ -353,3 +355,30 @@ def test_node_records_share_label_strings_across_nodes() -> None:
     assert a is not None and b is not None
     (ka, va), (kb, vb) = next(iter(a.labels.items())), next(iter(b.labels.items()))
     assert ka is kb and va is vb
+
+
+async def test_lists_take_turns_but_watches_do_not_wait() -> None:
+    turn = asyncio.Lock()
+    inside: list[str] = []
+    overlapped: list[bool] = []
+
+    class Slow:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def list(self) -> tuple[list[Any], str]:
+            overlapped.append(bool(inside))
+            inside.append(self.name)
+            await asyncio.sleep(0.01)
+            inside.remove(self.name)
+            return [self.name], "1"
+
+        def watch(self, resource_version: str, timeout_s: int) -> Any:
+            return (self.name, resource_version)
+
+    a, b = TakingTurns(Slow("a"), turn), TakingTurns(Slow("b"), turn)
+    results = await asyncio.gather(a.list(), b.list(), a.list())
+    assert results == [(["a"], "1"), (["b"], "1"), (["a"], "1")]
+    assert overlapped == [False, False, False]
+    async with turn:  # a LIST in progress elsewhere
+        assert b.watch("7", 30) == ("b", "7")
