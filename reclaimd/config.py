@@ -130,6 +130,14 @@ class AllocationSettings(_Strict):
     interval_s: float = Field(30.0, gt=0)
 
 
+class EventsSettings(_Strict):
+    """Kubernetes Events on nodes and pods (``kubectl get events --field-selector
+    reason=Interrupted``): best effort, last in the write budget, dropped rather than late."""
+
+    enabled: bool = True
+    queue_size: int = Field(1024, ge=1, le=1_000_000)
+
+
 class KubeSettings(_Strict):
     kubeconfig: Path | None = None  # None: in-cluster service account
     # The write budget adapts between these: it starts at start_qps, grows while the API
@@ -165,8 +173,12 @@ class Settings(_Strict):
     policy: PolicySettings = PolicySettings()
     ledger: LedgerSettings = LedgerSettings()
     allocation: AllocationSettings = AllocationSettings()
+    events: EventsSettings = EventsSettings()
     tracing: TracingSettings = TracingSettings()
     metrics_port: int = Field(9464, ge=0, le=65535)
+    # The first LIST of every node and GPU pod must finish within this, or the process exits
+    # (and is restarted). 50,000 pods take tens of seconds from a busy API server.
+    cache_sync_timeout_s: float = Field(180.0, gt=0)
     # Notices handled at once. Each waits (for acks, for pods to go) as a cheap task, not a
     # worker; this bounds memory, while the write budget bounds the load on the API server.
     max_in_flight: int = Field(4096, ge=1, le=100_000)

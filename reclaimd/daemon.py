@@ -40,6 +40,7 @@ from reclaimd.cluster import (
     claimlog,
     claims,
     client,
+    events,
     gangclaims,
     holders,
     ratelimit,
@@ -66,6 +67,7 @@ class _Parts:
     limiter: ratelimit.RateLimiter
     metrics: metrics.Metrics
     meter: meter.Meter | None = None
+    events: events.EventRecorder | None = None
 
 
 @dataclass
@@ -128,6 +130,16 @@ class Daemon:
             },
         )
         observed = metrics.Metrics(label_policy=ledger_writer.policy)
+        recorder = (
+            events.EventRecorder(
+                api,
+                limiter,
+                instance=s.holder,
+                settings=events.EventSettings(queue_size=s.events.queue_size),
+            )
+            if s.events.enabled
+            else None
+        )
 
         def keep(report: Report) -> None:
             observed.observe_report(report)
@@ -163,6 +175,7 @@ class Daemon:
             evict_concurrency=s.policy.evict_concurrency,
             on_report=keep,
             ledger_topic=s.ledger.topic,
+            narrator=events.NoticeEvents(recorder) if recorder is not None else None,
         )
 
         scheduler = Scheduler(
@@ -186,6 +199,7 @@ class Daemon:
             limiter,
             observed,
             self._meter(api, view, ledger_writer.policy),
+            recorder,
         )
 
     def _meter(
@@ -232,16 +246,22 @@ class Daemon:
                 {
                     "cache": lambda: view.synced,
                     "outbox": health.outbox_writable(s.ledger.outbox_path),
+                    # Our claims are live only while our holder Lease is renewed.
+                    "holder_lease": parts.holders.fresh,
                 }
             )
             # Up before the cache syncs: /healthz answers and /readyz says why not yet.
             await serving.enter_async_context(observed.serve(s.metrics_port, readiness))
             await view.start()
-            if not await view.wait_synced(timeout_s=60):
-                raise RuntimeError("cluster cache did not sync within 60 s")
+            if not await view.wait_synced(timeout_s=s.cache_sync_timeout_s):
+                raise RuntimeError(
+                    f"cluster cache did not sync within {s.cache_sync_timeout_s:.0f} s"
+                )
             async with asyncio.TaskGroup() as tg:
-                # Our Lease first: the claims we write are live only while it is renewed.
-                await parts.holders.renew()
+                # Our Lease first: the claims we write are live only while it is renewed
+                # (a failure is retried by its task and shows in /readyz).
+                with contextlib.suppress(client.KubeError):
+                    await parts.holders.renew()
                 background = [
                     tg.create_task(ledger_writer.run(), name="ledger"),
                     *(
@@ -252,17 +272,22 @@ class Daemon:
                         if parts.meter is not None
                         else []
                     ),
+                    *(
+                        [tg.create_task(parts.events.run(), name="events")]
+                        if parts.events is not None
+                        else []
+                    ),
                     tg.create_task(scheduler.run(), name="scheduler"),
                     tg.create_task(parts.holders.run(), name="holder-lease"),
                     tg.create_task(
-                        claimlog.resume_loop(
+                        claimlog.Resumer(
                             parts.store,
                             view,
                             resume=parts.intake.resume,
                             in_flight=scheduler.running,
                             renewed=parts.holders.renewed,
                             lease_s=s.claim_stale_s,
-                        ),
+                        ).run(),
                         name="resume",
                     ),
                 ]

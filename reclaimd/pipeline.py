@@ -82,6 +82,40 @@ class Ledger(Protocol):
     async def record(self, waste: RestartWaste) -> None: ...
 
 
+class Narrator(Protocol):
+    """Tells operators what happened (Kubernetes Events, ``cluster.events.NoticeEvents``):
+    every call returns at once and never raises; the runbook never waits for it."""
+
+    def claimed(self, notice: Notice, nodes: tuple[str, ...], *, cordoned: bool) -> None: ...
+    def checkpoint_requested(self, notice: Notice, gang: Gang, budget_end: datetime) -> None: ...
+    def checkpoint_answered(self, acks: tuple[RankAck, ...]) -> None: ...
+    def evicted(self, member: Member, outcome: str) -> None: ...
+    def drained(self, notice: Notice, nodes: tuple[str, ...]) -> None: ...
+    def recorded(self, waste: RestartWaste) -> None: ...
+
+
+class Silent:
+    """A ``Narrator`` that tells nobody."""
+
+    def claimed(self, notice: Notice, nodes: tuple[str, ...], *, cordoned: bool) -> None:
+        return None
+
+    def checkpoint_requested(self, notice: Notice, gang: Gang, budget_end: datetime) -> None:
+        return None
+
+    def checkpoint_answered(self, acks: tuple[RankAck, ...]) -> None:
+        return None
+
+    def evicted(self, member: Member, outcome: str) -> None:
+        return None
+
+    def drained(self, notice: Notice, nodes: tuple[str, ...]) -> None:
+        return None
+
+    def recorded(self, waste: RestartWaste) -> None:
+        return None
+
+
 class Progress(Protocol):
     async def done(self, admitted: Admitted, **facts: Any) -> None:
         """The notice is finished: its claim says so (the resume scan skips it)."""
@@ -175,8 +209,10 @@ class Runbook:
         evict_concurrency: int = 32,
         on_report: Callable[[Report], None] | None = None,
         ledger_topic: str = "",
+        narrator: Narrator | None = None,
     ) -> None:
         self.view, self.writer, self.signaller = view, writer, signaller
+        self.narrator: Narrator = narrator or Silent()
         self.ledger, self.progress, self.budget = ledger, progress, budget
         self.owners = owners
         self.build_waste = build_waste
@@ -209,6 +245,7 @@ class Runbook:
         plan = self.resolve(notice)
         report.plan = plan
         report.mark("resolved")
+        self.narrator.claimed(notice, plan.nodes, cordoned=admitted.claim.cordoned)
         if notice.response is Response.CHECKPOINT_ONLY:
             # An early warning takes nothing away: it asks every gang to save and charges
             # none, so it must not own the gangs the interruption that follows will charge.
@@ -289,12 +326,14 @@ class Runbook:
                 flight.checkpoint_until(
                     lambda d: self.budget.checkpoint_deadline(notice, utcnow(), deadline=d)
                 )
+            self.narrator.checkpoint_requested(notice, gang, budget_end)
             acks = await self.signaller.signal(
                 gang,
                 notice,
                 budget_deadline=budget_end,
                 cut=flight.cut if flight is not None else None,
             )
+        self.narrator.checkpoint_answered(acks)
         report.acks[gang.key] = acks
         report.mark("signaled")
         return acks
@@ -324,6 +363,7 @@ class Runbook:
                         outcome = "left-to-scheduler"  # Kueue deletes the pods itself
                     span.set_attribute("reclaimd.eviction", outcome)
                     report.evictions[f"{member.namespace}/{member.name}"] = outcome
+                    self.narrator.evicted(member, outcome)
                 if outcome in KEPT_RUNNING:
                     # The pod stays until the capacity goes: it stops with the node, unsaved.
                     span.set_status(trace.StatusCode.ERROR, outcome)
@@ -338,6 +378,7 @@ class Runbook:
             "reclaimd.drain", attributes={"reclaimd.gang": str(gang.key)}
         ):
             stopped = Stop.last(await asyncio.gather(*(one(m) for m in gang.members)))
+        self.narrator.drained(notice, tuple(sorted(flight.nodes)))
         report.mark("drained", max(stopped.at, report.times.get("drained", stopped.at)))
         return stopped
 
@@ -367,6 +408,7 @@ class Runbook:
                 cluster=self.cluster_name,
             )
             await self.ledger.record(waste)
+            self.narrator.recorded(waste)
             report.wastes.append(waste)
             span.set_attribute("reclaimd.events", 1)
         report.mark("recorded")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reclaimd import logs
@@ -78,53 +79,47 @@ class ClaimLog:
             raise ClaimLost(f"{obj.describe()} is no longer ours for {admitted.id}")
 
 
-async def resume_loop(
-    store: claims.ClaimStore,
-    nodes: NodeCopies,
-    *,
-    resume: Callable[[Notice, str | None], Awaitable[Admission]],
-    in_flight: Callable[[str], bool],
-    renewed: claims.Liveness,
-    lease_s: float,
-) -> None:
-    """Resume open claims at start, then keep looking: a peer that dies mid-storm leaves
-    claims whose messages are already acked, and only this scan finds them."""
-    while True:
-        try:
-            await resume_once(
-                store, nodes, resume=resume, in_flight=in_flight, renewed=renewed, lease_s=lease_s
-            )
-        except Exception as e:
-            logs.event(log, "resume scan failed", logging.WARNING, error=str(e)[:200])
-        await asyncio.sleep(lease_s / 2)
+@dataclass(frozen=True)
+class Resumer:
+    """The resume scan: every open claim this holder may finish (ours from before a
+    restart, or a dead peer's) goes back to the intake (``resume``)."""
 
+    store: claims.ClaimStore
+    nodes: NodeCopies
+    resume: Callable[[Notice, str | None], Awaitable[Admission]]
+    in_flight: Callable[[str], bool]
+    renewed: claims.Liveness
+    lease_s: float
 
-async def resume_once(
-    store: claims.ClaimStore,
-    nodes: NodeCopies,
-    *,
-    resume: Callable[[Notice, str | None], Awaitable[Admission]],
-    in_flight: Callable[[str], bool],
-    renewed: claims.Liveness,
-    lease_s: float,
-) -> int:
-    """Hand every open claim this holder may finish (ours, or a dead peer's) to ``resume``;
-    the number resumed. Node claims come from the cache, Workload claims from a LIST."""
-    now = utcnow()
-    resumed = 0
-    for claim in await store.list_open(node_claims=nodes.node_claims()):
-        if in_flight(claim.notice_id):
-            continue  # this process is on it: a resume would only write the claim again
-        try:
-            notice = Notice.from_json(claim.notice)
-        except ParseError:
-            continue  # written by a newer or broken version: leave it to its holder
-        if notice.deadline is not None and notice.deadline < now:
-            continue
-        if claim.holder != store.holder and not claim.stale(now, lease_s, renewed(claim.holder)):
-            continue
-        node = claim.target.name if isinstance(claim.target, claims.NodeObj) else None
-        if await resume(notice, node) is Admission.RESUMED:
-            resumed += 1
-            logs.event(log, "resuming notice", notice_id=notice.id, phase=claim.phase.value)
-    return resumed
+    async def run(self) -> None:
+        """Resume at start, then keep looking: a peer that dies mid-storm leaves claims
+        whose messages are already acked, and only this scan finds them."""
+        while True:
+            try:
+                await self.once()
+            except Exception as e:
+                logs.event(log, "resume scan failed", logging.WARNING, error=str(e)[:200])
+            await asyncio.sleep(self.lease_s / 2)
+
+    async def once(self) -> int:
+        """One scan; the number resumed. Node claims come from the cache, Workload claims
+        from a LIST."""
+        now = utcnow()
+        resumed = 0
+        for claim in await self.store.list_open(node_claims=self.nodes.node_claims()):
+            if self.in_flight(claim.notice_id):
+                continue  # this process is on it: a resume would only write the claim again
+            try:
+                notice = Notice.from_json(claim.notice)
+            except ParseError:
+                continue  # written by a newer or broken version: leave it to its holder
+            if notice.deadline is not None and notice.deadline < now:
+                continue
+            live = not claim.stale(now, self.lease_s, self.renewed(claim.holder))
+            if claim.holder != self.store.holder and live:
+                continue
+            node = claim.target.name if isinstance(claim.target, claims.NodeObj) else None
+            if await self.resume(notice, node) is Admission.RESUMED:
+                resumed += 1
+                logs.event(log, "resuming notice", notice_id=notice.id, phase=claim.phase.value)
+        return resumed

@@ -308,6 +308,14 @@ class EventRecorder:
 
     # --- the writer --------------------------------------------------------------------------
 
+    async def run(self) -> None:
+        """The writers, as one supervised task: ``start``, then wait until cancelled."""
+        self.start()
+        try:
+            await asyncio.gather(*self._tasks)
+        finally:
+            await self.close()
+
     def start(self) -> None:
         if self._tasks:
             return

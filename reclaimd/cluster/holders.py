@@ -56,6 +56,11 @@ class HolderLeases:
             return self.renewed_at
         return self._seen.get(holder)
 
+    def fresh(self) -> bool:
+        """Our Lease was renewed within ``lease_s``: peers see our claims as live."""
+        last = self.renewed_at
+        return last is not None and utcnow() - last <= timedelta(seconds=self.lease_s)
+
     async def run(self) -> None:
         """Renew our Lease and refresh the others', every ``lease_s / 3``, until cancelled."""
         while True:

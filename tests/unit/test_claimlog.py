@@ -1,0 +1,69 @@
+"""The resume scan: which open claims this replica takes back, and which it leaves alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from reclaimd.cluster import claims
+from reclaimd.cluster.claimlog import Resumer
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, NoticeKind, Target, utcnow
+
+NOW = utcnow()
+LEASE_S = 20.0
+
+
+def notice(nid: str, deadline_s: float) -> Notice:
+    return Notice(nid, "t", NoticeKind.SPOT_INTERRUPTION, Target(node_name=nid), NOW,
+                  NOW + timedelta(seconds=deadline_s), NOW)
+
+
+def claim(nid: str, holder: str, *, deadline_s: float = 100, age_s: float = 60) -> claims.Claim:
+    n = notice(nid, deadline_s)
+    return claims.Claim(claims.NodeObj(f"node-{nid}"), n.id, n.deadline, holder,
+                        claims.Phase.CLAIMED, NOW - timedelta(seconds=age_s),
+                        NOW - timedelta(seconds=age_s), notice=n.to_json())
+
+
+class Store:
+    holder = "me"
+
+    def __init__(self, found: list[claims.Claim]) -> None:
+        self.found = found
+        self.given: Any = None
+
+    async def list_open(self, *, node_claims: Iterable[tuple[str, str]]) -> list[claims.Claim]:
+        self.given = list(node_claims)
+        return self.found
+
+
+class Nodes:
+    def node(self, name: str) -> None:
+        return None
+
+    def node_claims(self) -> list[tuple[str, str]]:
+        return [("node-x", "{}")]
+
+
+async def test_the_scan_takes_back_ours_and_the_dead_and_leaves_the_live_and_the_busy() -> None:
+    store = Store([
+        claim("mine", "me"),  # ours from before a restart
+        claim("busy", "me"),  # ours and running here: a resume would only write again
+        claim("dead", "peer-dead"),  # its holder stopped renewing
+        claim("live", "peer-live"),  # its holder's Lease is fresh
+        claim("late", "peer-dead", deadline_s=-5),  # past its deadline: nothing to save
+    ])
+    renewals: dict[str, datetime] = {"peer-live": NOW - timedelta(seconds=2)}
+    resumed: list[tuple[str, str | None]] = []
+
+    async def resume(n: Notice, node: str | None) -> Admission:
+        resumed.append((n.id, node))
+        return Admission.RESUMED
+
+    r = Resumer(store, Nodes(), resume=resume, in_flight=lambda nid: nid == "busy",  # type: ignore[arg-type]
+                renewed=renewals.get, lease_s=LEASE_S)
+    assert await r.once() == 2
+    assert resumed == [("mine", "node-mine"), ("dead", "node-dead")]
+    assert store.given == [("node-x", "{}")]  # node claims from the cache, not a LIST
