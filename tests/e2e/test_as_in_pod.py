@@ -242,3 +242,23 @@ async def test_spot_notice_handled_by_the_pod_as_the_chart_runs_it(
     (event,) = await h.ledger_events(count=1, timeout_s=90, settle_s=2.0)
     assert event["x_NoticeId"] == notice.id
     assert event["x_GangId"].endswith(f"/{gang.name}")
+
+    # What the operator sees, written under the chart's RBAC (events.k8s.io create/patch).
+    async def interrupted() -> list[Any]:
+        listed = await k8s.EventsV1Api(h.api).list_event_for_all_namespaces(
+            field_selector="reason=Interrupted"
+        )
+        return [e for e in listed.items if e.regarding.name == nodes[0].name]
+
+    seen: list[Any] = []
+    for _ in range(60):  # events are written last in the budget: allow them a moment
+        if seen := await interrupted():
+            break
+        await asyncio.sleep(1)
+    assert len(seen) == 1, "no Interrupted event on the node"
+    assert notice.id in seen[0].note
+    assert seen[0].reporting_instance == f"reclaimd-{h.run_id}"
+    pod_events = await k8s.CoreV1Api(h.api).list_namespaced_event(
+        h.namespace, field_selector=f"involvedObject.name={gang.pod_name(0)}"
+    )
+    assert {"CheckpointRequested"} <= {e.reason for e in pod_events.items}
