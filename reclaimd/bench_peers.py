@@ -712,7 +712,8 @@ class Bench:
             d = DaemonProcess(config, h.workdir, "reclaimd")
             h.daemons.append(d)  # stopped by the harness, even if it never comes up
             try:
-                await d.start()
+                # Its cache LISTs the whole cluster first: minutes when the shared stack is busy.
+                await d.start(timeout_s=180)
             except (RuntimeError, TimeoutError) as e:
                 raise BenchError(f"reclaimd did not start: {e}") from e
             return d
