@@ -571,7 +571,7 @@ async def cleanup(api: Any, selector: str) -> None:
         await _delete_all(
             f"pods in {ns}",
             lambda: core.delete_collection_namespaced_pod(
-                ns, grace_period_seconds=0, _request_timeout=120, _preload_content=False
+                ns, grace_period_seconds=0, _preload_content=False
             ),
             lambda: core.list_namespaced_pod(ns, limit=1, _preload_content=False),
         )
@@ -586,9 +586,7 @@ async def cleanup(api: Any, selector: str) -> None:
         await asyncio.gather(*(empty(ns) for ns in names[first : first + 4]))
     await _delete_all(
         f"nodes labelled {selector}",
-        lambda: core.delete_collection_node(
-            label_selector=selector, _request_timeout=120, _preload_content=False
-        ),
+        lambda: core.delete_collection_node(label_selector=selector, _preload_content=False),
         lambda: core.list_node(label_selector=selector, limit=1, _preload_content=False),
     )
     print("cleanup: done", flush=True)
