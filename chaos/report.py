@@ -158,6 +158,7 @@ class GangRow:
     ranks_asked: int = 0
     ranks_to_ask: int = 0
     pods_left: int = 0
+    ranks: int = 0  # pods of the gang
 
 
 @dataclass(frozen=True)
@@ -352,6 +353,7 @@ def _gang_row(g: GangFacts, events: Sequence[Mapping[str, Any]], expect: Expecta
         ranks_asked=asked,
         ranks_to_ask=to_ask,
         pods_left=len(g.pods_left),
+        ranks=len(g.ranks),
     )
 
 
@@ -794,6 +796,7 @@ def to_json(v: Verdict) -> dict[str, Any]:
                 "ranks_asked": g.ranks_asked,
                 "ranks_to_ask": g.ranks_to_ask,
                 "pods_left": g.pods_left,
+                "ranks": g.ranks,
             }
             for g in v.gangs
         ],

@@ -160,8 +160,13 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
             writes[kind] = writes.get(kind, 0) + int(count)
         rss[name] = stats.get("peak_rss_mb")
     gangs = drill.get("gangs") or []
-    pods = sum(len(g.get("ranks") or ()) for g in gangs)
+    charged = [g for g in gangs if g.get("ledger_events")]
+    pods = sum(int(g.get("ranks") or 0) for g in charged)
     total = sum(writes.values())
+
+    def per(kinds: tuple[str, ...], n: int) -> float | None:
+        return round(sum(writes.get(k, 0) for k in kinds) / n, 2) if n else None
+
     return {
         "doomed_nodes": doomed,
         "cordoned": len(cordons),
@@ -178,7 +183,12 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
         "writes_by_kind": dict(sorted(writes.items())),
         "writes_total": total,
         "writes_per_doomed_node": round(total / doomed, 2) if doomed else None,
-        "gangs_charged": len(gangs),
+        # What each object cost (attempts, retries included): the minimum is 2 per node
+        # (claim+cordon, done), 1 per gang (its Lease), 1 per pod (its eviction).
+        "claim_writes_per_node": per(("write claim on node",), doomed),
+        "lease_writes_per_gang": per(("create lease", "take over lease"), len(charged)),
+        "eviction_writes_per_pod": per(("evict pod", "delete pod"), pods),
+        "gangs_charged": len(charged),
         "ranks_of_charged_gangs": pods,
         "peak_rss_mb": rss,
         "verdict_ok": drill.get("ok"),
@@ -209,6 +219,13 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"writes {s['writes_total']} ({s['writes_per_doomed_node']} per doomed node): "
         + ", ".join(f"{k} {v}" for k, v in s["writes_by_kind"].items())
+    )
+    lines.append(
+        f"per object: claim writes {s['claim_writes_per_node']}/node (minimum 2: claim+cordon,"
+        f" done),"
+        f" Lease {s['lease_writes_per_gang']}/gang (minimum 1; {s['gangs_charged']} gangs),"
+        f" eviction {s['eviction_writes_per_pod']}/pod (minimum 1;"
+        f" {s['ranks_of_charged_gangs']} pods)"
     )
     lines.append("peak RSS MB: " + ", ".join(f"{k} {v}" for k, v in s["peak_rss_mb"].items()))
     if "cache" in result:

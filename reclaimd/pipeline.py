@@ -252,9 +252,19 @@ class Runbook:
             await asyncio.gather(*(self.checkpoint(notice, g, None, report) for g in plan.gangs))
             await self.progress.done(admitted, outcome="checkpoint-only")
             return
-        flights = await self.own(plan, report)
+        flights, joined = await self.own(plan, report)
+        if not flights and not joined:
+            # Every gang here was charged by another notice, already done or on another
+            # replica: the node has nothing left for this notice to drain.
+            with self.tracer.start_as_current_span(
+                "reclaimd.drain", attributes={"reclaimd.skipped_gangs": len(report.skipped_gangs)}
+            ):
+                report.mark("drained")
         try:
-            await asyncio.gather(*(self.settle(notice, f, report) for f in flights))
+            await asyncio.gather(
+                *(self.settle(notice, f, report) for f in flights),
+                *(self.follow(notice, f, report) for f in joined),
+            )
         finally:
             for flight in flights:
                 self.owners.release(flight)
@@ -295,20 +305,39 @@ class Runbook:
                 span.set_attribute("k8s.node.name", nodes[0])
             return Plan(notice=notice, nodes=nodes, gangs=gangs)
 
-    async def own(self, plan: Plan, report: Report) -> list[GangFlight]:
-        """The gangs this notice charges. The others are owned by an earlier notice (another
-        node of the same gang): in this process the notice joins that flight (its deadline
-        governs if earlier), on another replica the gang's Lease says who charges it."""
+    async def own(self, plan: Plan, report: Report) -> tuple[list[GangFlight], list[GangFlight]]:
+        """The gangs this notice charges, and those it joins. The others are owned by an
+        earlier notice (another node of the same gang): in this process the notice joins that
+        flight (its deadline governs if earlier), on another replica the gang's Lease says who
+        charges it."""
         taken = await self.owners.take(plan.gangs, plan.notice, plan.nodes)
         report.skipped_gangs.extend(k for k in taken.skipped)
-        report.joined_gangs.extend(taken.joined)
-        return taken.owned
+        report.joined_gangs.extend(f.gang.key for f in taken.joined)
+        return taken.owned, taken.joined
 
     async def settle(self, notice: Notice, flight: GangFlight, report: Report) -> None:
         """One gang, start to end: every rank asked to checkpoint, drained, charged once."""
-        acks = await self.checkpoint(notice, flight.gang, flight, report)
-        stopped = await self.drain(notice, flight, report)
-        await self.record(notice, flight.gang, acks, stopped, report)
+        try:
+            acks = await self.checkpoint(notice, flight.gang, flight, report)
+            stopped = await self.drain(notice, flight, report)
+            await self.record(notice, flight.gang, acks, stopped, report)
+        finally:
+            flight.settled.set()
+
+    async def follow(self, notice: Notice, flight: GangFlight, report: Report) -> None:
+        """A joined gang: its owner drains and charges it; this notice's node is drained when
+        the owner is done, so the notice waits for that (a cheap await, no worker held)."""
+        deadline = notice.deadline or utcnow() + timedelta(seconds=120)
+        with self.tracer.start_as_current_span(
+            "reclaimd.drain",
+            attributes={"reclaimd.gang": str(flight.gang.key), "reclaimd.joined": flight.owner},
+        ) as span:
+            left = (deadline - utcnow()).total_seconds()
+            try:
+                await asyncio.wait_for(flight.settled.wait(), max(0.0, left) + 5.0)
+            except TimeoutError:
+                span.set_status(trace.StatusCode.ERROR, "the owner did not finish in time")
+        report.mark("drained", max(utcnow(), report.times.get("drained", utcnow())))
 
     async def checkpoint(
         self, notice: Notice, gang: Gang, flight: GangFlight | None, report: Report

@@ -117,6 +117,7 @@ class GangFlight:
     nodes: set[str]
     joined: list[str] = field(default_factory=list)  # notice ids
     cut: asyncio.Event = field(default_factory=asyncio.Event)  # end the checkpoint wait now
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # drained and charged
     decided: asyncio.Future[bool] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )  # the Lease's answer: does the owner charge it?
@@ -150,12 +151,13 @@ class GangFlight:
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        self.settled.set()  # whatever happened, nobody waits for it any longer
 
 
 @dataclass(frozen=True)
 class Taken:
     owned: list[GangFlight]  # this notice charges these
-    joined: list[GangKey]  # owned by another notice of this process: joined it
+    joined: list[GangFlight]  # owned by another notice of this process: joined
     skipped: list[GangKey]  # charged by another notice (here or on another replica)
 
 
@@ -204,11 +206,11 @@ class GangOwners:
             for flight in owned:
                 self.release(flight)
             raise failure  # the notice fails and is resumed; its claim stays open
-        joined: list[GangKey] = []
+        joined: list[GangFlight] = []
         for flight in theirs:
             if await asyncio.shield(flight.decided):
                 flight.join(notice, nodes)
-                joined.append(flight.gang.key)
+                joined.append(flight)
             skipped.append(flight.gang.key)
         return Taken(owned, joined, skipped)
 

@@ -365,7 +365,7 @@ class EventRecorder:
         once = self._now()
         if not entry.created:
             body = self._body(entry)
-            what = f"create event {entry.reason} on {entry.regarding.name}"
+            what = f"create event/{entry.reason} on {entry.regarding.name}"
             with contextlib.suppress(client.Conflict):  # a name collision: it is there already
                 await self._budget.call(
                     what,
@@ -377,7 +377,7 @@ class EventRecorder:
         else:
             count = entry.count
             patch = {"series": {"count": count, "lastObservedTime": micro_time(entry.last_time)}}
-            what = f"patch event {entry.reason} on {entry.regarding.name}"
+            what = f"patch event/{entry.reason} on {entry.regarding.name}"
             try:
                 await self._budget.call(
                     what,

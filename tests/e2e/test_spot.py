@@ -208,7 +208,10 @@ async def test_restart_after_claim_finishes_before_deadline(h: Harness) -> None:
     gang = await h.add_gang("resume", [n.name for n in nodes], behaviour=slow)
     d = await h.start_daemon("crashy")
     notice: Notice = h.send_spot(nodes[0])
-    await h.wait_phase(nodes[0].name, "cordoned", timeout_s=30)
+    # The claim's one write also cordoned the node; then the trainers start saving (4 s).
+    await h.wait_phase(nodes[0].name, "claimed", timeout_s=30)
+    node = await k8s.CoreV1Api(h.api).read_node(nodes[0].name)
+    assert node.spec.unschedulable
     d.kill()  # mid-checkpoint: the trainers are still saving
     await asyncio.sleep(0.5)
     assert await h.pods_left([gang.pod_name(0), gang.pod_name(1)]) != []

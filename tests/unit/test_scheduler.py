@@ -72,7 +72,7 @@ async def test_a_later_notice_joins_the_gang_and_the_earliest_deadline_governs()
         owners.take([g], late, ["node-u1"]), owners.take([g], soon, ["node-u2"])
     )
     (flight,) = first.owned
-    assert second.owned == [] and second.joined == [g.key] and second.skipped == [g.key]
+    assert second.owned == [] and second.joined == [first.owned[0]] and second.skipped == [g.key]
     assert flight.owner == "late" and flight.joined == ["soon"]
     assert flight.deadline == soon.deadline and flight.nodes == {"node-u1", "node-u2"}
     assert lease.writes == 1  # the joiner wrote no Lease
