@@ -43,6 +43,7 @@ demo: stack-up
 	$(BIN)/python -m reclaimd.chaos.demo
 	$(BIN)/reclaimd drill run chaos/scenarios/spot-az-storm.yaml --timeline \
 		--json .stack/demo-storm.json --svg .stack/demo-slowest-notice.svg
+	$(BIN)/python -m reclaimd.chaos.demo_report .stack/demo-storm.json .stack/demo-report.html
 
 bench: stack-up
 	$(BIN)/python -m reclaimd.bench
