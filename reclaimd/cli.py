@@ -63,6 +63,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reclaimd import daemon, logs
 
     settings = config.load(args.config)
+    if args.dry_run:
+        settings = settings.model_copy(update={"dry_run": True})
     logs.setup(args.log_level)
     return asyncio.run(daemon.run(settings))
 
@@ -94,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", help="run the daemon")
     s.add_argument("--config", required=True)
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="claim, signal, evict and record nothing: log and count what would be done",
+    )
     s.set_defaults(func=cmd_run)
 
     from reclaimd import postmortem, report

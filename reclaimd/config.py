@@ -190,6 +190,9 @@ class Settings(_Strict):
     # A notice is acted on this long before its deadline at the earliest (a Health change
     # weeks out is claimed now, drained then).
     schedule_horizon_s: float = Field(600.0, gt=0)
+    # Decide everything, do nothing: log and count what would be claimed, signalled, evicted
+    # and recorded (``reclaimd.dryrun``); ``reclaimd run --dry-run`` sets it too.
+    dry_run: bool = False
 
 
 def _overlay(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:

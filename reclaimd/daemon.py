@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanContext
 
 from reclaimd import (
     checkpoint,
+    dryrun,
     health,
     ledger,
     logs,
@@ -46,7 +47,7 @@ from reclaimd.cluster import (
     ratelimit,
 )
 from reclaimd.config import Settings, UnknownTarget
-from reclaimd.intake import Admission, Admitted, Intake
+from reclaimd.intake import Admission, Admitted, ClaimWriter, Intake
 from reclaimd.model import Notice
 from reclaimd.pipeline import Budget, Report, Runbook
 from reclaimd.scheduler import GangOwners, Scheduler
@@ -68,6 +69,7 @@ class _Parts:
     metrics: metrics.Metrics
     meter: meter.Meter | None = None
     events: events.EventRecorder | None = None
+    dry_run: dryrun.WouldParts | None = None  # set: nothing is written, signalled or evicted
 
 
 @dataclass
@@ -77,6 +79,7 @@ class Daemon:
     settings: Settings
     on_report: Callable[[Report], None] | None = None
     limiter: ratelimit.RateLimiter | None = None  # the write budget, once wired
+    dry_run: dryrun.DryRunCounters | None = None  # what a dry run would have done
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     def stop(self) -> None:
@@ -116,9 +119,10 @@ class Daemon:
             pod_exists=view.pod_exists,
         )
         ledger_writer = ledger.LedgerWriter(
-            bootstrap_servers=s.ledger.bootstrap,
+            # A dry run keeps no outbox file and reaches no broker (its writer stays empty).
+            bootstrap_servers="" if s.dry_run else s.ledger.bootstrap,
             topic=s.ledger.topic,
-            outbox_path=s.ledger.outbox_path,
+            outbox_path=":memory:" if s.dry_run else s.ledger.outbox_path,
             policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
         )
         receipts = tracing.Receipts(
@@ -137,7 +141,7 @@ class Daemon:
                 instance=s.holder,
                 settings=events.EventSettings(queue_size=s.events.queue_size),
             )
-            if s.events.enabled
+            if s.events.enabled and not s.dry_run
             else None
         )
 
@@ -150,16 +154,37 @@ class Daemon:
             observed.observe_admission(notice, admission)
             return receipts.on_admission(notice, admission)
 
+        # The one place a dry run differs: the parts that write or signal are "would" parts.
+        would = (
+            dryrun.WouldParts.build(
+                view,
+                s.holder,
+                ledger_writer.policy,
+                lease_s=s.claim_stale_s,
+                eviction_policy=str(s.policy.eviction),
+            )
+            if s.dry_run
+            else None
+        )
+        claim_log: ClaimWriter = (
+            claimlog.ClaimLog(store, view) if would is None else would.claim_log
+        )
         runbook = Runbook(
             view=view,
-            writer=writer,
-            signaller=checkpoint.Signaller(
-                session, tracer, putbudget.TenantPutBudgets(s.max_put_object_qps_per_sa)
+            writer=writer if would is None else would.evictor,
+            signaller=(
+                checkpoint.Signaller(
+                    session, tracer, putbudget.TenantPutBudgets(s.max_put_object_qps_per_sa)
+                )
+                if would is None
+                else would.signaller
             ),
-            ledger=ledger_writer,
-            progress=claimlog.ClaimLog(store, view),
+            ledger=ledger_writer if would is None else would.recorder,
+            progress=claimlog.ClaimLog(store, view) if would is None else would.claim_log,
             owners=GangOwners(
                 gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter)
+                if would is None
+                else would.gang_lock
             ),
             budget=Budget(
                 drain_reserve_s=s.policy.drain_reserve_s,
@@ -179,10 +204,12 @@ class Daemon:
         )
 
         scheduler = Scheduler(
-            runbook.handle, max_in_flight=s.max_in_flight, horizon_s=s.schedule_horizon_s
+            runbook.handle if would is None else dryrun.acting_for(runbook.handle),
+            max_in_flight=s.max_in_flight,
+            horizon_s=s.schedule_horizon_s,
         )
         intake = Intake(
-            claims=claimlog.ClaimLog(store, view),
+            claims=claim_log,
             resolver=view,
             submit=scheduler.submit,
             drop_unknown=s.policy.unknown_target is UnknownTarget.DROP,
@@ -198,8 +225,9 @@ class Daemon:
             intake,
             limiter,
             observed,
-            self._meter(api, view, ledger_writer.policy),
+            None if would is not None else self._meter(api, view, ledger_writer.policy),
             recorder,
+            would,
         )
 
     def _meter(
@@ -236,6 +264,7 @@ class Daemon:
         session = checkpoint.session(s.checkpoint_connections)
         parts = self._wire(api, tracer, session)
         self.limiter = parts.limiter
+        self.dry_run = parts.dry_run.counters if parts.dry_run is not None else None
         view, scheduler, ledger_writer = parts.view, parts.scheduler, parts.ledger
         self.intake, self.scheduler, self.ledger = parts.intake, scheduler, ledger_writer
         serving = contextlib.AsyncExitStack()
@@ -243,7 +272,9 @@ class Daemon:
             sources_by_name = self._sources(parts.intake, api)
             observed = self.metrics = _bind_gauges(parts, sources_by_name)
             readiness = health.Readiness(
-                {
+                {"cache": lambda: view.synced}
+                if s.dry_run  # no outbox file, no Lease: only the cache matters
+                else {
                     "cache": lambda: view.synced,
                     "outbox": health.outbox_writable(s.ledger.outbox_path),
                     # Our claims are live only while our holder Lease is renewed.
@@ -260,8 +291,9 @@ class Daemon:
             async with asyncio.TaskGroup() as tg:
                 # Our Lease first: the claims we write are live only while it is renewed
                 # (a failure is retried by its task and shows in /readyz).
-                with contextlib.suppress(client.KubeError):
-                    await parts.holders.renew()
+                if not s.dry_run:
+                    with contextlib.suppress(client.KubeError):
+                        await parts.holders.renew()
                 background = [
                     tg.create_task(ledger_writer.run(), name="ledger"),
                     *(
@@ -278,24 +310,37 @@ class Daemon:
                         else []
                     ),
                     tg.create_task(scheduler.run(), name="scheduler"),
-                    tg.create_task(parts.holders.run(), name="holder-lease"),
-                    tg.create_task(
-                        claimlog.Resumer(
-                            parts.store,
-                            view,
-                            resume=parts.intake.resume,
-                            in_flight=scheduler.running,
-                            renewed=parts.holders.renewed,
-                            lease_s=s.claim_stale_s,
-                        ).run(),
-                        name="resume",
+                    # A dry run holds no Lease and resumes nothing: it has claimed nothing.
+                    *(
+                        []
+                        if s.dry_run
+                        else [
+                            tg.create_task(parts.holders.run(), name="holder-lease"),
+                            tg.create_task(
+                                claimlog.Resumer(
+                                    parts.store,
+                                    view,
+                                    resume=parts.intake.resume,
+                                    in_flight=scheduler.running,
+                                    renewed=parts.holders.renewed,
+                                    lease_s=s.claim_stale_s,
+                                ).run(),
+                                name="resume",
+                            ),
+                        ]
                     ),
                 ]
                 sources = [
                     tg.create_task(source.run(), name=f"source-{name}")
                     for name, source in sources_by_name.items()
                 ]
-                logs.event(log, "reclaimd running", holder=s.holder, cluster=s.cluster_name)
+                logs.event(
+                    log,
+                    "reclaimd running",
+                    holder=s.holder,
+                    cluster=s.cluster_name,
+                    dry_run=s.dry_run,
+                )
                 if ready is not None:
                     ready.set()
                 await self._stopping.wait()
@@ -405,11 +450,15 @@ def _stopped(daemon: Daemon) -> None:
     """The last line: what this process cost the API server and the machine (the storm
     bench reads it)."""
     limiter = daemon.limiter
+    extra: dict[str, Any] = {}
+    if daemon.dry_run is not None:
+        extra["dry_run"] = daemon.dry_run.as_dict()  # what it would have done, by action
     logs.event(
         log,
         "reclaimd stopped",
         kube_writes=dict(limiter.by_kind) if limiter is not None else {},
         peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        **extra,
     )
 
 
