@@ -374,10 +374,16 @@ class Daemon:
         sources: dict[str, Any] = {}
         if s.sqs.enabled:
             import boto3
+            from botocore.config import Config
 
             from reclaimd.transports.sqs import SqsSource
 
-            sqs = boto3.client("sqs", region_name=s.sqs.region, endpoint_url=s.sqs.endpoint_url)
+            # One connection per receiver and per message being settled: botocore's default
+            # pool of 10 makes every delete in a storm wait for a socket.
+            pool = Config(max_pool_connections=s.sqs.receivers + s.sqs.concurrency)
+            sqs = boto3.client(
+                "sqs", region_name=s.sqs.region, endpoint_url=s.sqs.endpoint_url, config=pool
+            )
             sources["sqs"] = SqsSource(sqs, s.sqs, admit=intake.admit, windows=s.windows)
         if s.imds.enabled:
             from reclaimd.transports.imds import ImdsSource

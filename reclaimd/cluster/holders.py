@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from kubernetes_asyncio import client as k8s
@@ -26,6 +26,7 @@ from reclaimd.model import parse_time, rfc3339, utcnow
 log = logging.getLogger(__name__)
 
 HOLDER_LABEL = "reclaimd.io/holder-lease"
+FIRST = datetime(1970, 1, 2, tzinfo=UTC)  # sorts before any notice's deadline in the budget
 HOLDER_ANNOTATION = "reclaimd.io/holder"
 
 
@@ -87,21 +88,25 @@ class HolderLeases:
                 "renewTime": _micro(now),
             },
         }
-        # Served before any notice's write: a missed renewal would let a peer take over.
-        urgent = now + timedelta(seconds=self.lease_s / 3)
+        # Served before every other write, whatever their deadlines (in a storm the queue
+        # fills with writes whose deadlines are seconds away or past): a late renewal lets a
+        # peer take over claims this replica is still acting on, and both would charge.
+        until = now + timedelta(seconds=self.lease_s / 3)
         try:
             await self._limiter.call(
                 f"renew lease/{name}",
-                urgent,
+                FIRST,
                 lambda: self._coord.patch_namespaced_lease(
                     name, self.namespace, body, **MERGE_PATCH
                 ),
+                retry_until=until,
             )
         except client.NotFound:
             await self._limiter.call(
                 f"create lease/{name}",
-                urgent,
+                FIRST,
                 lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+                retry_until=until,
             )
         self.renewed_at = now
 

@@ -151,3 +151,22 @@ async def test_call_gives_up_at_its_deadline() -> None:
     with pytest.raises(client.ServerError):
         await limiter.call("patch node/x", soon, down)
     assert calls == 1  # the backoff would outlive the deadline: no second try
+
+
+async def test_a_holder_renewal_is_served_before_writes_whose_deadlines_have_passed() -> None:
+    from reclaimd.cluster.holders import FIRST
+
+    limiter = RateLimiter(RateSettings(qps=200.0, burst=1))
+    await limiter.acquire()
+    served: list[str] = []
+
+    async def write(name: str, deadline: datetime) -> None:
+        await limiter.acquire(deadline)
+        served.append(name)
+
+    past = datetime.now(UTC) - timedelta(seconds=30)  # an eviction still retrying, late
+    tasks = [asyncio.create_task(write(f"evict-{i}", past)) for i in range(5)]
+    tasks.append(asyncio.create_task(write("renew", FIRST)))
+    await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert served[0] == "renew"
