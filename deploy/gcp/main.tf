@@ -1,0 +1,89 @@
+# reclaimd's GCP side: a Cloud Logging sink publishes GCE preemption and host-maintenance
+# System Event audit entries to a Pub/Sub topic; reclaimd pulls them from one subscription.
+# The filter is the plain text beside this file (tested by tests/unit/test_deploy_gcp.py).
+
+terraform {
+  required_version = ">= 1.5"
+  required_providers {
+    google = {
+      source  = "hashicorp/google"
+      version = ">= 5.0"
+    }
+  }
+}
+
+variable "project" {
+  description = "Project whose GCE instances (GKE nodes) reclaimd watches; the sink lives here."
+  type        = string
+}
+
+variable "name" {
+  description = "Name of the sink, topic and subscription (config.pubsub.subscription)."
+  type        = string
+  default     = "reclaimd-preemptions"
+}
+
+variable "reclaimd_gsa_email" {
+  description = "reclaimd's Google service account (the Workload Identity GSA): subscriber only."
+  type        = string
+}
+
+variable "workload_identity_ksa" {
+  description = "\"<namespace>/<serviceaccount>\" of reclaimd's Kubernetes SA, or \"\" to bind it elsewhere."
+  type        = string
+  default     = "reclaimd/reclaimd"
+}
+
+resource "google_pubsub_topic" "notices" {
+  project = var.project
+  name    = var.name
+}
+
+resource "google_logging_project_sink" "notices" {
+  project                = var.project
+  name                   = var.name
+  destination            = "pubsub.googleapis.com/${google_pubsub_topic.notices.id}"
+  filter                 = trimspace(file("${path.module}/preemption-filter.txt"))
+  unique_writer_identity = true
+}
+
+# The sink's own writer identity may publish to this topic, nothing more.
+resource "google_pubsub_topic_iam_member" "sink_publishes" {
+  project = var.project
+  topic   = google_pubsub_topic.notices.name
+  role    = "roles/pubsub.publisher"
+  member  = google_logging_project_sink.notices.writer_identity
+}
+
+resource "google_pubsub_subscription" "reclaimd" {
+  project = var.project
+  name    = var.name
+  topic   = google_pubsub_topic.notices.id
+  # Preemption leaves 30 s: a notice older than the minimum retention is long past its deadline.
+  ack_deadline_seconds       = 60
+  message_retention_duration = "600s"
+  expiration_policy {
+    ttl = "" # never expire while reclaimd is idle (no preemptions for weeks is normal)
+  }
+}
+
+# reclaimd's GSA consumes this subscription only: no topic, project or other subscription role.
+resource "google_pubsub_subscription_iam_member" "reclaimd_subscribes" {
+  project      = var.project
+  subscription = google_pubsub_subscription.reclaimd.name
+  role         = "roles/pubsub.subscriber"
+  member       = "serviceAccount:${var.reclaimd_gsa_email}"
+}
+
+# GKE Workload Identity: reclaimd's KSA acts as the GSA.
+resource "google_service_account_iam_member" "reclaimd_workload_identity" {
+  count              = var.workload_identity_ksa == "" ? 0 : 1
+  service_account_id = "projects/${var.project}/serviceAccounts/${var.reclaimd_gsa_email}"
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${var.project}.svc.id.goog[${var.workload_identity_ksa}]"
+}
+
+output "subscription" {
+  description = "config.pubsub.subscription (with config.pubsub.project = var.project)"
+  value       = google_pubsub_subscription.reclaimd.name
+}
