@@ -339,3 +339,26 @@ def test_the_flag_and_the_setting(tmp_path: Any) -> None:
     path.write_text("dry_run: true\n")
     assert config.load(path).dry_run is True
     assert config.Settings().dry_run is False
+
+
+def test_the_charts_arguments_run_the_daemon_dry(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flag overrides a config that says otherwise, with the arguments the chart renders
+    (deploy/helm/reclaimd/templates/_helpers.tpl, ``reclaimd.args``)."""
+    from reclaimd import cli, config, daemon, logs
+
+    path = tmp_path / "config.yaml"
+    path.write_text("dry_run: false\ncluster_name: c\n")
+    seen: list[config.Settings] = []
+
+    async def run(settings: config.Settings) -> int:
+        seen.append(settings)
+        return 0
+
+    monkeypatch.setattr(daemon, "run", run)
+    monkeypatch.setattr(logs, "setup", lambda level: None)
+    args = ["run", f"--config={path}", "--log-level=info"]
+    assert cli.main([*args, "--dry-run"]) == 0
+    assert cli.main(args) == 0
+    assert [(s.dry_run, s.cluster_name) for s in seen] == [(True, "c"), (False, "c")]
