@@ -90,6 +90,7 @@ class Resumer:
     in_flight: Callable[[str], bool]
     renewed: claims.Liveness
     lease_s: float
+    alive: Callable[[str], Awaitable[bool]] | None = None  # a fresh read of a holder's Lease
 
     async def run(self) -> None:
         """Resume at start, then keep looking: a peer that dies mid-storm leaves claims
@@ -115,9 +116,11 @@ class Resumer:
                 continue  # written by a newer or broken version: leave it to its holder
             if notice.deadline is not None and notice.deadline < now:
                 continue
-            live = not claim.stale(now, self.lease_s, self.renewed(claim.holder))
-            if claim.holder != self.store.holder and live:
-                continue
+            if claim.holder != self.store.holder:
+                if not claim.stale(now, self.lease_s, self.renewed(claim.holder)):
+                    continue
+                if self.alive is not None and await self.alive(claim.holder):
+                    continue  # it renewed after all: still its own
             node = claim.target.name if isinstance(claim.target, claims.NodeObj) else None
             if await self.resume(notice, node) is Admission.RESUMED:
                 resumed += 1

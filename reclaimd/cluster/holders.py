@@ -110,6 +110,23 @@ class HolderLeases:
             )
         self.renewed_at = now
 
+    async def alive(self, holder: str) -> bool:
+        """Read ``holder``'s Lease now: the last word before taking its claims over (the LIST
+        behind ``renewed`` may be seconds old, and a busy peer renews late but renews)."""
+        if holder == self.holder:
+            return True
+        try:
+            with client.kube_errors(f"read lease/{lease_name(holder)}"):
+                lease = await self._coord.read_namespaced_lease(lease_name(holder), self.namespace)
+        except client.NotFound:
+            return False
+        renew = lease.spec.renew_time if lease.spec is not None else None
+        if renew is None:
+            return False
+        at = renew if isinstance(renew, datetime) else parse_time(str(renew))
+        self._seen[holder] = at
+        return utcnow() - at <= timedelta(seconds=self.lease_s)
+
     async def refresh(self) -> None:
         with client.kube_errors("list holder leases"):
             leases = await self._coord.list_namespaced_lease(

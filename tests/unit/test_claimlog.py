@@ -67,3 +67,21 @@ async def test_the_scan_takes_back_ours_and_the_dead_and_leaves_the_live_and_the
     assert await r.once() == 2
     assert resumed == [("mine", "node-mine"), ("dead", "node-dead")]
     assert store.given == [("node-x", "{}")]  # node claims from the cache, not a LIST
+
+
+async def test_a_stale_looking_peer_is_asked_once_more_before_its_claim_is_taken() -> None:
+    store = Store([claim("slow", "peer-slow")])
+    resumed: list[str] = []
+    asked: list[str] = []
+
+    async def resume(n: Notice, node: str | None) -> Admission:
+        resumed.append(n.id)
+        return Admission.RESUMED
+
+    async def alive(holder: str) -> bool:
+        asked.append(holder)
+        return True  # it renewed since the last LIST: a busy peer, not a dead one
+
+    r = Resumer(store, Nodes(), resume=resume, in_flight=lambda _: False,  # type: ignore[arg-type]
+                renewed=lambda _: None, lease_s=LEASE_S, alive=alive)
+    assert await r.once() == 0 and resumed == [] and asked == ["peer-slow"]
