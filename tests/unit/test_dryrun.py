@@ -134,7 +134,8 @@ def lines() -> Iterable[Lines]:
 
 def log_of(nodes: Nodes) -> tuple[dryrun.WouldClaimLog, dryrun.DryRunCounters]:
     counters = dryrun.DryRunCounters()
-    return dryrun.WouldClaimLog(nodes, HOLDER, counters, lease_s=20.0), counters
+    # A fixed clock: a peer claim is as old as the test says, however late the test runs.
+    return dryrun.WouldClaimLog(nodes, HOLDER, counters, lease_s=20.0, clock=lambda: NOW), counters
 
 
 # --- the claim ----------------------------------------------------------------------------
