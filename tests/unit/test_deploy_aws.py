@@ -112,3 +112,13 @@ def test_patterns_cover_exactly_the_parsed_kinds() -> None:
         pattern = load_json(PATTERNS_DIR / name)
         covered |= {(s, d) for s in pattern["source"] for d in pattern["detail-type"]}
     assert covered == set(KINDS)
+
+
+def test_template_passes_cfn_lint(tmp_path: Path) -> None:
+    from cfnlint.api import lint_file
+
+    assert [str(m) for m in lint_file(TEMPLATE)] == []
+    # The linter does flag a broken template (a rule targeting a resource that does not exist).
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(TEMPLATE.read_text().replace("[Queue, Arn]", "[Missing, Arn]", 1))
+    assert lint_file(broken) != []
