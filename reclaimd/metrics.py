@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 PREFIX = "reclaimd"
 COST_LABELS = ("tenant", "queue", "sku", "cell", "purchase_option")
 # The report's marks, in runbook order; each is measured from the notice's receipt.
-STEPS = ("claimed", "resolved", "cordoned", "signaled", "drained", "recorded")
+STEPS = ("claimed", "cordoned", "resolved", "signaled", "drained", "recorded")  # cordon: the claim
 # From milliseconds (a claim) to past the longest window (EC2's 120 s): where the answers are.
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0,

@@ -11,20 +11,20 @@ from reclaimd.cluster.claimlog import Resumer
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Target, utcnow
 
-NOW = utcnow()
 LEASE_S = 20.0
 
 
 def notice(nid: str, deadline_s: float) -> Notice:
-    return Notice(nid, "t", NoticeKind.SPOT_INTERRUPTION, Target(node_name=nid), NOW,
-                  NOW + timedelta(seconds=deadline_s), NOW)
+    now = utcnow()  # at the call: the scan compares with the clock it reads itself
+    return Notice(nid, "t", NoticeKind.SPOT_INTERRUPTION, Target(node_name=nid), now,
+                  now + timedelta(seconds=deadline_s), now)
 
 
 def claim(nid: str, holder: str, *, deadline_s: float = 100, age_s: float = 60) -> claims.Claim:
     n = notice(nid, deadline_s)
+    written = utcnow() - timedelta(seconds=age_s)
     return claims.Claim(claims.NodeObj(f"node-{nid}"), n.id, n.deadline, holder,
-                        claims.Phase.CLAIMED, NOW - timedelta(seconds=age_s),
-                        NOW - timedelta(seconds=age_s), notice=n.to_json())
+                        claims.Phase.CLAIMED, written, written, notice=n.to_json())
 
 
 class Store:
@@ -55,7 +55,7 @@ async def test_the_scan_takes_back_ours_and_the_dead_and_leaves_the_live_and_the
         claim("live", "peer-live"),  # its holder's Lease is fresh
         claim("late", "peer-dead", deadline_s=-5),  # past its deadline: nothing to save
     ])
-    renewals: dict[str, datetime] = {"peer-live": NOW - timedelta(seconds=2)}
+    renewals: dict[str, datetime] = {"peer-live": utcnow() - timedelta(seconds=2)}
     resumed: list[tuple[str, str | None]] = []
 
     async def resume(n: Notice, node: str | None) -> Admission:
