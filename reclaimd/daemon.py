@@ -47,7 +47,7 @@ from reclaimd.cluster import (
     ratelimit,
 )
 from reclaimd.config import Settings, UnknownTarget
-from reclaimd.intake import Admission, Admitted, ClaimWriter, Intake
+from reclaimd.intake import Admission, Admitted, Intake
 from reclaimd.model import Notice
 from reclaimd.pipeline import Budget, Report, Runbook
 from reclaimd.scheduler import GangOwners, Scheduler
@@ -166,9 +166,8 @@ class Daemon:
             if s.dry_run
             else None
         )
-        claim_log: ClaimWriter = (
-            claimlog.ClaimLog(store, view) if would is None else would.claim_log
-        )
+        # One claim log: the intake writes the claims, the runbook marks them done.
+        claim_log = claimlog.ClaimLog(store, view) if would is None else would.claim_log
         runbook = Runbook(
             view=view,
             writer=writer if would is None else would.evictor,
@@ -180,7 +179,7 @@ class Daemon:
                 else would.signaller
             ),
             ledger=ledger_writer if would is None else would.recorder,
-            progress=claimlog.ClaimLog(store, view) if would is None else would.claim_log,
+            progress=claim_log,
             owners=GangOwners(
                 gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter)
                 if would is None

@@ -101,9 +101,6 @@ class GangClaims:
                     PODS_ANNOTATION: ",".join(sorted(_uids(gang))),
                 },
             },
-            "spec": {"holderIdentity": self.holder[:128], "acquireTime": _micro()},
+            "spec": {"holderIdentity": self.holder[:128], "acquireTime": rfc3339(utcnow())},
         }
 
-
-def _micro() -> str:
-    return rfc3339(utcnow())
