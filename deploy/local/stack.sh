@@ -16,6 +16,9 @@
 # down    stops only what up started: by PID file, after checking the PID's command line is
 #         still ours; TERM to its process group, KILL after a timeout. Data is kept.
 # status  the same table with up/down per component; exit 1 if anything is down.
+# stop C | start C | restart C
+#         one component (the fault drills' outages): stop it as down does, start it as up does
+#         and wait until it is ready.
 set -euo pipefail
 LOG_TAG=stack
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -98,7 +101,9 @@ comp_ready() {
     kwok) curl -fsS --max-time 3 -o /dev/null http://127.0.0.1:16247/healthz 2>/dev/null ;;
     kafka) [[ -x $REPO_DIR/.venv/bin/python ]] &&
         "$REPO_DIR/.venv/bin/python" "$LOCAL_DIR/kafka_ready.py" 127.0.0.1:19092 2>/dev/null ;;
-    moto) curl -fsS --max-time 3 -o /dev/null http://127.0.0.1:15000/moto-api/data.json 2>/dev/null ;;
+    # /moto-api/config: a GET of two settings, the same size however much moto holds
+    # (/moto-api/data.json dumps every resource ever created and outgrew the 3 s limit).
+    moto) curl -fsS --max-time 3 http://127.0.0.1:15000/moto-api/config 2>/dev/null | grep -q '"batch"' ;;
     pubsub-emulator) [[ $(curl -fsS --max-time 3 http://127.0.0.1:18085/ 2>/dev/null) == Ok* ]] ;;
     imds-mock)
         local token
@@ -593,12 +598,40 @@ cmd_down() {
     done
 }
 
+# One component, for the fault drills (reclaimd/chaos/faults.py): stop it, start it and wait
+# until it answers its readiness check, or both. Only a server of the list, only ours.
+one_component() {
+    local name=$1 p
+    for p in "${PROCESSES[@]}"; do [[ $p == "$name" ]] && return 0; done
+    echo "stack.sh: no component '$name' (one of: ${PROCESSES[*]})" >&2
+    exit 2
+}
+
+cmd_start_one() {
+    declare -gA STARTED=() STARTED_AT=()
+    ensure "$1"
+    await "$1"
+    # A restarted apiserver serves the Kueue CRDs from etcd; wait until it does again.
+    if [[ $1 == kube-apiserver ]]; then apply_kueue_crds; fi
+}
+
 case ${1:-} in
 up) cmd_up ;;
 down) cmd_down ;;
 status) table ;;
+stop | start | restart)
+    [[ $# -eq 2 ]] || {
+        echo "usage: $0 $1 COMPONENT" >&2
+        exit 2
+    }
+    one_component "$2"
+    lock
+    mkdir -p "$RUN" "$LOGS"
+    [[ $1 == start ]] || stop_process "$2"
+    [[ $1 == stop ]] || cmd_start_one "$2"
+    ;;
 *)
-    echo "usage: $0 up|down|status" >&2
+    echo "usage: $0 up|down|status|stop C|start C|restart C" >&2
     exit 2
     ;;
 esac
