@@ -1,19 +1,22 @@
 """Thin transports: fetch raw payloads, hand them to a parser, ack only after intake says so.
 
 A transport knows its wire (SQS, IMDS, Pub/Sub, the metadata server, a Kubernetes watch, a
-Kafka topic) and nothing of the runbook. It calls ``admit(notice)`` for each parsed notice and
-acks, deletes or commits its message only when every admission allows it.
+Kafka topic) and nothing of the runbook. Each hands every payload to ``deliver`` (parse, count,
+admit) and settles its message as the answer says: it acks, deletes or commits only when
+every admission allows it (``Delivered.settled``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
-from reclaimd import logs
+from reclaimd import handlers, logs
 from reclaimd.intake import Admission
-from reclaimd.model import Notice
+from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +49,77 @@ class Counters:
 
     def admitted(self, admission: Admission) -> None:
         self.by_admission[admission.value] = self.by_admission.get(admission.value, 0) + 1
+
+
+class Read(StrEnum):
+    """What a payload turned out to be."""
+
+    UNREADABLE = "unreadable"  # a parse error: redelivery cannot fix it
+    IGNORED = "ignored"  # readable, but no notice (another event type, a non-terminal state)
+    NOTICES = "notices"
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """One payload's fate: what it was, and each admitted notice with its admission."""
+
+    read: Read
+    admitted: tuple[tuple[Notice, Admission], ...] = ()
+    skipped: tuple[Notice, ...] = ()  # notices ``admit_only`` left out
+    reason: str = ""  # the parse error or why it was ignored
+
+    @property
+    def settled(self) -> bool:
+        """The message may be acked, deleted or committed: every admission allows it."""
+        return all(a.ack for _, a in self.admitted)
+
+    @property
+    def unsettled(self) -> list[Notice]:
+        """The notices whose admission says retry (their claim was not stored)."""
+        return [n for n, a in self.admitted if not a.ack]
+
+
+async def admit_all(admit: Admit, notices: Iterable[Notice], counters: Counters) -> list[Admission]:
+    """Admit each notice in order (a raise is a retry) and count every admission."""
+    admissions = []
+    for notice in notices:
+        admission = await admit_or_retry(admit, notice)
+        counters.admitted(admission)
+        admissions.append(admission)
+    return admissions
+
+
+async def deliver(
+    parser: str,
+    payload: bytes,
+    *,
+    admit: Admit,
+    windows: Windows,
+    counters: Counters,
+    what: str,
+    admit_only: Callable[[Notice], bool] | None = None,
+    **context: Any,
+) -> Delivered:
+    """Parse ``payload`` with the named parser, count what it is, admit its notices.
+
+    The one delivery step of every transport. ``what`` names the payload in logs
+    ("sqs message", "kafka record"); ``context`` adds fields to those lines. ``admit_only``
+    selects the notices to admit (a watch that remembers what it admitted); the others are
+    counted as notices but neither admitted nor in ``admissions``.
+    """
+    counters.received += 1
+    try:
+        outcome = handlers.parse(parser, payload, received_at=utcnow(), windows=windows)
+    except ParseError as e:
+        counters.parse_errors += 1
+        logs.event(log, f"{what} unreadable", logging.WARNING, error=str(e), **context)
+        return Delivered(Read.UNREADABLE, reason=str(e))
+    if isinstance(outcome, Ignored):
+        counters.ignored += 1
+        logs.event(log, f"{what} ignored", logging.DEBUG, reason=outcome.reason, **context)
+        return Delivered(Read.IGNORED, reason=outcome.reason)
+    counters.notices += len(outcome)
+    chosen = [n for n in outcome if admit_only is None or admit_only(n)]
+    skipped = tuple(n for n in outcome if admit_only is not None and not admit_only(n))
+    admissions = await admit_all(admit, chosen, counters)
+    return Delivered(Read.NOTICES, tuple(zip(chosen, admissions, strict=True)), skipped)

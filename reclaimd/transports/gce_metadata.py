@@ -26,10 +26,11 @@ from typing import Any
 
 import aiohttp
 
-from reclaimd import handlers, logs
+from reclaimd import logs
+from reclaimd.backoff import Backoff
 from reclaimd.config import GceMetadataSettings
-from reclaimd.model import Ignored, ParseError, Windows, rfc3339, utcnow
-from reclaimd.transports import Admit, Counters, admit_or_retry
+from reclaimd.model import Windows, rfc3339, utcnow
+from reclaimd.transports import Admit, Counters, Read, deliver
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +119,14 @@ class GceMetadataSource:
                     tg.create_task(self._watch(session, path), name=f"gce-metadata-{path}")
 
     async def _identity_with_retry(self, session: aiohttp.ClientSession) -> Identity:
-        backoff = 1.0
+        backoff = Backoff(1.0, MAX_BACKOFF_S)
         while True:
             try:
                 return await self.read_identity(session)
             except (aiohttp.ClientError, TimeoutError, MetadataError) as e:
                 self.counters.transport_errors += 1
                 logs.event(log, "gce metadata identity failed", logging.WARNING, error=str(e))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                await backoff.sleep()
 
     async def read_identity(self, session: aiohttp.ClientSession) -> Identity:
         values = {}
@@ -161,11 +161,11 @@ class GceMetadataSource:
 
     async def _watch(self, session: aiohttp.ClientSession, path: str) -> None:
         state = self.states[path]
-        backoff = 1.0
+        backoff = Backoff(1.0, MAX_BACKOFF_S)
         while True:
             try:
                 got = await self.get(session, path, state.query(self.settings.timeout_s))
-                backoff = 1.0
+                backoff.reset()
             except Exception as e:  # a per-node watcher outlives any one bad response
                 self.counters.transport_errors += 1
                 logs.event(
@@ -175,8 +175,7 @@ class GceMetadataSource:
                     path=path,
                     error=f"{type(e).__name__}: {e}"[:200],
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                await backoff.sleep()
                 continue
             if got is None:
                 await asyncio.sleep(UNDEFINED_PAUSE_S)
@@ -206,30 +205,18 @@ class GceMetadataSource:
     async def deliver(self, path: str, value: str, etag: str) -> bool:
         """Parse and admit one value; True when it needs no further delivery."""
         assert self.identity is not None
-        self.counters.received += 1
-        body = envelope(self.identity, path, value, etag, utcnow())
-        try:
-            outcome = handlers.parse(
-                "gce-metadata",
-                json.dumps(body).encode(),
-                received_at=utcnow(),
-                windows=self.windows,
-            )
-        except ParseError as e:
-            self.counters.parse_errors += 1
-            logs.event(log, "gce metadata value unreadable", logging.WARNING, error=str(e))
-            return True
-        if isinstance(outcome, Ignored):
-            self.counters.ignored += 1
-            return True
-        self.counters.notices += len(outcome)
-        settled = True
-        for notice in outcome:
-            admission = await admit_or_retry(self.admit, notice)
-            self.counters.admitted(admission)
-            settled = settled and admission.ack
-        if settled:
-            self.counters.acked += 1
-        else:
-            self.counters.left_for_redelivery += 1
-        return settled
+        delivered = await deliver(
+            "gce-metadata",
+            json.dumps(envelope(self.identity, path, value, etag, utcnow())).encode(),
+            admit=self.admit,
+            windows=self.windows,
+            counters=self.counters,
+            what="gce metadata value",
+            path=path,
+        )
+        if delivered.read is Read.NOTICES:  # a value's ack is its settling; a non-notice has none
+            if delivered.settled:
+                self.counters.acked += 1
+            else:
+                self.counters.left_for_redelivery += 1
+        return delivered.settled

@@ -1,11 +1,13 @@
 """EC2 instance metadata transport, for per-node mode (one reclaimd per node).
 
 IMDSv2: a session token from ``PUT /latest/api/token``, refreshed before it expires and on 401.
-Polls the spot ``instance-action`` and the rebalance recommendation with jitter (so a fleet of
-DaemonSet pods does not poll in lockstep); a 404 means "no notice". Every non-404 body is
-wrapped in the envelope ``handlers.imds`` reads and admitted; the parser derives the notice id
-from the content, so polling the same notice again is a duplicate the intake absorbs without
-an apiserver call.
+Polls every path the ``imds`` parser reads (``PATHS``: the spot ``instance-action``, the
+scheduled maintenance events, the Auto Scaling target lifecycle state and the rebalance
+recommendation) with jitter, so a fleet of DaemonSet pods does not poll in lockstep; a 404
+means "no notice". Every non-404 body is wrapped in the envelope ``handlers.imds`` reads and
+admitted; the parser derives the notice id from the content, so polling the same notice again
+is a duplicate the intake absorbs without an apiserver call. A failing IMDS is polled again
+after a jittered backoff, never longer than ``MAX_BACKOFF_S``: a spot notice has two minutes.
 """
 
 from __future__ import annotations
@@ -18,14 +20,23 @@ import time
 
 import aiohttp
 
-from reclaimd import handlers, logs
+from reclaimd import logs
+from reclaimd.backoff import Backoff
 from reclaimd.config import ImdsSettings
-from reclaimd.model import Ignored, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters, admit_or_retry
+from reclaimd.model import Windows
+from reclaimd.transports import Admit, Counters, Delivered, deliver
 
 log = logging.getLogger(__name__)
 
-PATHS = ("spot/instance-action", "events/recommendations/rebalance")
+# Every path handlers/imds.py reads (a unit test keeps the two lists equal); the deadline
+# carriers first, so a poll that fails part way has read those.
+PATHS = (
+    "spot/instance-action",
+    "events/maintenance/scheduled",
+    "autoscaling/target-lifecycle-state",
+    "events/recommendations/rebalance",
+)
+MAX_BACKOFF_S = 10.0
 _TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
 
@@ -42,6 +53,8 @@ class ImdsSource:
         self._identity: dict[str, str] = {}
 
     async def run(self) -> None:
+        interval = self.settings.poll_interval_s
+        backoff = Backoff(interval, max(interval, MAX_BACKOFF_S), floor_s=interval / 2)
         async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
             while True:
                 try:
@@ -51,7 +64,9 @@ class ImdsSource:
                 except (aiohttp.ClientError, TimeoutError) as e:
                     self.counters.transport_errors += 1
                     logs.event(log, "imds poll failed", logging.WARNING, error=str(e)[:200])
-                interval = self.settings.poll_interval_s
+                    await backoff.sleep()
+                    continue
+                backoff.reset()
                 await asyncio.sleep(interval * random.uniform(0.8, 1.2))
 
     async def poll_once(self, session: aiohttp.ClientSession) -> int:
@@ -66,25 +81,20 @@ class ImdsSource:
             await self._deliver(path, body)
         return found
 
-    async def _deliver(self, path: str, body: str) -> None:
-        self.counters.received += 1
+    async def _deliver(self, path: str, body: str) -> Delivered:
         envelope = {"path": path, "body": body, **self._identity}
         if self.node_name:
             envelope["node_name"] = self.node_name
-        try:
-            outcome = handlers.parse(
-                "imds", json.dumps(envelope).encode(), received_at=utcnow(), windows=self.windows
-            )
-        except ParseError as e:
-            self.counters.parse_errors += 1
-            logs.event(log, "imds body unreadable", logging.WARNING, path=path, error=str(e))
-            return
-        if isinstance(outcome, Ignored):
-            self.counters.ignored += 1
-            return
-        for notice in outcome:
-            self.counters.notices += 1
-            self.counters.admitted(await admit_or_retry(self.admit, notice))
+        # Nothing to settle: the next poll reads the body again while IMDS serves it.
+        return await deliver(
+            "imds",
+            json.dumps(envelope).encode(),
+            admit=self.admit,
+            windows=self.windows,
+            counters=self.counters,
+            what="imds body",
+            path=path,
+        )
 
     async def _read_identity(self, session: aiohttp.ClientSession) -> dict[str, str]:
         identity = {}

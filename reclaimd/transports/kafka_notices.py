@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from reclaimd import handlers, logs
+from reclaimd import logs
+from reclaimd.backoff import Backoff
 from reclaimd.config import KafkaNoticeSettings
-from reclaimd.model import Ignored, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters, admit_or_retry
+from reclaimd.model import Windows
+from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
 
@@ -67,25 +68,25 @@ class KafkaNoticeSource:
         self._resumes: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        backoff = 1.0
+        backoff = Backoff(1.0, MAX_BACKOFF_S)
         while True:
             try:
-                await self._consume()
+                await self._consume(on_started=backoff.reset)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 self.counters.transport_errors += 1
+                delay = backoff.next_delay()
                 logs.event(
                     log,
                     "kafka notices consumer failed; restarting",
                     logging.WARNING,
                     error=f"{type(e).__name__}: {e}"[:200],
-                    backoff_s=backoff,
+                    backoff_s=round(delay, 2),
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                await asyncio.sleep(delay)
 
-    async def _consume(self) -> None:
+    async def _consume(self, on_started: Callable[[], None] = lambda: None) -> None:
         consumer = self._factory(self.settings)
         await consumer.start()
         logs.event(
@@ -97,6 +98,7 @@ class KafkaNoticeSource:
         try:
             while True:
                 batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
+                on_started()  # a consumer that fetched is healthy: the next failure starts over
                 if not batch:
                     continue
                 async with asyncio.TaskGroup() as tg:
@@ -146,24 +148,16 @@ class KafkaNoticeSource:
 
     async def handle(self, value: bytes, *, where: str = "") -> bool:
         """Parse and admit one record; True when it is settled (may be committed past)."""
-        self.counters.received += 1
-        try:
-            outcome = handlers.parse("kafka", value, received_at=utcnow(), windows=self.windows)
-        except ParseError as e:
-            self.counters.parse_errors += 1
-            logs.event(log, "kafka notice unreadable", logging.WARNING, at=where, error=str(e))
-            return True
-        if isinstance(outcome, Ignored):
-            self.counters.ignored += 1
-            logs.event(log, "kafka record ignored", at=where, reason=outcome.reason)
-            return True
-        self.counters.notices += len(outcome)
-        settled = True
-        for notice in outcome:
-            admission = await admit_or_retry(self.admit, notice)
-            self.counters.admitted(admission)
-            settled = settled and admission.ack
-        return settled
+        delivered = await deliver(
+            "kafka",
+            value,
+            admit=self.admit,
+            windows=self.windows,
+            counters=self.counters,
+            what="kafka record",
+            at=where,
+        )
+        return delivered.settled
 
 
 def _default_consumer(settings: KafkaNoticeSettings) -> Any:

@@ -8,7 +8,8 @@ bookmarks, relist on 410). Every object a LIST or an ADDED/MODIFIED event carrie
 only drops what we remember of the object.
 
 - Version: v1beta2 (Kueue's storage version since 0.15) when the cluster serves it, else
-  v1beta1, found by discovery; no Kueue API at all is waited for, not fatal.
+  v1beta1, found by the one discovery every part shares (``reclaimd.kueueapi``); no Kueue
+  API at all is waited for, not fatal.
 - Dedupe: the intake's (stable notice ids). Here only the cheap part: an object version seen
   before (a relist repeats them all) is not parsed again, and a notice this workload already
   had admitted is not admitted again when Kueue's follow-up writes (``Requeued``,
@@ -28,12 +29,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kubernetes_asyncio import client as k8s
 
-from reclaimd import handlers, logs
+from reclaimd import kueueapi, logs
+from reclaimd.backoff import Backoff
 from reclaimd.cluster import client
 from reclaimd.cluster.watch import (
     Changed,
@@ -45,24 +47,18 @@ from reclaimd.cluster.watch import (
     watch_objects,
 )
 from reclaimd.config import KueueSettings
-from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters
+from reclaimd.intake import Admission
+from reclaimd.kueueapi import GROUP, PLURAL, PREFERRED_VERSIONS, pick_version
+from reclaimd.model import Notice, Windows
+from reclaimd.transports import Admit, Counters, Read, admit_all, deliver
 
 log = logging.getLogger(__name__)
 
 PARSER = "kueue"
-GROUP = "kueue.x-k8s.io"
-PLURAL = "workloads"
-PREFERRED_VERSIONS = ("v1beta2", "v1beta1")  # storage version first: no conversion on the server
 RETRY_PAUSE_S = 1.0  # a notice whose claim failed is admitted again this soon
 REWATCH_PAUSE_S = 5.0  # after a watch failure a retry cannot fix (RBAC, no Kueue API yet)
 _DEFAULT_WATCH = WatchSettings()
-
-
-def pick_version(served: Iterable[str]) -> str | None:
-    """The Workload API version to watch, of those the cluster serves; None if neither."""
-    versions = set(served)
-    return next((v for v in PREFERRED_VERSIONS if v in versions), None)
+__all__ = ["GROUP", "PLURAL", "PREFERRED_VERSIONS", "KueueSource", "pick_version"]
 
 
 def object_key(obj: RawObject) -> tuple[str, str, str]:
@@ -92,16 +88,6 @@ class _Seen:
     notice_ids: frozenset[str] = frozenset()
 
 
-async def served_versions(api: k8s.ApiClient, group: str = GROUP) -> list[str]:
-    """The versions the API server serves for ``group`` (discovery; empty if none)."""
-    with client.kube_errors(f"discover {group}"):
-        groups = await k8s.ApisApi(api).get_api_versions()
-    for g in groups.groups or ():
-        if g.name == group:
-            return [v.version for v in g.versions or ()]
-    return []
-
-
 class KueueSource:
     """Watches Workloads in ``settings.namespaces`` (all when empty) and admits reclaim notices."""
 
@@ -116,8 +102,10 @@ class KueueSource:
         concurrency: int = 8,
         retry_pause_s: float = RETRY_PAUSE_S,
         rewatch_pause_s: float = REWATCH_PAUSE_S,
+        versions: kueueapi.WorkloadVersion | None = None,
     ) -> None:
         self.settings, self.admit, self.windows, self.api = settings, admit, windows, api
+        self._versions = versions  # default: the one shared by every user of ``api``
         self.watch_settings = watch
         self.retry_pause_s = retry_pause_s
         self.rewatch_pause_s = rewatch_pause_s
@@ -149,9 +137,17 @@ class KueueSource:
 
     async def _watch(self, namespace: str) -> None:
         where = f"workloads in {namespace}" if namespace else "workloads"
+        # Transient failures come back soon; what a retry cannot fix (RBAC, no Kueue API, a
+        # bug) is looked at again later. Both jittered: every replica lost the same apiserver.
+        transient = Backoff(self.retry_pause_s, max(self.retry_pause_s, self.rewatch_pause_s))
+        lasting = Backoff(
+            self.rewatch_pause_s, self.rewatch_pause_s * 6, floor_s=self.rewatch_pause_s / 2
+        )
+        versions = self._versions
         while True:
             try:
-                version = pick_version(await served_versions(self.api))
+                versions = versions or kueueapi.shared(self.api)
+                version = await versions.get()
                 if version is None:
                     logs.event(log, "kueue api not served; waiting for it", what=where)
                 else:
@@ -160,20 +156,24 @@ class KueueSource:
                     async for event in watch_objects(
                         endpoint, settings=self.watch_settings, name=f"kueue {where}"
                     ):
+                        transient.reset()
+                        lasting.reset()
                         self.apply(event, namespace)
             except client.KubeError as e:
                 # The watch retries transient failures itself; what lands here is discovery
                 # failing (soon retried), RBAC or the CRD going away (looked at again later).
                 self.counters.transport_errors += 1
+                if isinstance(e, client.NotFound) and versions is not None:
+                    versions.forget()  # the Workload API changed: discover it again
                 logs.event(log, "kueue watch failed", logging.WARNING, what=where, error=str(e))
-                await asyncio.sleep(self.retry_pause_s if e.retriable else self.rewatch_pause_s)
+                await (transient if e.retriable else lasting).sleep()
                 continue
             except Exception as e:  # a source must outlive a bug here: the daemon needs the others
                 self.counters.transport_errors += 1
                 logs.event(
                     log, "kueue watch crashed", logging.ERROR, what=where, error=repr(e)[:200]
                 )
-            await asyncio.sleep(self.rewatch_pause_s)
+            await lasting.sleep()
 
     def _endpoint(self, version: str, namespace: str, where: str) -> KubeEndpoint:
         custom = k8s.CustomObjectsApi(self.api)
@@ -255,36 +255,41 @@ class KueueSource:
     # --- one object ------------------------------------------------------------------------
 
     async def _deliver(self, key: Key, obj: RawObject) -> None:
-        self.counters.received += 1
         version = resource_version(obj)
         seen = self._seen.setdefault(key, _Seen())
-        try:
-            outcome = handlers.parse(
-                PARSER, json.dumps(obj).encode(), received_at=utcnow(), windows=self.windows
-            )
-        except ParseError as e:
+        delivered = await deliver(
+            PARSER,
+            json.dumps(obj).encode(),
+            admit=self.admit,
+            windows=self.windows,
+            counters=self.counters,
+            what="kueue workload",
+            # A follow-up write repeats a notice already admitted: count it, admit it once.
+            admit_only=lambda n: n.id not in seen.notice_ids,
+            workload=_name(key),
+        )
+        if delivered.read is not Read.NOTICES:
             # Re-reading the same version cannot fix it; a new version is parsed afresh.
-            self.counters.parse_errors += 1
-            logs.event(
-                log, "kueue workload unreadable", logging.WARNING, workload=_name(key), error=str(e)
-            )
             seen.version = version
             return
-        if isinstance(outcome, Ignored):
-            self.counters.ignored += 1
-            seen.version = version
-            return
-        self.counters.notices += len(outcome)
-        pending = [n for n in outcome if n.id not in seen.notice_ids]
+        self._settled(delivered.admitted, seen)
+        pending = delivered.unsettled
         while pending:
-            pending = await self._admit_all(pending, seen)
-            if pending:
-                self.counters.left_for_redelivery += 1
-                # No redelivery comes from a watch: retry here, unless a newer version arrived
-                # (it carries the same notice if the eviction is the same, and is handled next).
-                if not await self._pause_unless_newer(key):
-                    return
+            self.counters.left_for_redelivery += 1
+            # No redelivery comes from a watch: retry here, unless a newer version arrived
+            # (it carries the same notice if the eviction is the same, and is handled next).
+            if not await self._pause_unless_newer(key):
+                return
+            admissions = await admit_all(self.admit, pending, self.counters)
+            self._settled(tuple(zip(pending, admissions, strict=True)), seen)
+            pending = [n for n, a in zip(pending, admissions, strict=True) if not a.ack]
         seen.version = version
+
+    def _settled(self, admitted: tuple[tuple[Notice, Admission], ...], seen: _Seen) -> None:
+        for notice, admission in admitted:
+            if admission.ack:
+                self.counters.acked += 1
+                seen.notice_ids |= {notice.id}
 
     async def _pause_unless_newer(self, key: Key) -> bool:
         """Wait the retry pause; False (at once) when a newer version of ``key`` arrives."""
@@ -296,19 +301,6 @@ class KueueSource:
                 await newer.wait()
         newer.clear()
         return key not in self._latest
-
-    async def _admit_all(self, notices: list[Notice], seen: _Seen) -> list[Notice]:
-        """Admit each notice; the ones whose claim was not stored."""
-        failed = []
-        for notice in notices:
-            admission = await self.admit(notice)
-            self.counters.admitted(admission)
-            if admission.ack:
-                self.counters.acked += 1
-                seen.notice_ids |= {notice.id}
-            else:
-                failed.append(notice)
-        return failed
 
 
 def _name(key: Key) -> str:

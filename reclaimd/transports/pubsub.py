@@ -38,11 +38,12 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from reclaimd import handlers, logs
+from reclaimd import logs
+from reclaimd.backoff import Backoff
 from reclaimd.config import PubSubSettings
 from reclaimd.intake import Admission
-from reclaimd.model import Ignored, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters, admit_or_retry
+from reclaimd.model import Windows
+from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class PubSubSource:
 
         self._loop = asyncio.get_running_loop()
         flow = pubsub_v1.types.FlowControl(max_messages=self.settings.max_messages)
-        backoff = 1.0
+        backoff = Backoff(1.0, MAX_BACKOFF_S)
         try:
             while True:
                 opened = time.monotonic()
@@ -105,17 +106,17 @@ class PubSubSource:
                     reason = f"{type(e).__name__}: {e}"
                 self.counters.transport_errors += 1
                 if time.monotonic() - opened > STABLE_STREAM_S:
-                    backoff = 1.0
+                    backoff.reset()
+                delay = backoff.next_delay()
                 logs.event(
                     log,
                     "pubsub stream closed; reopening",
                     logging.WARNING,
                     subscription=self.settings.subscription,
                     error=reason[:200],
-                    backoff_s=backoff,
+                    backoff_s=round(delay, 2),
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                await asyncio.sleep(delay)
         finally:
             self._cancel_pending()
 
@@ -184,28 +185,16 @@ class PubSubSource:
 
     async def handle(self, data: bytes, *, message_id: str = "") -> Verdict:
         """Parse one message's data, admit its notices, and say how to settle it."""
-        self.counters.received += 1
-        try:
-            outcome = handlers.parse(self.parser, data, received_at=utcnow(), windows=self.windows)
-        except ParseError as e:
-            self.counters.parse_errors += 1
-            logs.event(
-                log,
-                "pubsub message unreadable",
-                logging.WARNING,
-                message_id=message_id,
-                error=str(e),
-            )
-            return Verdict.ACK
-        if isinstance(outcome, Ignored):
-            self.counters.ignored += 1
-            logs.event(log, "pubsub message ignored", message_id=message_id, reason=outcome.reason)
-            return Verdict.ACK
-        self.counters.notices += len(outcome)
-        admissions = [await admit_or_retry(self.admit, notice) for notice in outcome]
-        for a in admissions:
-            self.counters.admitted(a)
-        return verdict(admissions)
+        delivered = await deliver(
+            self.parser,
+            data,
+            admit=self.admit,
+            windows=self.windows,
+            counters=self.counters,
+            what="pubsub message",
+            message_id=message_id,
+        )
+        return verdict([a for _, a in delivered.admitted])
 
 
 def _default_subscriber(settings: PubSubSettings) -> Any:

@@ -17,15 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from reclaimd import handlers, logs
+from reclaimd import logs
+from reclaimd.backoff import Backoff
 from reclaimd.config import SqsSettings
-from reclaimd.model import Ignored, ParseError, Windows, utcnow
-from reclaimd.transports import Admit, Counters, admit_or_retry
+from reclaimd.model import Windows
+from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRY_VISIBILITY_S = 2  # how soon a message we could not claim comes back
+MAX_BACKOFF_S = 30.0
 
 
 class SqsSource:
@@ -62,18 +64,17 @@ class SqsSource:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _receive_loop(self) -> None:
-        backoff = 1.0
+        backoff = Backoff(1.0, MAX_BACKOFF_S)
         while True:
             try:
                 await self.poll_once()
-                backoff = 1.0
+                backoff.reset()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 self.counters.transport_errors += 1
                 logs.event(log, "sqs poll failed", logging.WARNING, error=str(e)[:200])
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                await backoff.sleep()
 
     async def poll_once(self) -> int:
         reply = await self._call(
@@ -103,26 +104,16 @@ class SqsSource:
 
     async def handle(self, message: dict[str, Any]) -> bool:
         """Returns True when the message was deleted."""
-        self.counters.received += 1
-        body = message.get("Body", "").encode()
-        msg_id = message.get("MessageId", "")
-        try:
-            outcome = handlers.parse(self.parser, body, received_at=utcnow(), windows=self.windows)
-        except ParseError as e:
-            self.counters.parse_errors += 1
-            logs.event(
-                log, "sqs message unreadable", logging.WARNING, message_id=msg_id, error=str(e)
-            )
-            return await self._delete(message)
-        if isinstance(outcome, Ignored):
-            self.counters.ignored += 1
-            logs.event(log, "sqs message ignored", message_id=msg_id, reason=outcome.reason)
-            return await self._delete(message)
-        self.counters.notices += len(outcome)
-        admissions = [await admit_or_retry(self.admit, notice) for notice in outcome]
-        for a in admissions:
-            self.counters.admitted(a)
-        if all(a.ack for a in admissions):
+        delivered = await deliver(
+            self.parser,
+            message.get("Body", "").encode(),
+            admit=self.admit,
+            windows=self.windows,
+            counters=self.counters,
+            what="sqs message",
+            message_id=message.get("MessageId", ""),
+        )
+        if delivered.settled:  # a parse error or a non-notice too: redelivery cannot fix it
             return await self._delete(message)
         self.counters.left_for_redelivery += 1
         with contextlib.suppress(Exception):
