@@ -38,6 +38,7 @@ from reclaimd.model import (
     stable_id,
 )
 
+from . import ids
 from .fields import (
     JSONObject,
     as_gmt_time,
@@ -45,8 +46,10 @@ from .fields import (
     as_text,
     as_time,
     attributes,
+    ident,
     items,
     load,
+    opt_ident,
     opt_items,
     opt_text,
     plus,
@@ -115,7 +118,7 @@ class _Event:
 
 
 def _spot(ev: _Event) -> ParseOutcome:
-    instance = text(ev.detail, "instance-id", at="detail")
+    instance = ident(ev.detail, "instance-id", ids.EC2_INSTANCE_ID, at="detail")
     action = text(ev.detail, "instance-action", at="detail")  # terminate | stop | hibernate
     deadline = plus(ev.time, ev.windows.ec2_spot_s)
     notice = ev.notice(
@@ -129,7 +132,7 @@ def _spot(ev: _Event) -> ParseOutcome:
 
 
 def _rebalance(ev: _Event) -> ParseOutcome:
-    instance = text(ev.detail, "instance-id", at="detail")
+    instance = ident(ev.detail, "instance-id", ids.EC2_INSTANCE_ID, at="detail")
     notice = ev.notice(
         "aws.ec2.rebalance",
         NoticeKind.REBALANCE_RECOMMENDATION,
@@ -141,7 +144,7 @@ def _rebalance(ev: _Event) -> ParseOutcome:
 
 
 def _state_change(ev: _Event) -> ParseOutcome:
-    instance = text(ev.detail, "instance-id", at="detail")
+    instance = ident(ev.detail, "instance-id", ids.EC2_INSTANCE_ID, at="detail")
     state = text(ev.detail, "state", at="detail")
     if state not in _DEPARTING_STATES:
         return Ignored(f"instance {instance} is {state}, not leaving")
@@ -168,9 +171,12 @@ def _health(ev: _Event) -> ParseOutcome:
     event_arn = opt_text(ev.detail, "eventArn", at="detail") or ev.id
     instances: list[str] = []
     for i, entity in enumerate(items(ev.detail, "affectedEntities", at="detail")):
-        value = text(as_object(entity, f"detail.affectedEntities[{i}]"), "entityValue")
-        if value.startswith("i-") and value not in instances:
-            instances.append(value)  # EC2 events may also list volumes or hosts
+        at = f"detail.affectedEntities[{i}]"
+        value = text(as_object(entity, at), "entityValue", at=at)
+        if value.startswith("i-"):  # EC2 events may also list volumes or hosts
+            ids.EC2_INSTANCE_ID.check(value, f"{at}.entityValue")
+            if value not in instances:
+                instances.append(value)
     if not instances:
         return Ignored("AWS Health scheduled change names no EC2 instance")
     extra = {
@@ -178,7 +184,7 @@ def _health(ev: _Event) -> ParseOutcome:
         "status_code": opt_text(ev.detail, "statusCode", at="detail"),
         "health_event_arn": event_arn,
     }
-    if region := opt_text(ev.detail, "eventRegion", at="detail"):
+    if region := opt_ident(ev.detail, "eventRegion", ids.AWS_REGION, at="detail"):
         extra["region"] = region
     return tuple(
         ev.notice(
@@ -218,8 +224,8 @@ def _lifecycle(
     transition = text(hook, "LifecycleTransition", at=at)
     if transition != _TERMINATING:
         return Ignored(f"lifecycle transition {transition} is not a termination")
-    instance = text(hook, "EC2InstanceId", at=at)
-    token = text(hook, "LifecycleActionToken", at=at)
+    instance = ident(hook, "EC2InstanceId", ids.EC2_INSTANCE_ID, at=at)
+    token = ident(hook, "LifecycleActionToken", ids.LIFECYCLE_TOKEN, at=at)
     notice = Notice(
         id=stable_id("aws.autoscaling", token, instance),
         source="aws.autoscaling",
@@ -231,9 +237,11 @@ def _lifecycle(
         attributes=attributes(
             {
                 "region": region,
-                "account": account or opt_text(hook, "AccountId", at=at),
-                "asg_name": text(hook, "AutoScalingGroupName", at=at),
-                "lifecycle_hook_name": text(hook, "LifecycleHookName", at=at),
+                "account": account or opt_ident(hook, "AccountId", ids.AWS_ACCOUNT, at=at),
+                "asg_name": ident(hook, "AutoScalingGroupName", ids.ASG_NAME, at=at),
+                "lifecycle_hook_name": ident(
+                    hook, "LifecycleHookName", ids.LIFECYCLE_HOOK_NAME, at=at
+                ),
                 "lifecycle_action_token": token,
                 "lifecycle_transition": transition,
                 "destination": opt_text(hook, "Destination", at=at),  # EC2 or WarmPool
@@ -291,8 +299,8 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
     event = _Event(
         id=text(body, "id"),
         time=time(body, "time"),
-        region=opt_text(body, "region"),
-        account=opt_text(body, "account"),
+        region=opt_ident(body, "region", ids.AWS_REGION),
+        account=opt_ident(body, "account", ids.AWS_ACCOUNT),
         resources=resources,
         detail=sub(body, "detail"),
         received_at=received_at,

@@ -19,6 +19,8 @@ from typing import Any
 
 from reclaimd.model import ParseError, frozen_map, load_json, parse_time
 
+from .ids import Grammar
+
 JSONObject = Mapping[str, Any]
 _EARLIEST_YEAR = 1970
 
@@ -101,6 +103,17 @@ def opt_text(obj: JSONObject, key: str, *, at: str = "") -> str:
     if value is None or (isinstance(value, str) and not value.strip()):
         return ""
     return as_text(value, _name(at, key))
+
+
+def ident(obj: JSONObject, key: str, grammar: Grammar, *, at: str = "") -> str:
+    """A required identifier, checked against its provider's grammar (``ids``)."""
+    return grammar.check(text(obj, key, at=at), _name(at, key))
+
+
+def opt_ident(obj: JSONObject, key: str, grammar: Grammar, *, at: str = "") -> str:
+    """An optional identifier: ``""`` when absent or blank, else checked like ``ident``."""
+    value = opt_text(obj, key, at=at)
+    return grammar.check(value, _name(at, key)) if value else ""
 
 
 def sub(obj: JSONObject, key: str, *, at: str = "") -> JSONObject:

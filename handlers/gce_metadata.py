@@ -44,8 +44,9 @@ from reclaimd.model import (
     stable_id,
 )
 
+from . import ids
 from .fields import JSONObject, as_object, attributes, load, opt_text, plus, show, text, time
-from .targets import gce_instance, gce_region, is_name
+from .targets import gce_instance, gce_region
 
 _PREFIX = "computeMetadata/v1/"
 
@@ -86,11 +87,14 @@ VALUES: Mapping[tuple[str, str], _Rule | str] = MappingProxyType(
 PATHS = frozenset(path for path, _ in VALUES)
 
 
+# project, zone and instance all go into a provider ID and a node lookup.
+_GRAMMARS: Mapping[str, ids.Grammar] = MappingProxyType(
+    {"project": ids.GCP_PROJECT, "zone": ids.GCE_ZONE, "instance": ids.GCE_NAME}
+)
+
+
 def _name(envelope: JSONObject, key: str) -> str:
-    value = text(envelope, key).strip()
-    if not is_name(value):  # project, zone and instance all go into a provider ID
-        raise ParseError(f"{key}: not a GCE name: {show(value)}")
-    return value
+    return _GRAMMARS[key].check(text(envelope, key).strip(), key)
 
 
 def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOutcome:

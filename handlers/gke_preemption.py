@@ -45,6 +45,7 @@ from reclaimd.model import (
     stable_id,
 )
 
+from . import ids
 from .fields import (
     JSONObject,
     as_object,
@@ -113,13 +114,19 @@ def _log_entry(
     match = _RESOURCE_NAME.fullmatch(resource_name)
     if match is None:
         raise ParseError(f"protoPayload.resourceName: not a GCE instance: {show(resource_name)}")
-    project, zone, name = match.groups()
+    at_name = "protoPayload.resourceName"
+    project = ids.GCP_PROJECT.check(match.group(1), f"{at_name} project")
+    zone = ids.GCE_ZONE.check(match.group(2), f"{at_name} zone")
+    name = ids.GCE_NAME.check(match.group(3), f"{at_name} instance")
     issued_at = time(entry, "timestamp")
     operation_id = opt_text(opt_sub(entry, "operation"), "id", at="operation")
     identity = operation_id or opt_text(entry, "insertId")
     if not identity:
         raise ParseError("LogEntry has neither operation.id nor insertId")
     labels = opt_sub(opt_sub(entry, "resource"), "labels", at="resource")
+    gce_id = opt_text(labels, "instance_id", at="resource.labels")
+    if gce_id:
+        ids.gce_instance_id(gce_id, "resource.labels.instance_id")
     return Notice(
         id=stable_id(rule.source, identity, project, zone, name),
         source=rule.source,
@@ -136,7 +143,7 @@ def _log_entry(
                 "region": gce_region(zone),
                 "method": method,
                 "maintenance": rule.maintenance,
-                "gce_instance_id": opt_text(labels, "instance_id", at="resource.labels"),
+                "gce_instance_id": gce_id,
                 "status_message": opt_text(
                     opt_sub(proto, "status", at="protoPayload"),
                     "message",

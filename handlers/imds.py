@@ -46,21 +46,24 @@ from reclaimd.model import (
     stable_id,
 )
 
+from . import ids
 from .fields import (
     as_gmt_time,
     as_list,
     as_object,
     as_text,
     attributes,
+    ident,
     load,
     member,
+    opt_ident,
     opt_text,
     plus,
     show,
     text,
     time,
 )
-from .targets import aws_instance, is_name
+from .targets import aws_instance
 
 _PREFIX = "latest/meta-data/"
 
@@ -205,17 +208,17 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
     handler = PATHS.get(path)
     if handler is None:
         raise ParseError(f"path: not an IMDS notice path: {show(path)}")
-    # Any zone name IMDS reports is taken (Local and Wavelength zones have unusual shapes);
-    # only one that cannot sit inside a provider ID is refused.
+    # The zone grammar takes Local and Wavelength zones (``us-west-2-lax-1a``) too.
+    region = opt_ident(envelope, "region", ids.AWS_REGION)
     zone = opt_text(envelope, "zone")
-    if zone and not is_name(zone):
-        raise ParseError(f"zone: not a zone name: {show(zone)}")
+    if zone:
+        ids.aws_zone(zone, "zone", region)
     env = _Envelope(
-        instance_id=text(envelope, "instance_id"),
+        instance_id=ident(envelope, "instance_id", ids.EC2_INSTANCE_ID),
         zone=zone,
-        region=opt_text(envelope, "region"),
-        node_name=opt_text(envelope, "node_name"),
-        instance_type=opt_text(envelope, "instance_type"),
+        region=region,
+        node_name=opt_ident(envelope, "node_name", ids.K8S_NAME),
+        instance_type=opt_ident(envelope, "instance_type", ids.EC2_INSTANCE_TYPE),
         body=member(envelope, "body"),
         received_at=received_at,
         windows=windows,

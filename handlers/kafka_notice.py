@@ -55,12 +55,15 @@ from reclaimd.model import (
     stable_id,
 )
 
+from . import ids
 from .fields import (
     JSONObject,
     as_object,
     as_text,
     attributes,
+    ident,
     load,
+    opt_ident,
     opt_sub,
     opt_text,
     plus,
@@ -88,14 +91,14 @@ def _target(data: JSONObject) -> Target:
     if raw.get("workload") is not None:
         wl = sub(raw, "workload", at=at)
         workload = WorkloadRef(
-            namespace=text(wl, "namespace", at=f"{at}.workload"),
-            name=text(wl, "name", at=f"{at}.workload"),
-            uid=opt_text(wl, "uid", at=f"{at}.workload"),
+            namespace=ident(wl, "namespace", ids.K8S_NAMESPACE, at=f"{at}.workload"),
+            name=ident(wl, "name", ids.K8S_NAME, at=f"{at}.workload"),
+            uid=opt_ident(wl, "uid", ids.K8S_UID, at=f"{at}.workload"),
         )
     target = Target(
-        instance_id=opt_text(raw, "instance_id", at=at),
-        provider_id=opt_text(raw, "provider_id", at=at),
-        node_name=opt_text(raw, "node_name", at=at),
+        instance_id=opt_ident(raw, "instance_id", ids.CLOUD_INSTANCE, at=at),
+        provider_id=opt_ident(raw, "provider_id", ids.PROVIDER_ID, at=at),
+        node_name=opt_ident(raw, "node_name", ids.K8S_NAME, at=at),
         workload=workload,
     )
     if target == Target():
@@ -135,7 +138,8 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
     event = as_object(load(payload), "CloudEvent")
     if text(event, "specversion") != "1.0":
         raise ParseError(f"specversion: {show(event['specversion'])} is not 1.0")
-    ce_source, ce_id, ce_type = (text(event, k) for k in ("source", "id", "type"))
+    ce_source = ident(event, "source", ids.CLOUDEVENT_SOURCE)
+    ce_id, ce_type = text(event, "id"), text(event, "type")
     kind = TYPES.get(ce_type)
     if kind is None:
         return Ignored(f"CloudEvent type {show(ce_type, 80)} is not a notice")
@@ -150,7 +154,7 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         deadline = plus(issued_at, windows.default_s)
     source = f"kafka:{ce_source}"
     attrs = _attributes(data)
-    if traceparent := opt_text(event, "traceparent"):
+    if traceparent := opt_ident(event, "traceparent", ids.TRACEPARENT):
         attrs["traceparent"] = traceparent
     notice = Notice(
         id=stable_id(source, ce_id),

@@ -45,11 +45,14 @@ from reclaimd.model import (
     stable_id,
 )
 
+from . import ids
 from .fields import (
     JSONObject,
     as_object,
     attributes,
+    ident,
     load,
+    opt_ident,
     opt_items,
     opt_sub,
     opt_text,
@@ -65,7 +68,7 @@ _GROUP = "kueue.x-k8s.io/"
 _MESSAGE_LIMIT = 1024  # condition messages are free text; keep attributes bounded
 _EVICTED = "status.conditions[Evicted]"
 _PREEMPTED = "status.conditions[Preempted]"
-_PREEMPTOR = re.compile(r"\(UID: ([^,()\s]+), JobUID: ([^,()\s]+)\)")
+_PREEMPTOR = re.compile(r"\(UID: ([A-Za-z0-9._-]{1,128}), JobUID: ([A-Za-z0-9._-]{1,128})\)")
 
 # Eviction reasons that are not a preemption, by what caused them.
 EVICTION_CLASSES: Mapping[str, str] = MappingProxyType(
@@ -120,9 +123,9 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         raise ParseError(f"not a Kueue Workload: {show(api_version)} {show(kind)}")
     meta = sub(workload, "metadata")
     ref = WorkloadRef(
-        namespace=text(meta, "namespace", at="metadata"),
-        name=text(meta, "name", at="metadata"),
-        uid=text(meta, "uid", at="metadata"),
+        namespace=ident(meta, "namespace", ids.K8S_NAMESPACE, at="metadata"),
+        name=ident(meta, "name", ids.K8S_NAME, at="metadata"),
+        uid=ident(meta, "uid", ids.K8S_UID, at="metadata"),
     )
     status = opt_sub(workload, "status")
     conditions = _conditions(status)
@@ -164,12 +167,15 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
                 "message": message[:_MESSAGE_LIMIT],
                 "preemptor_workload_uid": preemptor.group(1) if preemptor else "",
                 "preemptor_job_uid": preemptor.group(2) if preemptor else "",
-                "cluster_queue": opt_text(
+                "cluster_queue": opt_ident(
                     opt_sub(status, "admission", at="status"),
                     "clusterQueue",
+                    ids.K8S_NAME,
                     at="status.admission",
                 ),
-                "local_queue": opt_text(opt_sub(workload, "spec"), "queueName", at="spec"),
+                "local_queue": opt_ident(
+                    opt_sub(workload, "spec"), "queueName", ids.K8S_NAME, at="spec"
+                ),
                 "api_version": api_version,
             }
         ),

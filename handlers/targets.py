@@ -7,31 +7,18 @@ field its payload determines and leaves the rest empty rather than guessing: an 
 
 from __future__ import annotations
 
-import re
-
 from reclaimd.model import Target
 
-# us-east-2a, us-west-2-lax-1a: a region's name followed by a zone letter.
-_AWS_ZONE = re.compile(r"[a-z]{2}(?:-[a-z0-9]+)*-[0-9]+[a-z]")
-_GCE_ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
-_NAME = re.compile(r"[^/\s]+")  # anything that can sit between the slashes of a provider ID
+from .ids import AWS_ZONE, GCE_ZONE
 
 
 def is_aws_zone(value: str, region: str = "") -> bool:
     """Whether ``value`` names an availability zone (of ``region``, when it is known).
 
-    With the region known, any longer name that starts with it is a zone of it, which also
-    covers Wavelength zones (``us-east-1-wl1-bos-wlz-1``); without it, only the common
-    ``<region><letter>`` shape is recognised.
+    The zone grammar covers Local and Wavelength zones (``us-east-1-wl1-bos-wlz-1``); a
+    known region must be the zone's prefix.
     """
-    if region:
-        return value.startswith(region) and len(value) > len(region) and is_name(value)
-    return _AWS_ZONE.fullmatch(value) is not None
-
-
-def is_name(value: str) -> bool:
-    """Whether ``value`` can be one segment of a provider ID."""
-    return _NAME.fullmatch(value) is not None
+    return AWS_ZONE.matches(value) and (not region or value.startswith(region))
 
 
 def aws_instance(instance_id: str, *, zone: str = "", node_name: str = "") -> Target:
@@ -51,4 +38,4 @@ def gce_instance(project: str, zone: str, name: str) -> Target:
 
 def gce_region(zone: str) -> str:
     """``us-central1-a`` -> ``us-central1``; ``""`` for anything not shaped like a zone."""
-    return zone.rsplit("-", 1)[0] if _GCE_ZONE.fullmatch(zone) else ""
+    return zone.rsplit("-", 1)[0] if GCE_ZONE.matches(zone) else ""

@@ -427,7 +427,7 @@ METADATA_MALFORMED: list[tuple[dict[str, Any], str]] = [
     (meta("instance/preempted", "true-ish"), "is not a value of instance/preempted"),
     (meta("instance/maintenance-event", "TRUE"), "is not a value of instance/maintenance-event"),
     (meta("instance/scheduling/preemptible", "TRUE"), "path: not a metadata notice key"),
-    (meta("instance/preempted", "TRUE", zone="us/central"), "zone: not a GCE name"),
+    (meta("instance/preempted", "TRUE", zone="us/central"), "zone: not a GCE zone"),
     (meta("instance/preempted", "TRUE", instance=""), "instance: empty"),
     (meta("instance/preempted", "TRUE", project=None), "project: missing"),
     (meta("instance/preempted", "TRUE", observed_at="now"), "observed_at: not an RFC 3339"),

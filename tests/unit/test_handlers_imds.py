@@ -280,7 +280,7 @@ MALFORMED: list[tuple[dict[str, Any], str]] = [
     (envelope(SCHEDULED, [{"State": "active"}]), "body[0].EventId: missing"),
     (envelope(SCHEDULED, ["e-1"]), "body[0]: expected an object"),
     (envelope(LIFECYCLE, ["Terminated"]), "body: expected a string"),
-    (envelope(SPOT, "{}", zone="us-east-2/a"), "zone: not a zone name"),
+    (envelope(SPOT, "{}", zone="us-east-2/a"), "zone: not an AWS availability zone"),
     (envelope(SPOT, "{}", node_name=5), "node_name: expected a string"),
 ]
 
