@@ -31,20 +31,24 @@ import json
 import logging
 import random
 import re
+import socket
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError, ProducerFenced
 
 from reclaimd import waste as waste_math
 from reclaimd.logs import event as log_event
 from reclaimd.model import RestartWaste, rfc3339
-from reclaimd.outbox import AsyncOutbox, Row
+from reclaimd.outbox import AsyncOutbox, Cluster, Row
+
+if TYPE_CHECKING:  # the Kafka side knows the cluster records by shape only
+    from reclaimd.cluster.ledgerlog import PendingEvent
 
 log = logging.getLogger(__name__)
 
@@ -330,12 +334,74 @@ def encode(
     return w.event_id, kafka_key(w, ev["Tags"]), value, tuple(headers)
 
 
+def transactional_id(holder: str, topic: str) -> str:
+    """The Kafka transactional id of ``holder``'s writer to ``topic``: derived, so an adopter
+    can open a producer under a dead holder's id and so fence its unfinished transactions."""
+    digest = hashlib.sha256(f"{holder}\0{topic}".encode("utf-8", "surrogatepass")).hexdigest()
+    return "reclaimd-ledger-" + digest[:32]
+
+
+class ClusterLog(Protocol):
+    """Where pending events are recorded in the cluster (``cluster.ledgerlog.LedgerLog``)."""
+
+    holder: str
+
+    async def put(
+        self,
+        event_id: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Iterable[tuple[str, bytes]],
+        *,
+        deadline: datetime | None,
+    ) -> None: ...
+
+    async def pending(self) -> list[PendingEvent]: ...
+
+    async def adopt(self, ev: PendingEvent) -> PendingEvent | None: ...
+
+    async def delete(self, event_id: str) -> None: ...
+
+
+def settle(
+    rows: Iterable[Row], records: Mapping[str, PendingEvent] | None, holder: str
+) -> tuple[list[Row], list[Row], list[Row]]:
+    """Split rows about to be published into (ours, in doubt, given away).
+
+    Given away: a peer adopted the cluster record, so it publishes the event. In doubt: a
+    transaction carrying the row was begun before (it may have committed), or the row's record
+    is gone or its write had no answer (a peer may have published and deleted it); the topic
+    decides. ``records`` is ``None`` when no row needed the cluster (it was not read).
+    """
+    ours: list[Row] = []
+    doubt: list[Row] = []
+    gone: list[Row] = []
+    for r in rows:
+        in_cluster = r.cluster in (Cluster.HELD, Cluster.UNKNOWN)
+        rec = records.get(r.id) if records is not None and in_cluster else None
+        if rec is not None and rec.holder != holder:
+            gone.append(r)
+        elif r.tried or (in_cluster and rec is None):
+            doubt.append(r)
+        else:
+            ours.append(r)
+    return ours, doubt, gone
+
+
 class LedgerWriter:
-    """Durable, idempotent publication of restart-waste events to a Kafka topic.
+    """Durable, exactly-once publication of restart-waste events to a Kafka topic.
 
     ``record`` may be called before ``run`` starts and while Kafka is down: the event waits in
-    the outbox. An empty ``bootstrap_servers`` keeps events in the outbox until a writer with
-    a broker opens the same file.
+    the outbox, and (with a ``cluster`` log) in the cluster, where a peer finds it if this
+    replica and its disk are lost (``run`` also adopts such events of dead peers when given
+    ``alive``). An empty ``bootstrap_servers`` keeps events in the outbox until a writer with a
+    broker opens the same file.
+
+    Exactly once: every batch is one Kafka transaction under this holder's transactional id.
+    Before a batch, the rows' cluster records are read (after the producer's epoch is set, so a
+    peer that adopts later fences this producer first): a row a peer adopted is given away. A
+    row whose transaction outcome is unknown (tried before, or its record vanished) is looked
+    up on the topic with a ``read_committed`` consumer before it is sent again.
     """
 
     def __init__(
@@ -351,44 +417,102 @@ class LedgerWriter:
         request_timeout_ms: int = 30_000,
         client_id: str = "reclaimd-ledger",
         retention_s: float = 7 * 86_400,
+        holder: str | None = None,
+        cluster: ClusterLog | None = None,
+        alive: Callable[[str], Awaitable[bool]] | None = None,
+        recover_every_s: float = 10.0,
+        scan_margin_s: float = 600.0,
+        scan_timeout_s: float = 120.0,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.policy = policy or LabelPolicy()
+        self.holder = holder or (cluster.holder if cluster is not None else socket.gethostname())
+        if cluster is not None and cluster.holder != self.holder:
+            raise ValueError("ledger: the cluster log must record under the writer's holder")
         self._outbox = AsyncOutbox.open(outbox_path)
+        self._cluster = cluster
+        self._alive = alive
         self._batch = batch_size
         self._backoff = (backoff_initial_s, backoff_max_s)
         self._request_timeout_ms = request_timeout_ms
         self._client_id = client_id
         # Sent rows are kept this long so a replay of their id stays a no-op, then pruned.
         self._retention_s = retention_s
+        self._recover_every_s = recover_every_s
+        # Producer timestamps come from the writer's clock: look this far before a row's time.
+        self._scan_margin_s = scan_margin_s
+        self._scan_timeout_s = scan_timeout_s
         self._pruned_at: float | None = None
         self._producer: AIOKafkaProducer | None = None
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
         self._changed = asyncio.Condition()
+        # Set once our producer registered its transactional id: from then on no transaction
+        # of an earlier process under our holder name can still commit.
+        self._self_fenced = asyncio.Event()
+        self._to_delete: set[str] = set()
+        self._delete_wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.published = 0
         self.publish_errors = 0
+        self.given_away = 0  # rows a peer adopted: it publishes them, we do not
+        self.found_published = 0  # rows in doubt that the topic already had
+        self.adopted = 0  # peers' (or an earlier life's) events this writer took over
+        self.cluster_write_errors = 0  # events that live in the outbox only
 
     # --- the pipeline side ---------------------------------------------------------------
 
     async def record(self, w: RestartWaste) -> None:
-        """Commit the event to the outbox (a repeat of its id is a no-op) and wake ``run``."""
+        """Commit the event to the outbox (a repeat of its id is a no-op) and to the cluster,
+        then wake ``run``."""
         event_id, key, value, headers = encode(w, self.policy)
-        new = await self._outbox.put(event_id, key, value, headers)
-        if new:
-            self._wake.set()
+        new = await self._put(event_id, key, value, headers, w.notice.deadline)
         log_event(log, "restart waste recorded", event_id=event_id, new=new)
 
     async def record_encoded(
         self, event_id: str, key: bytes, value: bytes, headers: tuple[tuple[str, bytes], ...]
     ) -> bool:
         """``record`` for a row already encoded (the allocation meter's); True if new."""
-        new = await self._outbox.put(event_id, key, value, headers)
-        if new:
+        return await self._put(event_id, key, value, headers, None)
+
+    async def _put(
+        self,
+        event_id: str,
+        key: bytes | None,
+        value: bytes,
+        headers: tuple[tuple[str, bytes], ...],
+        deadline: datetime | None,
+    ) -> bool:
+        if self._cluster is None:
+            new = await self._outbox.put(event_id, key, value, headers)
+            if new:
+                self._wake.set()
+            return new
+        # Outbox first (fast, local); the publisher skips the row until its cluster write ends.
+        new = await self._outbox.put(event_id, key, value, headers, Cluster.PENDING)
+        if not new:
+            return False
+        state = Cluster.UNKNOWN  # if we are cancelled mid-write
+        try:
+            await self._cluster.put(event_id, key, value, headers, deadline=deadline)
+            state = Cluster.HELD
+        except Exception as e:  # the outbox has it: a failed cluster write must not fail the step
+            # Refused for good (too large, forbidden, invalid): no record exists. Out of retries
+            # on a transient error: one may exist, the publisher looks before it sends.
+            state = Cluster.UNKNOWN if getattr(e, "retriable", False) else Cluster.NONE
+            self.cluster_write_errors += 1
+            log_event(
+                log,
+                "ledger event not recorded in the cluster",
+                logging.WARNING,
+                event_id=event_id,
+                error=f"{type(e).__name__}: {e}"[:200],
+            )
+        finally:
+            await self._outbox.set_cluster(event_id, state)
             self._wake.set()
-        return new
+        return True
 
     def depth(self) -> int:
         """Events waiting for the broker's ack."""
@@ -412,7 +536,17 @@ class LedgerWriter:
         return self._task
 
     async def run(self) -> None:
-        """Publish until ``close``: Kafka errors back off (capped, jittered) and retry."""
+        """Publish until ``close``; with a cluster log, also delete published events' records
+        and (given ``alive``) adopt the events of holders that are gone."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._publish_loop(), name="ledger-publish")
+            if self._cluster is not None:
+                tg.create_task(self._delete_loop(), name="ledger-delete")
+                if self._alive is not None:
+                    tg.create_task(self._recover_loop(), name="ledger-recover")
+
+    async def _publish_loop(self) -> None:
+        """Kafka errors back off (capped, jittered) and retry; rows stay queued."""
         delay = self._backoff[0]
         published = self.published
         while not self._closing.is_set():
@@ -428,7 +562,11 @@ class LedgerWriter:
                 self.publish_errors += 1
                 log_event(
                     log,
-                    "ledger publish failed, will retry",
+                    # Fenced: a peer took our records over (or we were paused past the
+                    # transaction timeout); the next batch reads the cluster records again.
+                    "ledger publish fenced, will re-check"
+                    if isinstance(e, ProducerFenced)
+                    else "ledger publish failed, will retry",
                     logging.WARNING,
                     error=f"{type(e).__name__}: {e}"[:200],
                     depth=self.depth(),
@@ -449,32 +587,64 @@ class LedgerWriter:
                 await self._prune()
                 await self._idle()
                 continue
-            await self._send_batch(producer, rows)
+            ours = await self._settle(rows)
+            if ours:
+                await self._send_batch(producer, ours)
+
+    async def _settle(self, rows: list[Row]) -> list[Row]:
+        """The rows of this batch that are ours to send now (see ``settle``)."""
+        records: dict[str, PendingEvent] | None = None
+        if self._cluster is not None and any(
+            r.cluster in (Cluster.HELD, Cluster.UNKNOWN) for r in rows
+        ):
+            # Read after our producer's epoch was set: a peer adopting from here on fences
+            # this producer before it looks at the topic, so no commit of ours slips past it.
+            records = {p.event_id: p for p in await self._cluster.pending()}
+        ours, doubt, gone = settle(rows, records, self.holder)
+        if gone:
+            await self._outbox.mark_sent([r.id for r in gone])
+            self.given_away += len(gone)
+            log_event(log, "ledger events adopted by a peer", count=len(gone))
+        if doubt:
+            found = await self._committed({r.id for r in doubt}, min(r.created_at for r in doubt))
+            if found:
+                await self._outbox.mark_sent(sorted(found))
+                self.found_published += len(found)
+                self._forget(r.id for r in doubt if r.id in found and r.cluster != Cluster.NONE)
+                log_event(log, "ledger events found on the topic", count=len(found))
+            ours.extend(r for r in doubt if r.id not in found)
+        if gone or doubt:
+            await self._notify()
+        return sorted(ours, key=lambda r: r.seq)
 
     async def _send_batch(self, producer: AIOKafkaProducer, rows: list[Row]) -> None:
-        futures: list[tuple[Row, asyncio.Future[Any]]] = []
-        error: BaseException | None = None
+        """One transaction: every row of the batch is on the topic, or none is."""
+        ids = [r.id for r in rows]
+        await self._outbox.mark_tried(ids)  # from here a crash leaves the outcome in doubt
+        await producer.begin_transaction()
         try:
-            for row in rows:
-                fut = await producer.send(
+            futures = [
+                await producer.send(
                     self.topic, value=row.value, key=row.key, headers=list(row.headers)
                 )
-                futures.append((row, fut))
-        except (KafkaError, OSError) as e:
-            error = e  # mark what was already handed over, then back off
-        results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
-        acked = [row.id for (row, _), r in zip(futures, results, strict=True) if not _failed(r)]
-        if acked:
-            await self._outbox.mark_sent(acked)
-            self.published += len(acked)
-            await self._notify()
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if error is None and failed:
-            error = failed[0]
-        if isinstance(error, Exception):
-            raise error
-        if error is not None:  # a send future cancelled under us (producer stopping)
-            raise KafkaError(f"send interrupted: {type(error).__name__}")
+                for row in rows
+            ]
+            await asyncio.gather(*futures)
+            await producer.commit_transaction()
+        except BaseException:
+            await self._abort(producer)
+            raise
+        await self._outbox.mark_sent(ids)
+        self.published += len(ids)
+        self._forget(r.id for r in rows if r.cluster != Cluster.NONE)
+        await self._notify()
+
+    async def _abort(self, producer: AIOKafkaProducer) -> None:
+        # An open transaction holds back every read_committed reader of its partitions until
+        # it times out: end it now if the producer still can (a fenced one cannot).
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self._request_timeout_ms / 1000):
+                await producer.abort_transaction()
 
     async def _prune(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -482,21 +652,27 @@ class LedgerWriter:
             self._pruned_at = now
             await self._outbox.prune(self._retention_s)
 
+    def _new_producer(self, holder: str) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=self._client_id,
+            transactional_id=transactional_id(holder, self.topic),
+            acks="all",
+            request_timeout_ms=self._request_timeout_ms,
+        )
+
     async def _ensure_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers,
-                client_id=self._client_id,
-                enable_idempotence=True,
-                acks="all",
-                request_timeout_ms=self._request_timeout_ms,
-            )
+            producer = self._new_producer(self.holder)
             try:
+                # Registers the transactional id: aborts what an earlier process under our
+                # name left open, and fences it.
                 await producer.start()
             except BaseException:
                 await producer.stop()
                 raise
             self._producer = producer
+            self._self_fenced.set()
         return self._producer
 
     async def _stop_producer(self) -> None:
@@ -504,6 +680,157 @@ class LedgerWriter:
         if producer is not None:
             with contextlib.suppress(KafkaError, OSError):
                 await producer.stop()
+
+    # --- exactly once: fencing and reading the topic -------------------------------------
+
+    async def _fence(self, holders: Iterable[str]) -> None:
+        """Open and close a producer under each holder's transactional id: the broker aborts
+        its open transaction and refuses any later commit of that holder's producer."""
+        for holder in sorted(set(holders)):
+            producer = self._new_producer(holder)
+            try:
+                async with asyncio.timeout(self._request_timeout_ms / 1000 * 2):
+                    await producer.start()
+            finally:
+                await producer.stop()
+
+    async def _committed(self, ids: set[str], since: float) -> set[str]:
+        """Which of ``ids`` are on the topic, committed, from ``since`` (epoch seconds, less the
+        clock margin) to the partitions' high watermarks now. Raises if it cannot tell."""
+        since_ms = max(0, int((since - self._scan_margin_s) * 1000))
+        # The probe gives the high watermarks (a read_committed ListOffsets gives the last
+        # stable offset, which an open transaction holds back, possibly below a commit we
+        # must see); the reader reads only committed records, so an aborted copy is no copy.
+        probe = AIOKafkaConsumer(
+            self.topic,
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=f"{self._client_id}-scan",
+            group_id=None,
+            enable_auto_commit=False,
+            request_timeout_ms=self._request_timeout_ms,
+        )
+        reader = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=f"{self._client_id}-scan",
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            request_timeout_ms=self._request_timeout_ms,
+        )
+        try:
+            async with asyncio.timeout(self._scan_timeout_s):
+                await probe.start()
+                await reader.start()
+                return await _scan(probe, reader, self.topic, ids, since_ms)
+        finally:
+            await probe.stop()
+            await reader.stop()
+
+    # --- the cluster side: deleting and adopting records ---------------------------------
+
+    def _forget(self, ids: Iterable[str]) -> None:
+        """Queue published events' cluster records for deletion (lazy: nothing waits on it)."""
+        before = len(self._to_delete)
+        self._to_delete.update(ids)
+        if len(self._to_delete) > before:
+            self._delete_wake.set()
+
+    async def _delete_loop(self) -> None:
+        assert self._cluster is not None
+        while not self._closing.is_set():
+            self._delete_wake.clear()
+            ids, self._to_delete = sorted(self._to_delete), set()
+            for event_id in ids:
+                try:
+                    await self._cluster.delete(event_id)
+                except Exception as e:  # the recovery pass deletes it later
+                    log_event(
+                        log,
+                        "ledger record not deleted",
+                        logging.WARNING,
+                        event_id=event_id,
+                        error=f"{type(e).__name__}: {e}"[:200],
+                    )
+            if not self._to_delete:
+                await self._wait_for(self._delete_wake, self._closing)
+
+    async def _recover_loop(self) -> None:
+        while not self._closing.is_set():
+            if self.bootstrap_servers:
+                try:
+                    await self.recover_once()
+                except Exception as e:  # the records stay; the next pass tries again
+                    log_event(
+                        log,
+                        "ledger recovery failed, will retry",
+                        logging.WARNING,
+                        error=f"{type(e).__name__}: {e}"[:200],
+                    )
+            await self._backoff_sleep(random.uniform(0.5, 1.0) * self._recover_every_s)
+
+    async def recover_once(self) -> int:
+        """One pass over this topic's cluster records: adopt those whose holder is gone (and
+        ours from an earlier life whose outbox is lost), publish what the topic does not have,
+        delete the rest. Returns how many records were taken over."""
+        if self._cluster is None or self._alive is None or not self.bootstrap_servers:
+            return 0
+        orphans: list[PendingEvent] = []
+        verdict: dict[str, bool] = {}
+        for rec in await self._cluster.pending():
+            if rec.holder == self.holder:
+                got = await self._outbox.get(rec.event_id)
+                if got is None:
+                    orphans.append(rec)  # an earlier life of ours wrote it; its disk is gone
+                elif got[1]:
+                    self._forget([rec.event_id])  # published; its deletion was lost
+                continue
+            if rec.holder not in verdict:
+                verdict[rec.holder] = await self._alive(rec.holder)
+            if not verdict[rec.holder]:
+                orphans.append(rec)
+        # Our own earlier life is fenced once our producer has registered our id; until then
+        # (Kafka unreachable) adopting is pointless anyway: the topic cannot be read.
+        if not orphans or not self._self_fenced.is_set():
+            return 0
+        taken: list[PendingEvent] = []
+        for rec in orphans:
+            mine = rec if rec.holder == self.holder else await self._cluster.adopt(rec)
+            if mine is not None:
+                taken.append(mine)
+        if not taken:
+            return 0
+        # Fence every earlier holder before reading the topic: whatever they committed is then
+        # visible, and none of them can commit a copy after we looked.
+        await self._fence(h for rec in taken for h in rec.holders if h != self.holder)
+        found = await self._committed(
+            {rec.event_id for rec in taken}, min(rec.recorded_at.timestamp() for rec in taken)
+        )
+        for rec in taken:
+            if rec.event_id in found:
+                self._forget([rec.event_id])
+                continue
+            new = await self._outbox.put(
+                rec.event_id, rec.key, rec.value, rec.headers, Cluster.HELD
+            )
+            if not new:
+                got = await self._outbox.get(rec.event_id)
+                if got is not None and got[1]:
+                    self._forget([rec.event_id])  # we published it (before a lost deletion)
+                else:
+                    await self._outbox.set_cluster(rec.event_id, Cluster.HELD)
+        self.adopted += len(taken)
+        self.found_published += len(found)
+        self._wake.set()
+        log_event(
+            log,
+            "ledger events adopted",
+            count=len(taken),
+            on_topic=len(found),
+            holders=sorted({h for rec in taken for h in rec.holders}),
+        )
+        return len(taken)
+
+    # --- waiting -------------------------------------------------------------------------
 
     async def _idle(self) -> None:
         """Wait for a new event (``record``) or ``close``."""
@@ -554,5 +881,52 @@ class LedgerWriter:
         await self.close()
 
 
-def _failed(result: object) -> bool:
-    return isinstance(result, BaseException)
+async def _scan(
+    probe: AIOKafkaConsumer,
+    reader: AIOKafkaConsumer,
+    topic: str,
+    ids: set[str],
+    since_ms: int,
+) -> set[str]:
+    parts = probe.partitions_for_topic(topic) or set()
+    tps = [TopicPartition(topic, p) for p in sorted(parts)]
+    if not tps:
+        return set()
+    high = await probe.end_offsets(tps)
+    reader.assign(tps)
+    starts = await reader.offsets_for_times({tp: since_ms for tp in tps})
+    stable = await reader.end_offsets(tps)
+    todo: dict[TopicPartition, int] = {}
+    for tp in tps:
+        at = starts.get(tp)
+        # None: nothing at or after ``since`` below the stable offset; a commit may still sit
+        # between it and the high watermark.
+        start = at.offset if at is not None else stable[tp]
+        if start < high[tp]:
+            reader.seek(tp, start)
+            todo[tp] = high[tp]
+    found: set[str] = set()
+    while todo:
+        batch = await reader.getmany(*todo, timeout_ms=1000)
+        for records in batch.values():
+            for rec in records:
+                eid = record_event_id(rec.headers, rec.value)
+                if eid in ids:
+                    found.add(eid)
+        for tp in list(todo):
+            if await reader.position(tp) >= todo[tp]:
+                del todo[tp]
+    return found
+
+
+def record_event_id(headers: Iterable[tuple[str, bytes]], value: bytes | None) -> str | None:
+    """The event id of a ledger record: its header, else the row's ``EventId``."""
+    for name, raw in headers:
+        if name == "event_id":
+            return raw.decode("utf-8", "replace")
+    try:
+        doc = json.loads(value or b"")
+    except ValueError:
+        return None
+    eid = doc.get("EventId") if isinstance(doc, dict) else None
+    return eid if isinstance(eid, str) else None

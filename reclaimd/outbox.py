@@ -12,6 +12,12 @@ runs it on a single worker thread, so asyncio code never blocks on an fsync and 
 ever sees one thread at a time. ``depth()`` is a counter kept beside the table (counted once
 at open, then moved by ``put`` and ``mark_sent``), so metrics can read it from any thread
 without waiting behind a commit.
+
+Two columns serve the exactly-once publisher (``ledger.LedgerWriter``): ``cluster`` says
+whether the row also has a record in the cluster (``ledgerlog``: a peer may adopt and publish
+it), and ``tried_at`` says a transaction carrying it was started, so its outcome is in doubt
+until the topic is read: a crash between the broker's commit and ``mark_sent`` must not send
+it twice.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -42,6 +48,22 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_unsent ON outbox (seq) WHERE sent_at IS NULL;
 """
+# Added after the first release: a file written before has neither column.
+_COLUMNS = {
+    "cluster": "ALTER TABLE outbox ADD COLUMN cluster TEXT NOT NULL DEFAULT 'none'",
+    "tried_at": "ALTER TABLE outbox ADD COLUMN tried_at REAL",
+}
+
+
+class Cluster:
+    """Where the row stands in the cluster (``ledgerlog``), the ``cluster`` column."""
+
+    NONE = "none"  # no cluster record: only this outbox knows it
+    PENDING = "pending"  # being recorded right now: not publishable yet
+    HELD = "held"  # recorded, held by this writer
+    UNKNOWN = "unknown"  # the record's write had no answer (or the process died during it)
+    ALL = frozenset({NONE, PENDING, HELD, UNKNOWN})
+
 
 T = TypeVar("T")
 
@@ -53,6 +75,9 @@ class Row:
     key: bytes | None
     value: bytes
     headers: Headers
+    cluster: str = Cluster.NONE
+    tried: bool = False  # a transaction carrying it was begun: on the topic or not, unknown
+    created_at: float = 0.0
 
 
 def _encode_headers(headers: Iterable[tuple[str, bytes]]) -> str:
@@ -61,6 +86,16 @@ def _encode_headers(headers: Iterable[tuple[str, bytes]]) -> str:
 
 def _decode_headers(text: str) -> Headers:
     return tuple((str(k), base64.b64decode(v)) for k, v in json.loads(text))
+
+
+_ROW = "seq, id, key, value, headers, cluster, tried_at, created_at"
+
+
+def _row(r: Any) -> Row:
+    seq, id_, key, value, headers, cluster, tried_at, created_at = r
+    return Row(
+        seq, id_, key, value, _decode_headers(headers), cluster, tried_at is not None, created_at
+    )
 
 
 class Outbox:
@@ -75,32 +110,78 @@ class Outbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        have = {str(r[1]) for r in self._db.execute("PRAGMA table_info(outbox)")}
+        for name, ddl in _COLUMNS.items():
+            if name not in have:
+                self._db.execute(ddl)
+        # A put whose cluster write never finished (the process died): its outcome is unknown.
+        self._db.execute(
+            "UPDATE outbox SET cluster = ? WHERE cluster = ?", (Cluster.UNKNOWN, Cluster.PENDING)
+        )
         (n,) = self._db.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()
         self._unsent = int(n)
 
     def put(
-        self, id: str, key: bytes | None, value: bytes, headers: Iterable[tuple[str, bytes]]
+        self,
+        id: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Iterable[tuple[str, bytes]],
+        cluster: str = Cluster.NONE,
     ) -> bool:
         """Store one event; ``True`` if it is new, ``False`` if the id was already there."""
+        if cluster not in Cluster.ALL:
+            raise ValueError(f"outbox: unknown cluster state {cluster!r}")
         with self._lock:
             cur = self._db.execute(
-                "INSERT OR IGNORE INTO outbox (id, key, value, headers, created_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (id, key, value, _encode_headers(headers), time.time()),
+                "INSERT OR IGNORE INTO outbox (id, key, value, headers, created_at, cluster) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (id, key, value, _encode_headers(headers), time.time(), cluster),
             )
             new = cur.rowcount == 1
             self._unsent += new
         return new
 
     def pending(self, limit: int = 100) -> list[Row]:
-        """Unsent rows, oldest first."""
+        """Unsent rows ready to publish (not being recorded in the cluster), oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT seq, id, key, value, headers FROM outbox "
-                "WHERE sent_at IS NULL ORDER BY seq LIMIT ?",
-                (limit,),
+                f"SELECT {_ROW} FROM outbox "
+                "WHERE sent_at IS NULL AND cluster != ? ORDER BY seq LIMIT ?",
+                (Cluster.PENDING, limit),
             ).fetchall()
-        return [Row(seq, id_, key, value, _decode_headers(h)) for seq, id_, key, value, h in rows]
+        return [_row(r) for r in rows]
+
+    def get(self, id: str) -> tuple[Row, bool] | None:
+        """The row of ``id`` and whether it was sent; ``None`` if this outbox never had it."""
+        with self._lock:
+            r = self._db.execute(
+                f"SELECT {_ROW}, sent_at FROM outbox WHERE id = ?", (id,)
+            ).fetchone()
+        return None if r is None else (_row(r[:-1]), r[-1] is not None)
+
+    def set_cluster(self, id: str, cluster: str) -> None:
+        if cluster not in Cluster.ALL:
+            raise ValueError(f"outbox: unknown cluster state {cluster!r}")
+        with self._lock:
+            self._db.execute("UPDATE outbox SET cluster = ? WHERE id = ?", (cluster, id))
+
+    def mark_tried(self, ids: Sequence[str]) -> None:
+        """A transaction carrying these rows begins: until it is known to have committed or
+        not, they are in doubt (``Row.tried``). Committed before the transaction starts."""
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for i in ids:
+                    self._db.execute(
+                        "UPDATE outbox SET tried_at = ? WHERE id = ? AND tried_at IS NULL",
+                        (now, i),
+                    )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def mark_sent(self, ids: Sequence[str]) -> int:
         """Mark rows as acked by the broker; returns how many changed (re-marking is a no-op)."""
@@ -164,10 +245,25 @@ class AsyncOutbox:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     async def put(
-        self, id: str, key: bytes | None, value: bytes, headers: Iterable[tuple[str, bytes]]
+        self,
+        id: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Iterable[tuple[str, bytes]],
+        cluster: str = Cluster.NONE,
     ) -> bool:
         hs = tuple(headers)
-        return await self._run(lambda: self._outbox.put(id, key, value, hs))
+        return await self._run(lambda: self._outbox.put(id, key, value, hs, cluster))
+
+    async def get(self, id: str) -> tuple[Row, bool] | None:
+        return await self._run(lambda: self._outbox.get(id))
+
+    async def set_cluster(self, id: str, cluster: str) -> None:
+        await self._run(lambda: self._outbox.set_cluster(id, cluster))
+
+    async def mark_tried(self, ids: Sequence[str]) -> None:
+        ids = tuple(ids)
+        await self._run(lambda: self._outbox.mark_tried(ids))
 
     async def pending(self, limit: int = 100) -> list[Row]:
         return await self._run(lambda: self._outbox.pending(limit))

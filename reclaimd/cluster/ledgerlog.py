@@ -1,0 +1,284 @@
+"""Ledger events not yet acked by Kafka, recorded in the cluster so any replica can publish them.
+
+The local outbox (``reclaimd.outbox``) survives a crash but not the loss of its disk (in a
+cluster it is an emptyDir). So before the runbook's ledger call returns, the event is also
+written here: one Lease per pending event in reclaimd's namespace, named from the topic and the
+event id, holding the encoded event (an annotation) and its holder. The writer deletes it once
+Kafka acked the event; a replica whose holder Lease goes stale leaves its records behind, and a
+peer adopts them (a resourceVersion-preconditioned patch naming itself, so two peers cannot
+both adopt) and publishes them (``ledger.LedgerWriter``, which also makes that exactly once).
+
+Every holder a record ever had is kept on it (``reclaimd.io/ledger-holders``): an adopter fences
+each of their Kafka transactions before it looks at the topic, so a paused replica that wakes
+up cannot commit a copy behind its back.
+
+Writes go through the one write budget (``RateLimiter.call``): a record at its notice's
+deadline priority (the runbook waits for it), an adoption or a deletion last (nothing waits).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, cast
+
+from kubernetes_asyncio import client as k8s
+
+from reclaimd.cluster import client
+from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster.ratelimit import RateLimiter
+from reclaimd.model import parse_time, rfc3339, utcnow
+
+log = logging.getLogger(__name__)
+
+EVENT_LABEL: Final = "reclaimd.io/ledger-event"
+TOPIC_LABEL: Final = "reclaimd.io/ledger-topic"
+EVENT_ANNOTATION: Final = "reclaimd.io/ledger-event"
+HOLDER_ANNOTATION: Final = "reclaimd.io/holder"
+HOLDERS_ANNOTATION: Final = "reclaimd.io/ledger-holders"
+# The API server refuses more than 256 KiB of annotations on one object; leave room for the
+# others and for JSON escaping. An event is a few KiB (one part per node of the gang).
+MAX_EVENT_BYTES: Final = 200 * 1024
+# Nothing waits on an adoption or a deletion: served after every notice's write.
+LAST: Final = timedelta(days=1)
+
+Headers = tuple[tuple[str, bytes], ...]
+
+
+class TooLarge(ValueError):
+    """The encoded event does not fit in an annotation: it stays in the local outbox only."""
+
+
+@dataclass(frozen=True)
+class PendingEvent:
+    """One cluster record: the event as the outbox holds it, and who holds it now."""
+
+    name: str
+    topic: str
+    event_id: str
+    key: bytes | None
+    value: bytes
+    headers: Headers
+    recorded_at: datetime
+    holder: str
+    holders: tuple[str, ...]  # every holder it had, the first writer first
+    resource_version: str = ""
+
+
+def record_name(topic: str, event_id: str) -> str:
+    # Event ids and topics need not be valid object names (or short enough): hash them.
+    digest = hashlib.sha256(f"{topic}\0{event_id}".encode("utf-8", "surrogatepass")).hexdigest()
+    return "reclaimd-ledger-" + digest[:40]
+
+
+def topic_label(topic: str) -> str:
+    return hashlib.sha256(topic.encode()).hexdigest()[:40]
+
+
+def encode_event(
+    topic: str,
+    event_id: str,
+    *,
+    key: bytes | None,
+    value: bytes,
+    headers: Iterable[tuple[str, bytes]],
+    recorded_at: datetime,
+) -> str:
+    """The annotation's JSON; ``TooLarge`` past ``MAX_EVENT_BYTES``."""
+    doc: dict[str, Any] = {
+        "topic": topic,
+        "id": event_id,
+        "key": None if key is None else base64.b64encode(key).decode(),
+        "headers": [[k, base64.b64encode(v).decode()] for k, v in headers],
+        "recorded_at": rfc3339(recorded_at),
+    }
+    try:
+        doc["value"] = value.decode()  # ledger rows are JSON: readable with kubectl
+    except UnicodeDecodeError:
+        doc["value_b64"] = base64.b64encode(value).decode()
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    if len(text.encode()) > MAX_EVENT_BYTES:
+        raise TooLarge(f"ledger event {event_id}: {len(text)} bytes, over {MAX_EVENT_BYTES}")
+    return text
+
+
+def decode_event(
+    name: str,
+    annotations: dict[str, str],
+    resource_version: str = "",
+) -> PendingEvent:
+    """The record back from its annotations; ``ValueError`` if they are not one of ours."""
+    try:
+        doc = json.loads(annotations[EVENT_ANNOTATION])
+        holder = annotations[HOLDER_ANNOTATION]
+        holders = json.loads(annotations.get(HOLDERS_ANNOTATION) or "[]")
+        value = (
+            doc["value"].encode()
+            if "value" in doc
+            else base64.b64decode(doc["value_b64"], validate=True)
+        )
+        key = None if doc["key"] is None else base64.b64decode(doc["key"], validate=True)
+        headers = tuple((str(k), base64.b64decode(v, validate=True)) for k, v in doc["headers"])
+        if not isinstance(holders, list) or not all(isinstance(h, str) for h in holders):
+            raise ValueError("holders is not a list of names")
+        return PendingEvent(
+            name=name,
+            topic=str(doc["topic"]),
+            event_id=str(doc["id"]),
+            key=key,
+            value=value,
+            headers=headers,
+            recorded_at=parse_time(str(doc["recorded_at"])),
+            holder=str(holder),
+            holders=tuple(holders) if holders else (str(holder),),
+            resource_version=resource_version,
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"ledger record {name}: {type(e).__name__}: {e}"[:200]) from e
+
+
+def _holders(previous: Sequence[str], holder: str) -> tuple[str, ...]:
+    return (*[h for h in previous if h != holder], holder)
+
+
+class LedgerLog:
+    """The cluster records of one topic's pending events, as seen by ``holder``."""
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        namespace: str,
+        holder: str,
+        topic: str,
+        *,
+        limiter: RateLimiter,
+        write_s: float = 10.0,
+    ) -> None:
+        self._coord = k8s.CoordinationV1Api(api_client)
+        self.namespace, self.holder, self.topic = namespace, holder, topic
+        self._limiter = limiter
+        self._write_s = write_s  # how long a record's write is retried (past the deadline too)
+        self.undecodable = 0  # records found that are not ours to read: left alone, counted
+
+    def _body(self, name: str, event: str, holders: tuple[str, ...]) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "name": name,
+                "labels": {EVENT_LABEL: "true", TOPIC_LABEL: topic_label(self.topic)},
+                "annotations": {
+                    EVENT_ANNOTATION: event,
+                    HOLDER_ANNOTATION: self.holder,
+                    HOLDERS_ANNOTATION: json.dumps(list(holders)),
+                },
+            },
+            "spec": {"holderIdentity": self.holder[:128]},
+        }
+
+    async def put(
+        self,
+        event_id: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Iterable[tuple[str, bytes]],
+        *,
+        deadline: datetime | None,
+    ) -> None:
+        """Record the event, held by us; a record already there (a replay) is left as it is.
+        Raises ``TooLarge`` or ``client.KubeError`` (the event then lives in the outbox only)."""
+        now = utcnow()
+        name = record_name(self.topic, event_id)
+        body = self._body(
+            name,
+            encode_event(
+                self.topic, event_id, key=key, value=value, headers=headers, recorded_at=now
+            ),
+            (self.holder,),
+        )
+        # Conflict: recorded before (by us, or adopted since: the publisher checks the holder).
+        with contextlib.suppress(client.Conflict):
+            await self._limiter.call(
+                f"create lease/{name}",
+                deadline,
+                lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+                retry_until=now + timedelta(seconds=self._write_s),
+            )
+
+    async def pending(self) -> list[PendingEvent]:
+        """Every record of this topic, read now (a quorum read, not a cache)."""
+        selector = f"{EVENT_LABEL}=true,{TOPIC_LABEL}={topic_label(self.topic)}"
+        leases = await self._limiter.read(
+            "list ledger leases",
+            None,
+            lambda: self._coord.list_namespaced_lease(self.namespace, label_selector=selector),
+            retry_until=utcnow() + timedelta(seconds=self._write_s),
+        )
+        out: list[PendingEvent] = []
+        for lease in leases.items or ():
+            meta = lease.metadata
+            try:
+                ev = decode_event(meta.name, meta.annotations or {}, meta.resource_version or "")
+            except ValueError as e:
+                self.undecodable += 1
+                log.warning("%s", e)
+                continue
+            if ev.topic == self.topic:
+                out.append(ev)
+        return out
+
+    async def adopt(self, ev: PendingEvent) -> PendingEvent | None:
+        """Name ourselves its holder, if nobody wrote the record since ``ev`` was read; the
+        adopted record, or ``None`` when a peer adopted it first or it is gone (published)."""
+        holders = _holders(ev.holders, self.holder)
+        body: dict[str, Any] = {
+            "metadata": {
+                "resourceVersion": ev.resource_version,  # the precondition: 409 if it moved
+                "annotations": {
+                    HOLDER_ANNOTATION: self.holder,
+                    HOLDERS_ANNOTATION: json.dumps(list(holders)),
+                },
+            },
+            "spec": {"holderIdentity": self.holder[:128]},
+        }
+        now = utcnow()
+        try:
+            lease = await self._limiter.call(
+                f"adopt lease/{ev.name}",
+                now + LAST,
+                lambda: self._coord.patch_namespaced_lease(
+                    ev.name, self.namespace, body, **MERGE_PATCH
+                ),
+                retry_until=now + timedelta(seconds=self._write_s),
+            )
+        except (client.Conflict, client.NotFound):
+            return None
+        rv = getattr(getattr(lease, "metadata", None), "resource_version", "") or ""
+        return PendingEvent(
+            name=ev.name,
+            topic=ev.topic,
+            event_id=ev.event_id,
+            key=ev.key,
+            value=ev.value,
+            headers=ev.headers,
+            recorded_at=ev.recorded_at,
+            holder=self.holder,
+            holders=holders,
+            resource_version=str(rv),
+        )
+
+    async def delete(self, event_id: str) -> None:
+        """Forget a published event's record (gone already: fine)."""
+        name = record_name(self.topic, event_id)
+        now = utcnow()
+        with contextlib.suppress(client.NotFound):
+            await self._limiter.call(
+                f"delete lease/{name}",
+                now + LAST,
+                lambda: self._coord.delete_namespaced_lease(name, self.namespace),
+                retry_until=now + timedelta(seconds=60),
+            )
