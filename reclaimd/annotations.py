@@ -8,8 +8,10 @@ in" (or to the default of the bad field) and is reported as a one-line problem.
 The URL is written by the workload, so it is treated as untrusted input: only ``{pod_ip}``,
 ``{namespace}`` and ``{pod}`` are substituted (never ``str.format``, which would let a template
 reach attributes), only http/https is accepted, credentials in the URL are refused (they would
-end up in logs), and ``require_pod_ip`` lets a deployment insist that reclaimd only ever POSTs
-to the pod itself, so an annotation cannot aim reclaimd at another service.
+end up in logs), and by default (``UrlPolicy.require_pod_ip``) reclaimd only ever POSTs to the
+pod's own IP, so an annotation cannot aim reclaimd at another service; the exceptions an
+operator allows (a sidecar's hostname, a loopback trainer in a drill) are an explicit
+allowlist of hosts and CIDRs.
 
 ``last-checkpoint`` with ``checkpoint-durable: "false"`` records a stash that dies with the
 node; only a durable one resets the restart-waste clock, so ``PodContract.last_durable_checkpoint``
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import urlsplit
@@ -58,18 +60,77 @@ _UNIT_ORDER = ("h", "m", "s", "ms")
 _MAX_RANK = 1_000_000
 
 
+_HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
 def _show(value: str) -> str:
     return repr(value[:60])
 
 
+@dataclass(frozen=True)
+class UrlPolicy:
+    """Which hosts a checkpoint URL may name.
+
+    ``require_pod_ip`` (the default): the pod's own IP, or a host on the allowlist (a
+    hostname, matched exactly, or an address in one of ``networks``). Off: any host, as
+    before the guard existed; only for a cluster whose workloads are all trusted.
+    """
+
+    require_pod_ip: bool = True
+    hostnames: frozenset[str] = frozenset()
+    networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, allowed: Iterable[str], *, require_pod_ip: bool = True) -> UrlPolicy:
+        """From allowlist entries (``127.0.0.1``, ``10.0.0.0/8``, ``ckpt.internal``);
+        ``ValueError`` (one line) naming the first entry that is none of those."""
+        hostnames: set[str] = set()
+        networks: list[IPNetwork] = []
+        for entry in allowed:
+            text = entry.strip().lower()
+            try:
+                networks.append(ipaddress.ip_network(text, strict=True))
+                continue
+            except ValueError:
+                pass
+            if "/" in text or ":" in text or not _HOSTNAME.fullmatch(text) or len(text) > 253:
+                raise ValueError(f"not a host name, IP address or CIDR: {_show(entry)}")
+            if text.replace(".", "").isdigit():  # 127.1, 2130706433: IPs that ip_network refuses
+                raise ValueError(f"not a host name, IP address or CIDR: {_show(entry)}")
+            hostnames.add(text)
+        return cls(require_pod_ip, frozenset(hostnames), tuple(networks))
+
+    def allows(
+        self, host: str, pod_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    ) -> bool:
+        if not self.require_pod_ip:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return host.lower().rstrip(".") in self.hostnames
+        return address == pod_ip or any(address in net for net in self.networks)
+
+
+POD_IP_ONLY = UrlPolicy()
+ANY_HOST = UrlPolicy(require_pod_ip=False)
+
+
 def expand_url(
-    template: str, pod_ip: str, namespace: str, name: str, *, require_pod_ip: bool = False
+    template: str,
+    pod_ip: str,
+    namespace: str,
+    name: str,
+    *,
+    policy: UrlPolicy = POD_IP_ONLY,
 ) -> str:
     """The checkpoint URL of one pod, from its ``checkpoint-url`` template.
 
     Raises ``ValueError`` (one line) for an unknown placeholder, a scheme other than http or
     https, credentials in the URL, a template that expands to no host (e.g. ``{pod_ip}`` before
-    the pod has an IP), or, with ``require_pod_ip``, a host that is not the pod's IP.
+    the pod has an IP), or a host the ``policy`` does not allow (by default: any host but
+    the pod's own IP).
     """
     text = template.strip()
     if not text:
@@ -109,8 +170,10 @@ def expand_url(
         raise ValueError("checkpoint-url must not carry credentials")
     if not host:
         raise ValueError(f"checkpoint-url expands to no host: {_show(url)}")
-    if require_pod_ip and (ip is None or host != str(ip)):
-        raise ValueError(f"checkpoint-url must point at the pod's own IP, not {_show(host)}")
+    if not policy.allows(host, ip):
+        raise ValueError(
+            f"checkpoint-url must point at the pod's own IP or an allowed host, not {_show(host)}"
+        )
     return url
 
 
@@ -198,7 +261,7 @@ def read_pod(
     pod_ip: str,
     namespace: str,
     name: str,
-    require_pod_ip: bool = False,
+    policy: UrlPolicy = POD_IP_ONLY,
 ) -> PodContract:
     """Every contract annotation of one pod; a bad value is dropped and named in ``problems``."""
     problems: list[str] = []
@@ -211,9 +274,7 @@ def read_pod(
     leader = False
     if CHECKPOINT_URL in annotations:
         try:
-            url = expand_url(
-                annotations[CHECKPOINT_URL], pod_ip, namespace, name, require_pod_ip=require_pod_ip
-            )
+            url = expand_url(annotations[CHECKPOINT_URL], pod_ip, namespace, name, policy=policy)
         except ValueError as e:
             problems.append(str(e))
     if CHECKPOINT_TIMEOUT in annotations:

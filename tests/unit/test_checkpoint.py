@@ -176,7 +176,13 @@ def test_expand_url_fills_the_placeholders() -> None:
         == "http://10.1.2.3:8080/checkpoint"
     )
     assert (
-        ann.expand_url("https://ckpt.{namespace}.svc/{pod}/save", "10.1.2.3", "team-a", "llama-0")
+        ann.expand_url(
+            "https://ckpt.{namespace}.svc/{pod}/save",
+            "10.1.2.3",
+            "team-a",
+            "llama-0",
+            policy=ann.ANY_HOST,
+        )
         == "https://ckpt.team-a.svc/llama-0/save"
     )
 
@@ -216,12 +222,10 @@ def test_expand_url_refuses(template: str, pod_ip: str, says: str) -> None:
     assert "\n" not in str(caught.value)
 
 
-def test_expand_url_can_insist_on_the_pod_itself() -> None:
+def test_expand_url_insists_on_the_pod_itself_by_default() -> None:
     with pytest.raises(ValueError, match="pod's own IP"):
-        ann.expand_url("http://10.9.9.9/c", "10.1.2.3", "ns", "p", require_pod_ip=True)
-    assert ann.expand_url("http://{pod_ip}/c", "10.1.2.3", "ns", "p", require_pod_ip=True) == (
-        "http://10.1.2.3/c"
-    )
+        ann.expand_url("http://10.9.9.9/c", "10.1.2.3", "ns", "p")
+    assert ann.expand_url("http://{pod_ip}/c", "10.1.2.3", "ns", "p") == "http://10.1.2.3/c"
 
 
 @pytest.mark.parametrize(
