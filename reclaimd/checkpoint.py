@@ -40,8 +40,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -609,3 +609,32 @@ def durable_since(ack: RankAck) -> datetime | None:
     if ack.acked and ack.durable and ack.checkpoint_time is not None:
         return ack.checkpoint_time if before is None else max(before, ack.checkpoint_time)
     return before
+
+
+# --- what a successor needs ----------------------------------------------------------
+
+
+def durable(acks: Iterable[RankAck]) -> list[RankAck]:
+    """The acks a successor needs: those naming a durable checkpoint."""
+    return [a for a in acks if a.acked and a.durable and a.checkpoint_time is not None]
+
+
+def merge_acks(fresh: Iterable[RankAck], recorded: Iterable[RankAck]) -> tuple[RankAck, ...]:
+    """This run's acks, each replaced by a recorded durable checkpoint that is newer (a rank
+    that acked the dead owner may not answer again, or answer with nothing new)."""
+    prior = {a.member.uid: a for a in durable(recorded) if a.member.uid}
+    out: list[RankAck] = []
+    for ack in fresh:
+        old = prior.pop(ack.member.uid, None)
+        if old is not None and not _newer(ack, old):
+            out.append(replace(old, member=ack.member, latency_s=ack.latency_s))
+        else:
+            out.append(ack)
+    out.extend(prior.values())  # a rank this run did not ask (its pod is gone)
+    return tuple(out)
+
+
+def _newer(ack: RankAck, old: RankAck) -> bool:
+    if not (ack.acked and ack.durable and ack.checkpoint_time is not None):
+        return False
+    return old.checkpoint_time is None or ack.checkpoint_time >= old.checkpoint_time

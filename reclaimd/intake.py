@@ -50,6 +50,7 @@ class Claimed:
     on: object = None  # the claimed object, opaque here (``cluster.claimlog`` knows it)
     node: str = ""  # the doomed node, when the target is one
     cordoned: bool = False  # the claim's write also cordoned and tainted the node
+    took_over_from: str = ""  # the holder whose claim this one took over (it stopped renewing)
 
 
 @dataclass(frozen=True)

@@ -268,6 +268,16 @@ class RankAck:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """One gang as its Lease recorded it: its pods when owned, the durable checkpoints its
+    ranks acked, and the owner's trace (``traceparent``)."""
+
+    gang: Gang
+    acks: tuple[RankAck, ...] = ()
+    traceparent: str = ""
+
+
+@dataclass(frozen=True)
 class RestartWaste:
     """The ledger's view of one gang after a notice (ARCHITECTURE §5)."""
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -35,6 +35,7 @@ from reclaimd.model import (
     Notice,
     Plan,
     RankAck,
+    Recorded,
     Response,
     RestartWaste,
     Target,
@@ -114,6 +115,19 @@ class Silent:
 
     def recorded(self, waste: RestartWaste) -> None:
         return None
+
+
+class GangRecords(Protocol):
+    """The gangs' durable record in the cluster (``cluster.gangclaims``): what a replica
+    taking a notice over needs to charge its gangs as the dead owner would have."""
+
+    async def acked(self, gang: Gang, notice: Notice, acks: tuple[RankAck, ...]) -> None:
+        """Record the durable checkpoints acked (never raises)."""
+        ...
+
+    async def owned_by(self, notice: Notice) -> Mapping[GangKey, Recorded]:
+        """The gangs ``notice`` owns, as recorded when they were owned."""
+        ...
 
 
 class Progress(Protocol):
@@ -210,6 +224,7 @@ class Runbook:
         on_report: Callable[[Report], None] | None = None,
         ledger_topic: str = "",
         narrator: Narrator | None = None,
+        records: GangRecords | None = None,
     ) -> None:
         self.view, self.writer, self.signaller = view, writer, signaller
         self.narrator: Narrator = narrator or Silent()
@@ -221,28 +236,53 @@ class Runbook:
         self.evict_concurrency = evict_concurrency
         self.on_report = on_report
         self.ledger_topic = ledger_topic
+        self.records = records
 
     async def handle(self, admitted: Admitted) -> Report:
         notice = admitted.notice
         report = Report(notice)
         report.mark("received", notice.received_at)
+        # A notice taken over (or resumed after a restart) starts from what its gangs' Leases
+        # recorded: the gangs owned, their acked checkpoints, the earlier trace to link to.
+        recorded = await self._recorded(admitted)
         # The trace starts when the notice was received, so the window spent in the transport
         # and in the claim shows in the post-mortem; an exception is recorded on the root.
         with tracing.notice_span(
-            self.tracer, notice, cluster=self.cluster_name, receipt=admitted.receipt
+            self.tracer,
+            notice,
+            cluster=self.cluster_name,
+            receipt=admitted.receipt,
+            earlier=[r.traceparent for r in recorded.values()],
         ) as root:
+            if admitted.claim_times is None:
+                root.set_attribute("reclaimd.resumed", True)
+                if admitted.claim.took_over_from:
+                    root.set_attribute("reclaimd.took_over_from", admitted.claim.took_over_from)
             self._claim_spans(admitted, report)
             try:
-                await self._run(admitted, report)
+                await self._run(admitted, report, recorded)
             finally:
                 root.set_attribute("reclaimd.deadline_met", report.deadline_met)
         if self.on_report is not None:
             self.on_report(report)
         return report
 
-    async def _run(self, admitted: Admitted, report: Report) -> None:
+    async def _recorded(self, admitted: Admitted) -> Mapping[GangKey, Recorded]:
+        if admitted.claim_times is not None or self.records is None:
+            return {}  # a fresh claim: nobody owned its gangs for it before
+        try:
+            return await self.records.owned_by(admitted.notice)
+        except Exception as e:  # without the records the notice is still worth running
+            logs.event(
+                log, "gang records unreadable", logging.WARNING, notice_id=admitted.id, error=str(e)
+            )
+            return {}
+
+    async def _run(
+        self, admitted: Admitted, report: Report, recorded: Mapping[GangKey, Recorded]
+    ) -> None:
         notice = admitted.notice
-        plan = self.resolve(notice)
+        plan = with_recorded(self.resolve(notice), recorded)
         report.plan = plan
         report.mark("resolved")
         self.narrator.claimed(notice, plan.nodes, cordoned=admitted.claim.cordoned)
@@ -262,7 +302,7 @@ class Runbook:
                 report.mark("drained")
         try:
             await asyncio.gather(
-                *(self.settle(notice, f, report) for f in flights),
+                *(self.settle(notice, f, report, recorded.get(f.gang.key)) for f in flights),
                 *(self.follow(notice, f, report) for f in joined),
             )
         finally:
@@ -315,10 +355,18 @@ class Runbook:
         report.joined_gangs.extend(f.gang.key for f in taken.joined)
         return taken.owned, taken.joined
 
-    async def settle(self, notice: Notice, flight: GangFlight, report: Report) -> None:
-        """One gang, start to end: every rank asked to checkpoint, drained, charged once."""
+    async def settle(
+        self, notice: Notice, flight: GangFlight, report: Report, recorded: Recorded | None = None
+    ) -> None:
+        """One gang, start to end: every rank asked to checkpoint, the durable acks recorded
+        (a successor charges from them), drained, charged once."""
         try:
             acks = await self.checkpoint(notice, flight.gang, flight, report)
+            if recorded is not None:
+                acks = checkpoint.merge_acks(acks, recorded.acks)
+                report.acks[flight.gang.key] = acks
+            if self.records is not None:
+                await self.records.acked(flight.gang, notice, acks)
             stopped = await self.drain(notice, flight, report)
             await self.record(notice, flight.gang, acks, stopped, report)
         finally:
@@ -449,6 +497,17 @@ class Runbook:
             gpu_seconds_lost=round(waste.gpu_seconds_lost, 3),
             deadline_met=stopped.in_time,
         )
+
+
+def with_recorded(plan: Plan, recorded: Mapping[GangKey, Recorded]) -> Plan:
+    """A resumed notice's plan: each gang as it was owned (the dead owner may have evicted
+    some of its pods, or all: such a gang is no longer on the node, but still to charge)."""
+    if not recorded:
+        return plan
+    seen = {g.key for g in plan.gangs}
+    gangs = tuple(recorded[g.key].gang if g.key in recorded else g for g in plan.gangs)
+    gangs += tuple(r.gang for key, r in sorted(recorded.items(), key=str) if key not in seen)
+    return dataclasses.replace(plan, gangs=gangs)
 
 
 def _ns(t: datetime) -> int:

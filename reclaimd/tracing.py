@@ -284,15 +284,22 @@ def notice_span(
     *,
     cluster: str = "",
     receipt: trace.SpanContext | None = None,
+    earlier: Sequence[str] = (),
 ) -> Iterator[trace.Span]:
     """The root span of a notice's trace, started when the notice was received (so the time
     spent in the transport and in the claim shows in the post-mortem). An exception leaving it
-    is recorded on it and sets its status."""
+    is recorded on it and sets its status. ``earlier``: traceparents of the traces that acted
+    on this notice before (a replica that died mid-notice), linked as ``takeover``."""
+    taken: list[trace.Link] = []
+    for parent in dict.fromkeys(p for p in earlier if p):
+        ctx = context_of(parent)
+        if ctx is not None:
+            taken.append(trace.Link(ctx, {LINK_KIND: "takeover"}))
     with tracer.start_as_current_span(
         ROOT_SPAN,
         kind=notice_kind(notice),
         attributes=notice_attributes(notice, cluster=cluster),
-        links=notice_links(notice, receipt),
+        links=notice_links(notice, receipt) + taken,
         start_time=ns(notice.received_at),
     ) as root:
         # The provider's own time of the notice: before the span starts, by the detection lag.
@@ -375,4 +382,3 @@ class Receipts:
         )
         span.end(end_time=ns(utcnow()))
         return span.get_span_context()
-

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
@@ -37,6 +38,7 @@ from reclaimd.config import EvictionPolicy
 from reclaimd.model import Member, Notice, utcnow
 
 log = logging.getLogger(__name__)
+
 
 class EvictResult(StrEnum):
     EVICTED = "evicted"  # the API accepted the eviction; the pod is terminating
@@ -90,13 +92,8 @@ class ClusterActions:
         The storm path cordons in the claim's own write (``claims``); this stands alone for
         callers that hold no claim."""
         what = f"cordon node/{node}"
-        for _ in range(20):
-            try:
-                with client.kube_errors(what):
-                    current = await self._core.read_node(node)
-            except client.NotFound:
-                log.info("%s: node is gone, nothing to cordon", what)
-                return
+
+        async def change(current: Any) -> None:
             spec = taints.cordon_spec(
                 bool(current.spec.unschedulable),
                 [t.to_dict() for t in current.spec.taints or ()],
@@ -104,21 +101,23 @@ class ClusterActions:
             )
             if spec is None:
                 return
-            version = current.metadata.resource_version
-            body = {"metadata": {"resourceVersion": version}, "spec": spec}
-            try:
-                await self._limiter.call(
-                    what,
-                    notice.deadline,
-                    functools.partial(self._core.patch_node, node, body, **MERGE_PATCH),
-                )
-            except client.Conflict:
-                continue  # someone else wrote the node: recompute from what is there now
-            except client.NotFound:
-                return
+            body = {
+                "metadata": {"resourceVersion": current.metadata.resource_version},
+                "spec": spec,
+            }
+            await self._limiter.call(
+                what,
+                notice.deadline,
+                functools.partial(self._core.patch_node, node, body, **MERGE_PATCH),
+            )
             log.info("%s: cordoned, tainted %s=%s", what, taints.TAINT_KEY, notice.kind.value)
-            return
-        raise client.Conflict(what, 409, "still conflicting after 20 re-reads")
+
+        try:
+            await self._limiter.update(
+                what, notice.deadline, lambda: self._core.read_node(node), change, conflicts=20
+            )
+        except client.NotFound:
+            log.info("%s: node is gone, nothing to cordon", what)
 
     # --- eviction ------------------------------------------------------------------------
 
@@ -214,8 +213,11 @@ class ClusterActions:
         if self._pod_exists is not None:
             return self._pod_exists(member.namespace, member.name, member.uid)
         try:
-            with client.kube_errors(f"read pod/{member.namespace}/{member.name}"):
-                pod = await self._core.read_namespaced_pod(member.name, member.namespace)
+            pod = await self._limiter.read(
+                f"read pod/{member.namespace}/{member.name}",
+                None,
+                lambda: self._core.read_namespaced_pod(member.name, member.namespace),
+            )
         except client.NotFound:
             return False
         return not member.uid or pod.metadata.uid == member.uid

@@ -68,7 +68,14 @@ class ClaimLog:
         result = await self.store.claim(obj, notice, cordon=cordon, seed=seed)
         admission = _ADMISSION[result.status]
         ours = admission in (Admission.CLAIMED, Admission.RESUMED)
-        return Claimed(admission, on=obj, node=node or "", cordoned=cordon and ours)
+        previous = result.previous.holder if result.previous is not None else ""
+        return Claimed(
+            admission,
+            on=obj,
+            node=node or "",
+            cordoned=cordon and ours,
+            took_over_from=previous if result.status is claims.ClaimStatus.TAKEN_OVER else "",
+        )
 
     async def done(self, admitted: Admitted, **facts: Any) -> None:
         obj = admitted.claim.on

@@ -320,12 +320,8 @@ class ClaimStore:
         claim, a resume or a takeover alike). ``seed``: the cache's copy of the node, used for
         the first attempt instead of a GET.
         """
-        read: _Read | None = _seeded(obj, seed)
-        for _ in range(self._settings.max_conflicts):
-            if read is None:
-                read = await self._read(obj)
-                if read is None:
-                    return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
+
+        async def change(read: _Read) -> ClaimResult:
             existing = read.claim
             now = self._clock()
             lease_s = self._settings.lease_s
@@ -358,15 +354,10 @@ class ClaimStore:
                 if cordon and isinstance(obj, NodeObj)
                 else None
             )
-            try:
-                await self._write(
-                    obj, read.version, new, _claim_order(notice), spec=spec, until=notice.deadline
-                )
-            except client.Conflict:
-                read = None  # the copy was stale, or someone wrote in between: read again
-                continue
-            except client.NotFound:
-                return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
+            # A 409 (a stale copy, or a write in between) makes ``update`` read and decide again.
+            await self._write(
+                obj, read.version, new, _claim_order(notice), spec=spec, until=notice.deadline
+            )
             if status is not ClaimStatus.ALREADY_OURS:
                 log.info(
                     "claim %s: %s %s (previous %s)",
@@ -376,11 +367,19 @@ class ClaimStore:
                     existing.notice_id if existing else "none",
                 )
             return ClaimResult(status, new, existing)
-        raise client.Conflict(
-            f"claim {obj.describe()}",
-            409,
-            f"still conflicting after {self._settings.max_conflicts} re-reads",
-        )
+
+        try:
+            return await self._limiter.update(
+                f"claim {obj.describe()}",
+                _claim_order(notice),
+                lambda: self._fetch(obj),
+                change,
+                first=_seeded(obj, seed),
+                retry_until=notice.deadline,
+                conflicts=self._settings.max_conflicts,
+            )
+        except client.NotFound:
+            return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
 
     async def advance(
         self, obj: ClaimTarget, notice_id: str, phase: Phase | str, **extra: Any
@@ -391,11 +390,9 @@ class ClaimStore:
         ``LOST`` means another notice or holder owns the object now: stop acting on it.
         """
         target_phase = Phase(phase)
-        for _ in range(self._settings.max_conflicts):
-            found = await self._read(obj)
-            if found is None:
-                return AdvanceResult(AdvanceStatus.TARGET_NOT_FOUND)
-            existing, version = found.claim, found.version
+
+        async def change(found: _Read) -> AdvanceResult:
+            existing = found.claim
             if (
                 existing is None
                 or existing.notice_id != notice_id
@@ -409,18 +406,19 @@ class ClaimStore:
                 heartbeat_at=self._clock(),
                 facts=frozen_map({**existing.facts, **extra}),
             )
-            try:
-                await self._write(obj, version, new, existing.deadline)
-            except client.Conflict:
-                continue
-            except client.NotFound:
-                return AdvanceResult(AdvanceStatus.TARGET_NOT_FOUND)
+            await self._write(obj, found.version, new, existing.deadline)
             return AdvanceResult(AdvanceStatus.ADVANCED, new)
-        raise client.Conflict(
-            f"advance {obj.describe()}",
-            409,
-            f"still conflicting after {self._settings.max_conflicts} re-reads",
-        )
+
+        try:
+            return await self._limiter.update(
+                f"advance {obj.describe()}",
+                None,
+                lambda: self._fetch(obj),
+                change,
+                conflicts=self._settings.max_conflicts,
+            )
+        except client.NotFound:
+            return AdvanceResult(AdvanceStatus.TARGET_NOT_FOUND)
 
     async def heartbeat(self, obj: ClaimTarget, notice_id: str) -> AdvanceResult:
         """Renew the lease without moving the phase (during a long checkpoint wait)."""
@@ -442,8 +440,7 @@ class ClaimStore:
         every node (thousands, every scan, in the middle of a storm)."""
         claims: list[Claim] = []
         if node_claims is None:
-            with client.kube_errors("list nodes"):
-                nodes = await self._core.list_node()
+            nodes = await self._limiter.read("list nodes", None, self._core.list_node)
             node_claims = [
                 (n.metadata.name, (n.metadata.annotations or {}).get(CLAIM_ANNOTATION, ""))
                 for n in nodes.items or ()
@@ -452,20 +449,23 @@ class ClaimStore:
             if text:
                 claims.extend(self._parse(NodeObj(name), {CLAIM_ANNOTATION: text}))
         wl = self._settings.workloads
+
+        async def workloads() -> list[Any]:
+            if not namespaces:
+                page = await self._custom.list_cluster_custom_object(
+                    wl.group, wl.version, wl.plural
+                )
+                return list(page.get("items") or ())
+            found: list[Any] = []
+            for ns in namespaces:
+                page = await self._custom.list_namespaced_custom_object(
+                    wl.group, wl.version, ns, wl.plural
+                )
+                found.extend(page.get("items") or ())
+            return found
+
         try:
-            with client.kube_errors("list workloads"):
-                if namespaces:
-                    items: list[Any] = []
-                    for ns in namespaces:
-                        page = await self._custom.list_namespaced_custom_object(
-                            wl.group, wl.version, ns, wl.plural
-                        )
-                        items.extend(page.get("items") or ())
-                else:
-                    page = await self._custom.list_cluster_custom_object(
-                        wl.group, wl.version, wl.plural
-                    )
-                    items = list(page.get("items") or ())
+            items = await self._limiter.read("list workloads", None, workloads)
         except client.NotFound:
             items = []  # no Kueue in this cluster
         for item in items:
@@ -487,28 +487,34 @@ class ClaimStore:
             return []
 
     async def _read(self, obj: ClaimTarget) -> _Read | None:
-        """What is on ``obj`` now (a claim or none, its version, its cordon); None if absent.
+        """What is on ``obj`` now; None if it is absent (reads retried at the one call point)."""
+        try:
+            return await self._limiter.read(
+                f"read {obj.describe()}", None, lambda: self._fetch(obj)
+            )
+        except client.NotFound:
+            return None
+
+    async def _fetch(self, obj: ClaimTarget) -> _Read:
+        """One read of ``obj``: its claim or none, its version, its cordon; NotFound if absent.
 
         An unreadable annotation counts as no claim: a hand-edited value must not block every
         future notice for that node, and our write replaces it.
         """
-        try:
-            with client.kube_errors(f"read {obj.describe()}"):
-                if isinstance(obj, NodeObj):
-                    node = await self._core.read_node(obj.name)
-                    parsed = self._parse(obj, node.metadata.annotations)
-                    return _Read(
-                        parsed[0] if parsed else None,
-                        str(node.metadata.resource_version),
-                        bool(node.spec.unschedulable),
-                        tuple(t.to_dict() for t in node.spec.taints or ()),
-                    )
-                wl = self._settings.workloads
-                body = await self._custom.get_namespaced_custom_object(
-                    wl.group, wl.version, obj.namespace, wl.plural, obj.name
+        with client.kube_errors(f"read {obj.describe()}"):
+            if isinstance(obj, NodeObj):
+                node = await self._core.read_node(obj.name)
+                parsed = self._parse(obj, node.metadata.annotations)
+                return _Read(
+                    parsed[0] if parsed else None,
+                    str(node.metadata.resource_version),
+                    bool(node.spec.unschedulable),
+                    tuple(t.to_dict() for t in node.spec.taints or ()),
                 )
-        except client.NotFound:
-            return None
+            wl = self._settings.workloads
+            body = await self._custom.get_namespaced_custom_object(
+                wl.group, wl.version, obj.namespace, wl.plural, obj.name
+            )
         meta = body.get("metadata") or {}
         parsed = self._parse(obj, meta.get("annotations"))
         return _Read(parsed[0] if parsed else None, str(meta.get("resourceVersion")))

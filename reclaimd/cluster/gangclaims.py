@@ -12,26 +12,53 @@ finds one of those uids and leaves it alone. A gang restarted with all-new pods 
 incarnation: it shares no uid with the Lease, and the first notice for it takes the Lease over
 (a write with the resourceVersion it read, so two replicas cannot both win) and charges it.
 A resumed notice finds its own id in the Lease and carries on.
+
+The Lease is also the gang's durable record (``gangrecord``): created with the gang as owned
+(its pods), and written once more, before the drain, with the durable checkpoints its ranks
+acked. A replica that takes the notice over reads them back (``owned_by``): it charges a
+gang whose pods the dead owner already evicted, and charges from the checkpoints the ranks
+acked, not from older ones.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from datetime import timedelta
 from typing import Any, cast
 
 from kubernetes_asyncio import client as k8s
 
-from reclaimd.cluster import client
+from reclaimd import checkpoint, logs, tracing
+from reclaimd.cluster import client, gangrecord
 from reclaimd.cluster.claims import MERGE_PATCH
 from reclaimd.cluster.ratelimit import RateLimiter
-from reclaimd.model import Gang, Notice, rfc3339, utcnow
+from reclaimd.model import (
+    Gang,
+    GangKey,
+    Notice,
+    ParseError,
+    RankAck,
+    Recorded,
+    rfc3339,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
 NOTICE_ANNOTATION = "reclaimd.io/notice-id"
 GANG_ANNOTATION = "reclaimd.io/gang"
 PODS_ANNOTATION = "reclaimd.io/pod-uids"
+RECORD_ANNOTATION = "reclaimd.io/gang-record"
+ACKS_ANNOTATION = "reclaimd.io/acks"
+TRACE_ANNOTATION = "reclaimd.io/traceparent"
+NOTICE_LABEL = "reclaimd.io/notice"  # a digest of the notice id: a successor LISTs by it
+# The acks are worth a bounded wait only: the drain must not stall on a slow API server.
+ACKS_WRITE_S = 10.0
+
+
+def notice_label(notice_id: str) -> str:
+    return hashlib.sha256(notice_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 def lease_name(gang: Gang) -> str:
@@ -65,9 +92,8 @@ class GangClaims:
             return True
         except client.Conflict:
             pass
-        for _ in range(5):
-            with client.kube_errors(f"read lease/{name}"):
-                lease = await self._coord.read_namespaced_lease(name, self.namespace)
+
+        async def change(lease: Any) -> bool:
             notes = lease.metadata.annotations or {}
             owner = notes.get(NOTICE_ANNOTATION, "")
             if owner == notice.id:
@@ -78,29 +104,81 @@ class GangClaims:
                 return False
             # A new incarnation of the gang: take the Lease over, if nobody wrote it since.
             body["metadata"]["resourceVersion"] = lease.metadata.resource_version
-            try:
-                await self._limiter.call(
-                    f"take over lease/{name}",
-                    notice.deadline,
-                    lambda: self._coord.patch_namespaced_lease(
-                        name, self.namespace, body, **MERGE_PATCH
-                    ),
-                )
-                return True
-            except client.Conflict:
+            body["metadata"]["annotations"][ACKS_ANNOTATION] = ""  # the old pods' acks
+            await self._limiter.call(
+                f"take over lease/{name}",
+                notice.deadline,
+                lambda: self._coord.patch_namespaced_lease(
+                    name, self.namespace, body, **MERGE_PATCH
+                ),
+            )
+            return True
+
+        return await self._limiter.update(
+            f"lease/{name}",
+            notice.deadline,
+            lambda: self._coord.read_namespaced_lease(name, self.namespace),
+            change,
+            conflicts=5,
+        )
+
+    async def acked(self, gang: Gang, notice: Notice, acks: tuple[RankAck, ...]) -> None:
+        """Record the durable checkpoints ``gang``'s ranks acked, before the drain depends on
+        them. Nothing durable, nothing written. A failure is logged, never raised: the drain
+        matters more than the record."""
+        if not checkpoint.durable(acks):
+            return
+        name = lease_name(gang)
+        body = {"metadata": {"annotations": {ACKS_ANNOTATION: gangrecord.acks_json(acks)}}}
+        try:
+            await self._limiter.call(
+                f"record acks lease/{name}",
+                notice.deadline,
+                lambda: self._coord.patch_namespaced_lease(
+                    name, self.namespace, body, **MERGE_PATCH
+                ),
+                retry_until=utcnow() + timedelta(seconds=ACKS_WRITE_S),
+            )
+        except client.KubeError as e:
+            logs.event(
+                log, "acks not recorded", logging.WARNING, gang=str(gang.key), error=str(e)[:200]
+            )
+
+    async def owned_by(self, notice: Notice) -> dict[GangKey, Recorded]:
+        """Every gang ``notice`` owns, as its Leases recorded them (a taken-over notice)."""
+        leases = await self._limiter.read(
+            f"list leases of notice {notice.id}",
+            notice.deadline,
+            lambda: self._coord.list_namespaced_lease(
+                self.namespace, label_selector=f"{NOTICE_LABEL}={notice_label(notice.id)}"
+            ),
+        )
+        out: dict[GangKey, Recorded] = {}
+        for lease in leases.items or ():
+            notes = lease.metadata.annotations or {}
+            if notes.get(NOTICE_ANNOTATION) != notice.id or not notes.get(RECORD_ANNOTATION):
                 continue
-        return False
+            try:
+                gang = gangrecord.gang_from_json(notes[RECORD_ANNOTATION])
+                acks = gangrecord.acks_from_json(notes.get(ACKS_ANNOTATION, ""), gang)
+            except ParseError as e:
+                log.warning("lease %s: %s", lease.metadata.name, e)
+                continue
+            out[gang.key] = Recorded(gang, acks, notes.get(TRACE_ANNOTATION, ""))
+        return out
 
     def _body(self, name: str, gang: Gang, notice: Notice) -> dict[str, Any]:
         return {
             "metadata": {
                 "name": name,
+                "labels": {NOTICE_LABEL: notice_label(notice.id)},
                 "annotations": {
                     NOTICE_ANNOTATION: notice.id,
                     GANG_ANNOTATION: str(gang.key),
                     PODS_ANNOTATION: ",".join(sorted(_uids(gang))),
+                    RECORD_ANNOTATION: gangrecord.gang_json(gang),
+                    TRACE_ANNOTATION: tracing.current_traceparent(),
                 },
             },
             "spec": {"holderIdentity": self.holder[:128], "acquireTime": rfc3339(utcnow())},
         }
-

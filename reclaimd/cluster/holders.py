@@ -115,9 +115,14 @@ class HolderLeases:
         behind ``renewed`` may be seconds old, and a busy peer renews late but renews)."""
         if holder == self.holder:
             return True
+        name = lease_name(holder)
         try:
-            with client.kube_errors(f"read lease/{lease_name(holder)}"):
-                lease = await self._coord.read_namespaced_lease(lease_name(holder), self.namespace)
+            lease = await self._limiter.read(
+                f"read lease/{name}",
+                None,
+                lambda: self._coord.read_namespaced_lease(name, self.namespace),
+                retry_until=utcnow() + timedelta(seconds=self.lease_s / 2),
+            )
         except client.NotFound:
             return False
         renew = lease.spec.renew_time if lease.spec is not None else None
@@ -128,10 +133,14 @@ class HolderLeases:
         return utcnow() - at <= timedelta(seconds=self.lease_s)
 
     async def refresh(self) -> None:
-        with client.kube_errors("list holder leases"):
-            leases = await self._coord.list_namespaced_lease(
+        leases = await self._limiter.read(
+            "list holder leases",
+            None,
+            lambda: self._coord.list_namespaced_lease(
                 self.namespace, label_selector=f"{HOLDER_LABEL}=true"
-            )
+            ),
+            retry_until=utcnow() + timedelta(seconds=self.lease_s / 2),
+        )
         seen: dict[str, datetime] = {}
         for lease in leases.items or ():
             holder = (lease.metadata.annotations or {}).get(HOLDER_ANNOTATION)

@@ -11,10 +11,14 @@ while the server accepts, halves when the server pushes back (429 from priority 
 ``Retry-After``, 5xx overload), and every waiter holds off until a ``Retry-After`` has passed.
 ``qps`` is the operator's cap and is never exceeded. Each replica adapts on its own signals.
 
-``call`` is the one place that makes a Kubernetes write and retries it: it takes the token,
-turns failures into ``KubeError`` (``client.kube_errors``), feeds the outcome back into the
-rate, and retries what the server asked us to retry until the deadline. Logic-level answers
-(409 conflict, 404, a PDB's refusal) go back to the caller, who knows what they mean.
+``call`` is the one place that makes a Kubernetes call and retries it: a write takes the
+token, a read (``read``) does not; both turn failures into ``KubeError``
+(``client.kube_errors``), bound each attempt by a timeout (a half-open connection must not
+outlive the deadline), feed the outcome back into the rate, and retry transient failures (429
+from priority and fairness, 5xx, timeouts, resets) with full jitter, never sooner than
+``Retry-After`` and never past the deadline. Logic-level answers (404, a PDB's refusal) go
+back to the caller, who knows what they mean; a 409 conflict is handled by ``update``, the
+one read-modify-write loop.
 
 A waiter cancelled after being served gives its token back, so cancellation never leaks
 capacity.
@@ -37,6 +41,7 @@ from typing import TypeVar
 from reclaimd.cluster import client
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,13 @@ class RateSettings:
     """Backoff of a retried write (full jitter), never past its deadline."""
 
     max_attempts: int = 8
-    """Attempts of one write when it has no deadline to bound it."""
+    """Attempts of one call when it has no deadline to bound it."""
+
+    attempt_timeout_s: float = 10.0
+    """One attempt's limit (a request the server never answers is a transient failure)."""
+
+    max_conflicts: int = 8
+    """Re-reads of one object by ``update`` before its 409s are raised."""
 
 
 class RateLimiter:
@@ -85,6 +96,8 @@ class RateLimiter:
         self.pushed_back = 0  # writes the server refused as overload (429 APF, 5xx)
         self.writes = 0  # writes the server answered (accepted, or refused for the object)
         self.by_kind: Counter[str] = Counter()  # attempts by kind: "evict pod", "create lease"
+        self.reads = 0  # read attempts (outside the budget)
+        self.retried = 0  # attempts that failed transiently and were tried again
 
     @property
     def waiting(self) -> int:
@@ -142,22 +155,80 @@ class RateLimiter:
     ) -> T:
         """Make one Kubernetes write under the budget; retry what the server asked us to retry.
 
-        Retried: 429 from priority and fairness (``client.Throttled``), 5xx and transport
-        failures, with full-jitter backoff (at least ``Retry-After``), until ``retry_until``
-        (default: ``deadline``, which also orders the queue) or, without either,
-        ``max_attempts``. Everything else is raised as ``KubeError``.
+        Retried: 429 from priority and fairness (``client.Throttled``), 5xx, timeouts and
+        transport failures, with full-jitter backoff (at least ``Retry-After``), until
+        ``retry_until`` (default: ``deadline``, which also orders the queue) or, without
+        either, ``max_attempts``. Everything else is raised as ``KubeError``.
         """
+        return await self._attempts(what, deadline, write, retry_until, budgeted=True)
+
+    async def read(
+        self,
+        what: str,
+        deadline: datetime | None,
+        fetch: Callable[[], Awaitable[T]],
+        *,
+        retry_until: datetime | None = None,
+    ) -> T:
+        """A read, retried like a write but outside the write budget (reads are cheap for the
+        server and a storm's writes must not wait behind them)."""
+        return await self._attempts(what, deadline, fetch, retry_until, budgeted=False)
+
+    async def update(
+        self,
+        what: str,
+        deadline: datetime | None,
+        fetch: Callable[[], Awaitable[R]],
+        change: Callable[[R], Awaitable[T]],
+        *,
+        first: R | None = None,
+        retry_until: datetime | None = None,
+        conflicts: int | None = None,
+    ) -> T:
+        """The one read-modify-write loop: ``change(current)`` makes a conditional write (it
+        sends the resourceVersion it read); a 409 means someone wrote in between, so the object
+        is read again (``fetch``) and ``change`` decides again. ``first``: a copy to try before
+        any read (the cache's). ``change`` may raise ``client.Conflict`` itself to ask for a
+        fresh read; anything ``change`` returns ends the loop."""
+        current = first
+        tries = conflicts or self.settings.max_conflicts
+        for _ in range(tries):
+            if current is None:
+                current = await self.read(f"read {what}", deadline, fetch, retry_until=retry_until)
+            try:
+                return await change(current)
+            except client.Conflict:
+                current = None
+        raise client.Conflict(what, 409, f"still conflicting after {tries} re-reads")
+
+    async def _attempts(
+        self,
+        what: str,
+        deadline: datetime | None,
+        fn: Callable[[], Awaitable[T]],
+        retry_until: datetime | None,
+        *,
+        budgeted: bool,
+    ) -> T:
         s = self.settings
         until = retry_until or deadline
         kind = what.split("/", 1)[0]
         for attempt in itertools.count(1):
-            await self.acquire(deadline)
-            self.by_kind[kind] += 1
+            if budgeted:
+                await self.acquire(deadline)
+                self.by_kind[kind] += 1
+            else:
+                self.reads += 1
+            limit = s.attempt_timeout_s
+            if until is not None:
+                limit = max(0.5, min(limit, until.timestamp() - time.time()))
             try:
                 with client.kube_errors(what):
-                    result = await write()
+                    async with asyncio.timeout(limit):
+                        result = await fn()
             except (client.Throttled, client.ServerError) as e:
-                self.pushed(e.retry_after_s if isinstance(e, client.Throttled) else None)
+                if budgeted or isinstance(e, client.Throttled):
+                    self.pushed(e.retry_after_s if isinstance(e, client.Throttled) else None)
                 ceiling = min(s.retry_cap_s, s.retry_base_s * 2**attempt)
                 delay = max(random.uniform(0, ceiling), e.retry_after_s or 0.0)
                 if until is not None:
@@ -166,12 +237,15 @@ class RateLimiter:
                         raise
                 elif attempt >= s.max_attempts:
                     raise
+                self.retried += 1
                 await asyncio.sleep(delay)
                 continue
             except client.KubeError:
-                self.accepted()  # an answer about the object, not about the load
+                if budgeted:
+                    self.accepted()  # an answer about the object, not about the load
                 raise
-            self.accepted()
+            if budgeted:
+                self.accepted()
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 

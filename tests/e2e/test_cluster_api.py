@@ -44,6 +44,7 @@ from reclaimd.model import (
     Member,
     Notice,
     NoticeKind,
+    RankAck,
     Response,
     Target,
     WorkloadRef,
@@ -786,3 +787,23 @@ async def test_a_gang_lease_charges_one_notice_per_incarnation(
     # restarted with all-new pods: a new incarnation, charged again
     assert await leases.acquire(_gang(name, "u7", "u8"), third)
     assert not await leases.acquire(_gang(name, "u8"), second)
+
+
+async def test_a_gang_lease_keeps_what_a_successor_needs(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    owner = GangClaims(as_reclaimd, "reclaimd", "replica-a", limiter=RateLimiter())
+    successor = GangClaims(as_reclaimd, "reclaimd", "replica-b", limiter=RateLimiter())
+    n = notice(f"rec-{RUN}")
+    gang = _gang(f"rec-{RUN}", "r1", "r2")
+    assert await owner.acquire(gang, n)
+    acked_at = utcnow().replace(microsecond=0)
+    r1, r2 = gang.members
+    await owner.acked(gang, n, (RankAck(r1, True, True, acked_at), RankAck(r2, False)))
+    found = await successor.owned_by(n)
+    assert set(found) == {gang.key}
+    assert found[gang.key].gang.members == gang.members
+    assert [(a.member.uid, a.checkpoint_time) for a in found[gang.key].acks] == [
+        (r1.uid, acked_at)
+    ]
+    assert await successor.owned_by(notice(f"other-{RUN}")) == {}

@@ -1,12 +1,13 @@
 """The runbook's order and bookkeeping, with the world behind its protocols kept in memory."""
 
 import asyncio
+import dataclasses
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from reclaimd import waste
+from reclaimd import checkpoint, waste
 from reclaimd.intake import Admission, Admitted, Claimed
 from reclaimd.model import (
     Gang,
@@ -15,6 +16,7 @@ from reclaimd.model import (
     Notice,
     NoticeKind,
     RankAck,
+    Recorded,
     Response,
     RestartWaste,
     Target,
@@ -180,3 +182,93 @@ def test_budget_keeps_the_drain_reserve() -> None:
     )
     assert gce.deadline is not None
     assert b.checkpoint_deadline(gce, gce.issued_at) == gce.deadline - timedelta(seconds=10.2)
+
+
+class RecordingWorld(World):
+    """A world whose gang Leases keep their records, as ``cluster.gangclaims`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: dict[str, dict[GangKey, Recorded]] = {}
+        self.gone: set[str] = set()  # pods the dead owner already evicted
+
+    def gangs_on_nodes(self, nodes: Iterable[str]) -> tuple[Gang, ...]:
+        left = []
+        for g in super().gangs_on_nodes(nodes):
+            members = tuple(m for m in g.members if m.name not in self.gone)
+            if members:
+                left.append(dataclasses.replace(g, members=members))
+        return tuple(left)
+
+    async def acked(self, gang: Gang, notice: Notice, acks: tuple[RankAck, ...]) -> None:
+        self.log.append(f"acked {gang.key.name}")
+        mine = self.records.setdefault(notice.id, {})
+        mine[gang.key] = Recorded(gang, tuple(checkpoint.durable(acks)))
+
+    async def owned_by(self, notice: Notice) -> dict[GangKey, Recorded]:
+        return dict(self.records.get(notice.id, {}))
+
+
+class Silent(RecordingWorld):
+    """Ranks that acked the dead owner do not answer its successor."""
+
+    async def signal(
+        self,
+        gang: Gang,
+        notice: Notice,
+        *,
+        budget_deadline: datetime,
+        cut: asyncio.Event | None = None,
+    ) -> tuple[RankAck, ...]:
+        self.log.append(f"signal {gang.key.name}")
+        return tuple(RankAck(m, False, error="no answer") for m in gang.members)
+
+
+def recording_runbook(world: RecordingWorld) -> Runbook:
+    rb = runbook(world)
+    rb.records = world
+    return rb
+
+
+async def test_acks_are_recorded_before_the_drain() -> None:
+    world = RecordingWorld()
+    await recording_runbook(world).handle(admitted(spot("a", "i-1")))
+    assert world.log.index("acked g") < world.log.index("evict g-0")
+    assert {a.member.uid for a in world.records["a"][GANG.key].acks} == {"uid-g-0", "uid-g-1"}
+
+
+async def test_a_taken_over_notice_charges_from_what_the_dead_owner_recorded() -> None:
+    world = Silent()
+    notice = spot("a", "i-1")
+    acked_at = utcnow() - timedelta(seconds=5)
+    # The dead owner: both gangs owned, GANG's ranks acked a durable checkpoint, and SOLO's
+    # only pod already evicted (it is no longer on the node for the successor to find).
+    world.owners = {GANG.key: "a", SOLO.key: "a"}
+    world.records["a"] = {
+        GANG.key: Recorded(GANG, tuple(RankAck(m, True, True, acked_at) for m in GANG.members)),
+        SOLO.key: Recorded(SOLO),
+    }
+    world.gone = {"solo-0", "g-0"}
+    resumed = Admitted(notice, Claimed(Admission.RESUMED, node="n1", took_over_from="dead"))
+    report = await recording_runbook(world).handle(resumed)
+    charged = {w.gang.key: w for w in world.recorded}
+    assert set(charged) == {GANG.key, SOLO.key}  # the gang with no pod left, too
+    # every rank of GANG as owned (g-0 was evicted already), each from its acked checkpoint
+    g = charged[GANG.key]
+    assert {m.name for m in g.gang.members} == {"g-0", "g-1"}
+    assert all(m.last_checkpoint == acked_at for m in g.gang.members)
+    assert g.gpu_seconds_lost < 16 * 60  # 16 GPUs from 5 s ago, not from 10 minutes ago
+    assert report.deadline_met
+
+
+def test_merge_keeps_the_newer_durable_checkpoint() -> None:
+    m0, m1 = GANG.members
+    old, new = T0 - timedelta(seconds=30), T0
+    fresh = (RankAck(m0, False, error="timeout"), RankAck(m1, True, True, new))
+    recorded = (RankAck(m0, True, True, old), RankAck(m1, True, True, old))
+    merged = {a.member.uid: a for a in checkpoint.merge_acks(fresh, recorded)}
+    assert merged["uid-g-0"].checkpoint_time == old and merged["uid-g-0"].durable
+    assert merged["uid-g-1"].checkpoint_time == new
+    # a rank this run did not ask still has its recorded checkpoint
+    only = checkpoint.merge_acks((), recorded)
+    assert {a.member.uid for a in only} == {"uid-g-0", "uid-g-1"}

@@ -170,3 +170,70 @@ async def test_a_holder_renewal_is_served_before_writes_whose_deadlines_have_pas
     await asyncio.sleep(0)
     await asyncio.gather(*tasks)
     assert served[0] == "renew"
+
+
+async def test_a_read_is_retried_outside_the_write_budget() -> None:
+    limiter = RateLimiter(RateSettings(qps=1.0, burst=1, retry_base_s=0.001, retry_cap_s=0.002))
+    await limiter.acquire()  # the write bucket is empty: a read must not wait for it
+    answers: list[Exception | str] = [client.ServerError("read x", 503), "ok"]
+
+    async def fetch() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert await asyncio.wait_for(limiter.read("read x", None, fetch), 1.0) == "ok"
+    assert limiter.reads == 2 and limiter.retried == 1 and not limiter.by_kind
+
+
+async def test_an_attempt_that_hangs_is_timed_out_and_retried() -> None:
+    limiter = RateLimiter(
+        RateSettings(attempt_timeout_s=0.05, retry_base_s=0.001, retry_cap_s=0.002)
+    )
+    calls = 0
+
+    async def write() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await asyncio.sleep(10)  # a half-open connection: never answers
+        return "written"
+
+    assert await asyncio.wait_for(limiter.call("patch node/n", None, write), 2.0) == "written"
+    assert calls == 2 and limiter.retried == 1
+
+
+async def test_update_reads_again_after_a_conflict_and_decides_again() -> None:
+    limiter = RateLimiter()
+    versions = iter(["2", "3"])
+    seen: list[str] = []
+
+    async def fetch() -> str:
+        return next(versions)
+
+    async def change(version: str) -> str:
+        seen.append(version)
+        if version != "3":
+            raise client.Conflict("patch lease/x", 409)
+        return f"wrote over {version}"
+
+    result = await limiter.update("lease/x", None, fetch, change, first="1")
+    assert result == "wrote over 3" and seen == ["1", "2", "3"]
+
+
+async def test_update_gives_up_after_its_conflicts() -> None:
+    limiter = RateLimiter(RateSettings(max_conflicts=3))
+    reads = 0
+
+    async def fetch() -> int:
+        nonlocal reads
+        reads += 1
+        return reads
+
+    async def change(_: int) -> None:
+        raise client.Conflict("patch lease/x", 409)
+
+    with pytest.raises(client.Conflict, match="after 3 re-reads"):
+        await limiter.update("lease/x", None, fetch, change)
+    assert reads == 3
