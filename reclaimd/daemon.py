@@ -15,7 +15,7 @@ import contextlib
 import logging
 import resource
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -35,6 +35,7 @@ from reclaimd import (
     tracing,
     waste,
 )
+from reclaimd import sources as registry
 from reclaimd.cluster import (
     actions,
     cache,
@@ -368,56 +369,19 @@ class Daemon:
             await api.close()
             provider.shutdown()
 
-    def _sources(self, intake: Intake, api: Any) -> dict[str, Any]:
-        s = self.settings
-        sources: dict[str, Any] = {}
-        if s.sqs.enabled:
-            import boto3
-            from botocore.config import Config
-
-            from reclaimd.transports.sqs import SqsSource
-
-            # One connection per receiver and per message being settled: botocore's default
-            # pool of 10 makes every delete in a storm wait for a socket.
-            pool = Config(max_pool_connections=s.sqs.receivers + s.sqs.concurrency)
-            sqs = boto3.client(
-                "sqs", region_name=s.sqs.region, endpoint_url=s.sqs.endpoint_url, config=pool
-            )
-            sources["sqs"] = SqsSource(sqs, s.sqs, admit=intake.admit, windows=s.windows)
-        if s.imds.enabled:
-            from reclaimd.transports.imds import ImdsSource
-
-            sources["imds"] = ImdsSource(s.imds, admit=intake.admit, windows=s.windows)
-        if s.pubsub.enabled:
-            from reclaimd.transports.pubsub import PubSubSource
-
-            sources["pubsub"] = PubSubSource(s.pubsub, admit=intake.admit, windows=s.windows)
-        if s.gce_metadata.enabled:
-            from reclaimd.transports.gce_metadata import GceMetadataSource
-
-            sources["gce_metadata"] = GceMetadataSource(
-                s.gce_metadata, admit=intake.admit, windows=s.windows
-            )
-        if s.kueue.enabled:
-            from reclaimd.transports.kueue import KueueSource
-
-            sources["kueue"] = KueueSource(s.kueue, admit=intake.admit, windows=s.windows, api=api)
-        if s.kafka_notices.enabled:
-            from reclaimd.transports.kafka_notices import KafkaNoticeSource
-
-            sources["kafka_notices"] = KafkaNoticeSource(
-                s.kafka_notices, admit=intake.admit, windows=s.windows
-            )
-        return sources
+    def _sources(self, intake: Intake, api: Any) -> dict[str, registry.Source]:
+        """One transport per enabled entry of the source registry (``reclaimd.sources``)."""
+        wiring = registry.Wiring(self.settings, intake.admit, self.settings.windows, api)
+        return {e.name: e.build(e, wiring) for e in registry.enabled(self.settings)}
 
 
-def _bind_gauges(parts: _Parts, sources: dict[str, Any]) -> metrics.Metrics:
+def _bind_gauges(parts: _Parts, running: Mapping[str, registry.Source]) -> metrics.Metrics:
     """The parts' own counters, read at scrape time."""
     ledger_writer, scheduler, limiter = parts.ledger, parts.scheduler, parts.limiter
     parts.metrics.bind(
         ledger=ledger_writer,
         label_drops=lambda: ledger_writer.policy.dropped,
-        transports={name: source.counters for name, source in sources.items()},
+        transports=registry.counters(running),
         scheduler_depth=lambda: scheduler.depth,
         kube_waiting=lambda: limiter.waiting,
         kube_throttled=lambda: limiter.throttled,

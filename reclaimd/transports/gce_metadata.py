@@ -104,8 +104,16 @@ def check_flavor(headers: Any, url: str) -> None:
 
 
 class GceMetadataSource:
-    def __init__(self, settings: GceMetadataSettings, *, admit: Admit, windows: Windows) -> None:
+    def __init__(
+        self,
+        settings: GceMetadataSettings,
+        *,
+        admit: Admit,
+        windows: Windows,
+        parser: str = "gce-metadata",
+    ) -> None:
         self.settings, self.admit, self.windows = settings, admit, windows
+        self.parser = parser
         self.base = f"{settings.url.rstrip('/')}/{PREFIX}"
         self.counters = Counters()
         self.identity: Identity | None = None
@@ -206,7 +214,7 @@ class GceMetadataSource:
         """Parse and admit one value; True when it needs no further delivery."""
         assert self.identity is not None
         delivered = await deliver(
-            "gce-metadata",
+            self.parser,
             json.dumps(envelope(self.identity, path, value, etag, utcnow())).encode(),
             admit=self.admit,
             windows=self.windows,

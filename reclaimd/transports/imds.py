@@ -42,9 +42,16 @@ _TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
 class ImdsSource:
     def __init__(
-        self, settings: ImdsSettings, *, admit: Admit, windows: Windows, node_name: str = ""
+        self,
+        settings: ImdsSettings,
+        *,
+        admit: Admit,
+        windows: Windows,
+        node_name: str = "",
+        parser: str = "imds",
     ) -> None:
         self.settings, self.admit, self.windows = settings, admit, windows
+        self.parser = parser
         self.node_name = node_name
         self.base = settings.url.rstrip("/")
         self.counters = Counters()
@@ -87,7 +94,7 @@ class ImdsSource:
             envelope["node_name"] = self.node_name
         # Nothing to settle: the next poll reads the body again while IMDS serves it.
         return await deliver(
-            "imds",
+            self.parser,
             json.dumps(envelope).encode(),
             admit=self.admit,
             windows=self.windows,

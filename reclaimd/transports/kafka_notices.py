@@ -59,10 +59,12 @@ class KafkaNoticeSource:
         admit: Admit,
         windows: Windows,
         consumer_factory: Any = None,
+        parser: str = "kafka",
     ) -> None:
         if not settings.bootstrap:
             raise ValueError("kafka_notices: bootstrap is required")
         self.settings, self.admit, self.windows = settings, admit, windows
+        self.parser = parser
         self.counters = Counters()
         self._factory = consumer_factory or _default_consumer
         self._resumes: set[asyncio.Task[None]] = set()
@@ -149,7 +151,7 @@ class KafkaNoticeSource:
     async def handle(self, value: bytes, *, where: str = "") -> bool:
         """Parse and admit one record; True when it is settled (may be committed past)."""
         delivered = await deliver(
-            "kafka",
+            self.parser,
             value,
             admit=self.admit,
             windows=self.windows,

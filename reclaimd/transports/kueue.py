@@ -103,9 +103,11 @@ class KueueSource:
         retry_pause_s: float = RETRY_PAUSE_S,
         rewatch_pause_s: float = REWATCH_PAUSE_S,
         versions: kueueapi.WorkloadVersion | None = None,
+        parser: str = PARSER,
     ) -> None:
         self.settings, self.admit, self.windows, self.api = settings, admit, windows, api
         self._versions = versions  # default: the one shared by every user of ``api``
+        self.parser = parser
         self.watch_settings = watch
         self.retry_pause_s = retry_pause_s
         self.rewatch_pause_s = rewatch_pause_s
@@ -258,7 +260,7 @@ class KueueSource:
         version = resource_version(obj)
         seen = self._seen.setdefault(key, _Seen())
         delivered = await deliver(
-            PARSER,
+            self.parser,
             json.dumps(obj).encode(),
             admit=self.admit,
             windows=self.windows,
