@@ -623,12 +623,15 @@ class LedgerWriter:
         await self._outbox.mark_tried(ids)  # from here a crash leaves the outcome in doubt
         await producer.begin_transaction()
         try:
-            futures = [
-                await producer.send(
+            futures: list[asyncio.Future[Any]] = []
+            for row in rows:
+                fut = await producer.send(
                     self.topic, value=row.value, key=row.key, headers=list(row.headers)
                 )
-                for row in rows
-            ]
+                # A failed transaction fails every send: the first error is raised below,
+                # the others are read here so none is reported as never retrieved.
+                fut.add_done_callback(_retrieve)
+                futures.append(fut)
             await asyncio.gather(*futures)
             await producer.commit_transaction()
         except BaseException:
@@ -642,9 +645,16 @@ class LedgerWriter:
     async def _abort(self, producer: AIOKafkaProducer) -> None:
         # An open transaction holds back every read_committed reader of its partitions until
         # it times out: end it now if the producer still can (a fenced one cannot).
-        with contextlib.suppress(Exception):
+        try:
             async with asyncio.timeout(self._request_timeout_ms / 1000):
                 await producer.abort_transaction()
+        except Exception:
+            # A fenced producer fails its transaction's waiter and nobody awaits it (aiokafka):
+            # read it, so the fence is not also logged as an exception never retrieved.
+            manager = getattr(producer, "_txn_manager", None)
+            waiter = getattr(manager, "wait_for_transaction_end", lambda: None)()
+            if isinstance(waiter, asyncio.Future) and waiter.done():
+                _retrieve(waiter)
 
     async def _prune(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -879,6 +889,11 @@ class LedgerWriter:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def _scan(

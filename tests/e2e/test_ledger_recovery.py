@@ -1,0 +1,236 @@
+"""Ledger events outlive a replica and its disk: cluster records, adoption, exactly once.
+
+Against the stack's kube-apiserver and Kafka. A writer "cut off from Kafka" points at a closed
+port (the shared broker is never stopped); a replica "gone" is one whose holder Lease is not
+renewed (none is, here, for the first writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+from test_ledger_kafka import dead_port, new_topic, read_all, waste
+
+from reclaimd.cluster.holders import HolderLeases
+from reclaimd.cluster.ledgerlog import LedgerLog, PendingEvent
+from reclaimd.cluster.ratelimit import RateLimiter
+from reclaimd.ledger import LedgerWriter
+from reclaimd.model import RestartWaste
+
+WAIT_S = 90.0  # a bound on waiting for the writers, not a timing assertion
+
+
+@pytest.fixture
+async def namespace(kube: k8s.ApiClient) -> AsyncIterator[str]:
+    core = k8s.CoreV1Api(kube)
+    name = f"ledger-{uuid.uuid4().hex[:8]}"
+    body: Any = {"metadata": {"name": name}}
+    await core.create_namespace(body)
+    try:
+        yield name
+    finally:
+        await core.delete_namespace(name)
+
+
+def holder(tag: str) -> str:
+    return f"replica-{tag}-{uuid.uuid4().hex[:6]}"
+
+
+def writer(
+    bootstrap: str,
+    topic: str,
+    path: Path,
+    log: LedgerLog,
+    alive: Callable[[str], Awaitable[bool]] | None = None,
+) -> LedgerWriter:
+    return LedgerWriter(
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        outbox_path=path,
+        holder=log.holder,
+        cluster=log,
+        alive=alive,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.3,
+        recover_every_s=0.3,
+        request_timeout_ms=10_000,
+    )
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while not await check():
+            await asyncio.sleep(0.1)
+    assert await check(), what
+
+
+def delete_outbox(path: Path) -> None:
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        p.unlink(missing_ok=True)
+
+
+def count_ids(records: list[Any]) -> Counter[str]:
+    return Counter(json.loads(r.value)["EventId"] for r in records)
+
+
+class Gated(LedgerLog):
+    """A real cluster log whose reads can be held after they return: a replica paused between
+    checking its records and committing its transaction (SIGSTOP at the worst moment)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reached = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def pending(self) -> list[PendingEvent]:
+        got = await super().pending()
+        self.reached.set()
+        await self.gate.wait()
+        return got
+
+
+async def record_all(w: LedgerWriter, events: list[RestartWaste]) -> None:
+    for e in events:
+        await w.record(e)
+
+
+async def test_events_of_a_replica_lost_with_its_disk_are_adopted_and_published_once(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    topic = await new_topic(stack.kafka_bootstrap)
+    events = [waste(f"aws-lost-{i}", f"gang-{i}") for i in range(3)]
+    limiter = RateLimiter()
+    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
+    a.start()
+    await record_all(a, events)
+    # Write-through: each event is in the cluster once record() returned, held by A.
+    held = await log_a.pending()
+    assert sorted(p.event_id for p in held) == sorted(e.event_id for e in events)
+    assert {p.holder for p in held} == {log_a.holder}
+    assert a.depth() == 3 and a.published == 0
+    await a.close()
+    delete_outbox(tmp_path / "a.sqlite")  # the replica's disk is gone with it
+
+    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    leases_b = HolderLeases(kube, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
+    async with writer(
+        stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, leases_b.alive
+    ) as b:
+
+        async def done() -> bool:
+            return b.published == 3 and b.depth() == 0 and not await log_b.pending()
+
+        await until(done, "B published A's events and deleted their records")
+        assert b.adopted == 3
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=3)) == Counter(
+        {e.event_id: 1 for e in events}
+    )
+
+
+async def test_a_replica_that_reconnects_after_adoption_publishes_nothing_twice(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    topic = await new_topic(stack.kafka_bootstrap)
+    events = [waste(f"aws-back-{i}", f"gang-{i}") for i in range(3)]
+    limiter = RateLimiter()
+    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
+    a.start()
+    await record_all(a, events)
+
+    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    leases_b = HolderLeases(kube, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
+    async with writer(
+        stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, leases_b.alive
+    ) as b:
+
+        async def adopted() -> bool:
+            return b.published == 3 and not await log_b.pending()
+
+        await until(adopted, "B published A's events")
+    # A was only cut off; its outbox still holds the three events. Its way to Kafka heals.
+    a.bootstrap_servers = stack.kafka_bootstrap
+
+    async def settled() -> bool:
+        return a.depth() == 0
+
+    await until(settled, "A settled its rows")
+    await a.close()
+    assert a.published == 0
+    assert a.found_published + a.given_away == 3
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=3)) == Counter(
+        {e.event_id: 1 for e in events}
+    )
+
+
+async def test_a_paused_replica_that_resumes_after_adoption_is_fenced(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    topic = await new_topic(stack.kafka_bootstrap)
+    events = [waste(f"aws-zombie-{i}", f"gang-{i}") for i in range(3)]
+    limiter = RateLimiter()
+    log_a = Gated(kube, namespace, holder("a"), topic, limiter=limiter)
+    a = writer(stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a)
+    await record_all(a, events)
+    a.start()
+    # A checked its records (still its own) and stops there, its producer registered: the
+    # next thing it would do is send and commit them.
+    async with asyncio.timeout(WAIT_S):
+        await log_a.reached.wait()
+
+    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    leases_b = HolderLeases(kube, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
+    async with writer(
+        stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, leases_b.alive
+    ) as b:
+
+        async def adopted() -> bool:
+            return b.published == 3 and not await log_b.pending()
+
+        await until(adopted, "B published A's events")
+    log_a.gate.set()  # A resumes, with what it read before B adopted
+
+    async def settled() -> bool:
+        return a.depth() == 0
+
+    await until(settled, "A settled its rows")
+    await a.close()
+    assert a.publish_errors >= 1  # its commit was refused: B had fenced its transactional id
+    assert a.published == 0
+    assert a.found_published + a.given_away == 3
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=3)) == Counter(
+        {e.event_id: 1 for e in events}
+    )
+
+
+async def test_normal_path_publishes_once_and_deletes_the_record(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    topic = await new_topic(stack.kafka_bootstrap)
+    event = waste("aws-normal")
+    limiter = RateLimiter()
+    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    leases_a = HolderLeases(kube, namespace, log_a.holder, lease_s=5.0, limiter=limiter)
+    async with writer(
+        stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a, leases_a.alive
+    ) as a:
+        await a.record(event)
+        await a.record(event)  # a replay: one event, one record
+
+        async def gone() -> bool:
+            return a.published == 1 and not await log_a.pending()
+
+        await until(gone, "published and its record deleted")
+        assert a.adopted == 0 and a.given_away == 0 and a.found_published == 0
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=1)) == Counter(
+        {event.event_id: 1}
+    )
