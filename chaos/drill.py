@@ -34,17 +34,19 @@ import logging
 import socket
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from reclaimd import postmortem
 from reclaimd.model import Notice, utcnow
 
 from . import report
 from .scenario import (
+    Fault,
+    FaultKind,
     Integration,
     Plan,
     PlannedGang,
@@ -58,16 +60,22 @@ from .scenario import load as load_scenario
 from .scenario import plan as plan_scenario
 
 if TYPE_CHECKING:
+    from .faults import FaultRecord
     from .fleet import GangSpec, NodeSpec
     from .gce_metadata_server import GceMetadataServer
     from .harness import Harness
     from .inject import ImdsMock
+    from .process import DaemonProcess
     from .stack import StackEnv
     from .trainers import ScriptedTrainer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
 KUEUE_CLUSTER_QUEUE = "cq-drill"
 SPAWN_LIMIT = 2  # reclaimd processes started at once: each import costs a core-second
+CLAIM_POLL_S = 0.5  # how often the drill reads the claims (a takeover is timed from them)
+SEND_RETRY_S = 60.0  # a send into a transport that is down is retried this long (a real
+# producer retries too; the fault drills take moto and the Pub/Sub emulator down for seconds)
 
 
 class Progress:
@@ -122,6 +130,12 @@ class Drill:
         self._publisher: Any = None
         self._producer: Any = None
         self._stop_pods: list[asyncio.Task[None]] = []
+        self.replicas: list[DaemonProcess] = []  # central reclaimd i, its current process
+        self.faults: list[FaultRecord] = []
+        self.claim_history: dict[str, list[report.ClaimSeen]] = {}
+        self.arrivals: list[report.Arrival] = []
+        self._resend: dict[str, Callable[[], Any]] = {}  # notice label -> send it again
+        self._claims_seen: dict[str, str] = {}  # the last phases read (the apiserver may be down)
 
     @property
     def scenario(self) -> Scenario:
@@ -150,13 +164,15 @@ class Drill:
                 await self._transports(h)
                 await self._start_reclaimd(h)
                 reader = asyncio.create_task(self._read_ledger(h))
+                poller = asyncio.create_task(self._poll_claims(h))
                 try:
                     await self._inject(h)
                     await self._wait(h, reader)
                 finally:
-                    reader.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await reader
+                    for task in (reader, poller):
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
                 return await self._judge(h)
             finally:
                 await self._teardown(h)
@@ -394,11 +410,12 @@ class Drill:
             gce = {"enabled": True, "url": server.url, "node_name": self.built.nodes[key].name}
             starts.append(per_node(f"gce-{key}", {"gce_metadata": gce}))
 
-        async def one(name: str, overrides: dict[str, Any]) -> None:
+        async def one(name: str, overrides: dict[str, Any]) -> DaemonProcess:
             async with gate:
-                await h.start_daemon(name, **overrides)
+                return await h.start_daemon(name, **overrides)
 
-        await asyncio.gather(*(one(n, o) for n, o in starts))
+        started = await asyncio.gather(*(one(n, o) for n, o in starts))
+        self.replicas = list(started[: self.scenario.reclaimd.replicas])
         self.say(f"reclaimd: {len(starts)} process(es) running ({', '.join(n for n, _ in starts)})")
 
     # --- inject -----------------------------------------------------------------------------
@@ -422,8 +439,22 @@ class Drill:
             await self._send_garbage(h, g)
             self.garbage_sent += 1
 
+        stack_faults = asyncio.Lock()  # one outage of the shared stack at a time
+
+        async def fault(f: Fault) -> None:
+            from . import faults
+
+            await at(f.at_s)
+            if f.replica is None:
+                async with stack_faults:
+                    self.faults.append(await faults.apply(f, self.stack, self._fault_hooks(h)))
+            else:
+                self.faults.append(await faults.apply(f, self.stack, self._fault_hooks(h)))
+
         await asyncio.gather(
-            *(notice(n) for n in self.plan.notices), *(garbage(g) for g in self.plan.garbage)
+            *(notice(n) for n in self.plan.notices),
+            *(garbage(g) for g in self.plan.garbage),
+            *(fault(f) for f in self.scenario.faults),
         )
         if self.garbage_sent:
             self.say(f"sent {self.garbage_sent} malformed payload(s) among the notices")
@@ -560,10 +591,11 @@ class Drill:
 
     async def _copies(self, n: PlannedNotice, send: Callable[[], Any]) -> None:
         """The notice, then its duplicates (a redelivery: same identity, new message)."""
+        self._resend[n.label] = send
         for i in range(n.copies):
             if i:
                 await asyncio.sleep(n.duplicate_delay_s)
-            await send()
+            await _retrying(send)
 
     async def _stop_later(self, h: Harness, pods: list[str], n: PlannedNotice) -> None:
         """The scheduler that reclaims a workload (Kueue suspends its job at once) stops its
@@ -589,22 +621,137 @@ class Drill:
                 self._producer, self.built.notices_topic, inject.garbage_kafka(g.variant)
             )
 
+    # --- faults -----------------------------------------------------------------------------
+
+    def _fault_hooks(self, h: Harness) -> Any:
+        from . import faults
+
+        async def replace(i: int) -> DaemonProcess:
+            # A new pod on a new node: its own holder name, no outbox, a new span file.
+            name = f"reclaimd-{i}-fresh{sum(1 for f in self.faults) + 1}"
+            d = await h.start_daemon(name, **self._central_overrides(h, name))
+            self.replicas[i] = d
+            return d
+
+        async def open_claims() -> dict[str, tuple[str, str]]:
+            out = {}
+            for key, raw in (await self._claim_docs(h)).items():
+                if raw.get("phase") not in (None, "", "done"):
+                    out[key] = (str(raw.get("holder", "")), str(raw.get("notice_id", "")))
+            return out
+
+        return faults.FaultHooks(
+            replica=lambda i: self.replicas[i],
+            holder_of=lambda d: str(yaml_holder(d)),
+            replace=replace,
+            open_claims=open_claims,
+            after_restart=lambda kind: self._after_restart(h, kind),
+            say=self.say,
+        )
+
+    async def _after_restart(self, h: Harness, kind: FaultKind) -> int:
+        """Put back what a restarted in-memory emulator lost and a real service would have
+        kept: the run's queue (or topic and subscription), and every notice sent before that
+        no claim records yet (its message would still be in a real queue)."""
+        if kind is FaultKind.RESTART_MOTO:
+            await _retrying(lambda: asyncio.to_thread(h.create_queue))
+            source = Source.EC2_SQS
+        else:
+            await _retrying(self._pubsub_recreate)
+            source = Source.GKE_PUBSUB
+        claims = await _retrying(lambda: self._claim_docs(h))
+        unclaimed = [
+            n for n in self.sent
+            if n.source == source.value and claims.get(n.claim_key, {}).get("notice_id")
+            != n.notice_id
+        ]  # fmt: skip
+        for n in unclaimed:
+            await _retrying(self._resend[n.label])
+        return len(unclaimed)
+
+    async def _pubsub_recreate(self) -> None:
+        from google.api_core import exceptions
+        from google.cloud import pubsub_v1
+
+        subscriber = pubsub_v1.SubscriberClient()
+        sub = subscriber.subscription_path(
+            self.stack["PUBSUB_PROJECT_ID"], self.built.pubsub_subscription
+        )
+        try:
+            with contextlib.suppress(exceptions.AlreadyExists):
+                await asyncio.to_thread(self._publisher.create_topic, name=self.built.pubsub_topic)
+            with contextlib.suppress(exceptions.AlreadyExists):
+                await asyncio.to_thread(
+                    subscriber.create_subscription,
+                    name=sub,
+                    topic=self.built.pubsub_topic,
+                    ack_deadline_seconds=10,
+                )
+        finally:
+            await asyncio.to_thread(subscriber.close)
+
+    async def _poll_claims(self, h: Harness) -> None:
+        """Every claim version the drill can see, with who wrote it and when (takeovers)."""
+        while True:
+            with contextlib.suppress(Exception):  # the apiserver may be down for a moment
+                docs = await self._claim_docs(h)
+                now = utcnow()
+                for key, doc in docs.items():
+                    seen = report.ClaimSeen(
+                        seen_at=now,
+                        holder=str(doc.get("holder", "")),
+                        phase=str(doc.get("phase", "")),
+                        notice_id=str(doc.get("notice_id", "")),
+                        heartbeat_at=report._time(doc.get("heartbeat_at")),
+                    )
+                    history = self.claim_history.setdefault(key, [])
+                    last = history[-1] if history else None
+                    if last is None or dataclasses.replace(last, seen_at=now) != seen:
+                        history.append(seen)  # a new version: record when it was first seen
+            await asyncio.sleep(CLAIM_POLL_S)
+
     # --- wait -------------------------------------------------------------------------------
 
     async def _read_ledger(self, h: Harness) -> None:
-        """Read the run's ledger topic from the start for as long as the drill runs."""
-        consumer = h.ledger_consumer()
-        await consumer.start()
-        try:
-            while True:
-                batch = await consumer.getmany(timeout_ms=300)
-                for records in batch.values():
-                    for r in records:
-                        event = json.loads(r.value)
-                        self.events.append(event)
-                        self._say_event(event)
-        finally:
-            await consumer.stop()
+        """Read the run's ledger topic from the start for as long as the drill runs; a broker
+        that goes away (a fault) is read again from where the reader was."""
+        seen: set[tuple[int, int]] = set()
+        while True:
+            consumer = h.ledger_consumer()
+            try:
+                await consumer.start()
+                while True:
+                    batch = await consumer.getmany(timeout_ms=300)
+                    for records in batch.values():
+                        for r in records:
+                            if (r.partition, r.offset) in seen:
+                                continue
+                            seen.add((r.partition, r.offset))
+                            self._arrived(json.loads(r.value), r.timestamp, r.timestamp_type)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a broker outage: read again once it is back
+                self.say(f"ledger reader: {type(e).__name__}; reading again")
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+
+    def _arrived(self, event: dict[str, Any], timestamp_ms: int, timestamp_type: int) -> None:
+        self.events.append(event)
+        appended = (
+            _EPOCH + timedelta(milliseconds=timestamp_ms) if timestamp_type == 1 else None
+        )  # 1: LogAppendTime, the broker's clock; 0 would be the producer's
+        self.arrivals.append(
+            report.Arrival(
+                gang=report.gang_of(event),
+                event_id=str(event.get("EventId", "")),
+                produced_at=report._time(event.get("ChargePeriodEnd")),
+                appended_at=appended,
+                received_at=utcnow(),
+            )
+        )
+        self._say_event(event)
 
     def _say_event(self, e: dict[str, Any]) -> None:
         label = next(
@@ -641,26 +788,39 @@ class Drill:
         await asyncio.sleep(expect.settle_s)  # a duplicate would arrive now
 
     async def _claims(self, h: Harness) -> dict[str, str]:
-        """Claim phase on every drill node, and on every Workload of the run's namespace."""
+        """Claim phase on every drill node, and on every Workload of the run's namespace (the
+        last phases read, while the apiserver is down)."""
+        try:
+            docs = await self._claim_docs(h)
+        except Exception:
+            if not self.faults and not self.scenario.faults:
+                raise
+            return dict(self._claims_seen)
+        self._claims_seen = {k: str(d.get("phase", "")) for k, d in docs.items()}
+        return dict(self._claims_seen)
+
+    async def _claim_docs(self, h: Harness) -> dict[str, dict[str, Any]]:
+        """The claim on every drill node and Workload, decoded ({} for none)."""
         from kubernetes_asyncio import client as k8s
 
         from . import fleet
         from .harness import CLAIM
 
         assert h.api is not None
-        out: dict[str, str] = {}
+        out: dict[str, dict[str, Any]] = {}
         nodes = await k8s.CoreV1Api(h.api).list_node(
             label_selector=f"{fleet.DRILL_LABEL}={self.plan.run_id}"
         )
         for n in nodes.items:
-            out[n.metadata.name] = _phase((n.metadata.annotations or {}).get(CLAIM))
+            out[n.metadata.name] = _claim_doc((n.metadata.annotations or {}).get(CLAIM))
         if any(g.integration is Integration.KUEUE for g in self.plan.gangs):
             wls = await k8s.CustomObjectsApi(h.api).list_namespaced_custom_object(
                 fleet.KUEUE_GROUP, fleet.KUEUE_VERSION, h.namespace, "workloads"
             )
             for w in wls.get("items", []):
                 annotations = w["metadata"].get("annotations") or {}
-                out[f"{h.namespace}/{w['metadata']['name']}"] = _phase(annotations.get(CLAIM))
+                key = f"{h.namespace}/{w['metadata']['name']}"
+                out[key] = _claim_doc(annotations.get(CLAIM))
         return out
 
     # --- judge ------------------------------------------------------------------------------
@@ -673,7 +833,7 @@ class Drill:
         for d in h.daemons:
             await d.stop()  # SIGTERM: the tracer flushes its last spans
         assert h.api is not None
-        claims = await self._claims(h)
+        claims = await _retrying(lambda: self._claims(h))
         pods = await k8s.CoreV1Api(h.api).list_namespaced_pod(h.namespace)
         alive = {
             p.metadata.name
@@ -710,7 +870,23 @@ class Drill:
                 claims=claims,
                 queue_depth=depth,
                 garbage_sent=self.garbage_sent,
+                claim_history=self.claim_history,
+                arrivals=self.arrivals,
             ),
+            faults=[
+                report.FaultFacts(
+                    label=f.label,
+                    kind=f.fault.kind.value,
+                    started_at=f.started_at,
+                    ended_at=f.ended_at,
+                    holder=f.holder,
+                    successor=f.successor,
+                    held=dict(f.held),
+                    resent=f.resent,
+                    error=f.error,
+                )
+                for f in sorted(self.faults, key=lambda f: f.started_at)
+            ],
         )
         files = tuple(str(p) for p in sorted(h.workdir.glob("spans-*.jsonl")))
         daemons = tuple((d.name, d.stats()) for d in h.daemons)
@@ -757,8 +933,14 @@ class Drill:
         )
 
     async def _teardown(self, h: Harness) -> None:
-        from . import fleet
+        from . import faults, fleet
 
+        for d in h.daemons:
+            if d.paused:
+                d.resume()
+        if any(f.replica is None for f in self.scenario.faults):
+            with contextlib.suppress(faults.FaultError):
+                await faults.ensure_stack_up(self.stack)  # leave the shared stack healthy
         for task in self._stop_pods:
             task.cancel()
         for mock in self.built.imds.values():
@@ -798,13 +980,39 @@ def _describe(n: PlannedNotice, instance_id: str) -> str:
     return f"{n.node} {instance_id}" if n.source in (Source.EC2_SQS, Source.IMDS) else str(n.node)
 
 
-def _phase(raw: str | None) -> str:
+def _claim_doc(raw: str | None) -> dict[str, Any]:
     if not raw:
-        return ""
+        return {}
     try:
-        return str(json.loads(raw).get("phase", ""))
-    except (ValueError, AttributeError):
-        return "unreadable"
+        doc = json.loads(raw)
+    except ValueError:
+        return {"phase": "unreadable"}
+    return doc if isinstance(doc, dict) else {"phase": "unreadable"}
+
+
+_EPOCH = datetime.fromisoformat("1970-01-01T00:00:00+00:00")
+
+
+async def _retrying(call: Callable[[], Awaitable[T]], limit_s: float = SEND_RETRY_S) -> T:
+    """``call()``, again every half second while it fails, for ``limit_s`` at most: a part of
+    the stack a fault took down comes back within seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit_s
+    while True:
+        try:
+            return await call()
+        except Exception:
+            if loop.time() > end:
+                raise
+            await asyncio.sleep(0.5)
+
+
+def yaml_holder(d: DaemonProcess) -> str:
+    """The holder name a drill daemon runs as (from its config file)."""
+    import yaml
+
+    doc = yaml.safe_load(d.config_path.read_text())
+    return str(doc.get("holder", "")) if isinstance(doc, dict) else ""
 
 
 def _free_port() -> int:

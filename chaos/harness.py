@@ -55,12 +55,15 @@ class Harness:
         self.api = await build_api_client(self.stack.kubeconfig)
         await kube.apply_file(self.api, RBAC)
         await fleet.ensure_namespace(self.api, self.namespace)
-        self.queue_url = self.sqs.create_queue(QueueName=f"reclaimd-{self.run_id}")["QueueUrl"]
-        # Created up front: a reader that subscribes before the first event finds it.
-        await self.create_topics({self.topic: 1})
+        self.create_queue()
+        # Created up front: a reader that subscribes before the first event finds it. The
+        # broker stamps each record as it appends it: how late an event reached Kafka.
+        await self.create_topics({self.topic: 1}, {"message.timestamp.type": "LogAppendTime"})
         return self
 
-    async def create_topics(self, topics: dict[str, int]) -> None:
+    async def create_topics(
+        self, topics: dict[str, int], configs: Mapping[str, str] | None = None
+    ) -> None:
         """Create topics (name -> partitions) explicitly: no reliance on auto-create."""
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -68,7 +71,12 @@ class Harness:
         await admin.start()
         try:
             await admin.create_topics(
-                [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in topics.items()]
+                [
+                    NewTopic(
+                        t, num_partitions=n, replication_factor=1, topic_configs=dict(configs or {})
+                    )
+                    for t, n in topics.items()
+                ]
             )
         finally:
             await admin.close()
@@ -260,6 +268,11 @@ class Harness:
         outcome = handlers.parse("ec2", json.dumps(event).encode(), received_at=utcnow())
         assert isinstance(outcome, tuple) and len(outcome) == 1
         return outcome[0]
+
+    def create_queue(self) -> str:
+        """The run's queue (again, after moto lost it: the same name is the same URL)."""
+        self.queue_url = self.sqs.create_queue(QueueName=f"reclaimd-{self.run_id}")["QueueUrl"]
+        return self.queue_url
 
     def queue_depth(self) -> int:
         attrs = self.sqs.get_queue_attributes(

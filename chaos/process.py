@@ -33,8 +33,11 @@ class DaemonProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.proc: asyncio.subprocess.Process | None = None
+        self.paused = False
 
     async def start(self, timeout_s: float = 60) -> None:
+        """Start (or start again, after a crash: the log goes on, the config is the same)."""
+        seen = len(self._log_bytes())  # a restart's log already says "running" from before
         log = self.log_path.open("ab")
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -49,7 +52,7 @@ class DaemonProcess:
         )
         log.close()
         end = asyncio.get_running_loop().time() + timeout_s
-        while b'"reclaimd running"' not in self._log_bytes():
+        while b'"reclaimd running"' not in self._log_bytes()[seen:]:
             if self.proc.returncode is not None:
                 raise RuntimeError(f"reclaimd exited {self.proc.returncode}: {self.tail()}")
             if asyncio.get_running_loop().time() > end:
@@ -79,6 +82,8 @@ class DaemonProcess:
     async def stop(self, timeout_s: float = 15) -> int | None:
         if self.proc is None or self.proc.returncode is not None:
             return None if self.proc is None else self.proc.returncode
+        if self.paused:
+            self.resume()  # a stopped process would not see the SIGTERM
         self.proc.send_signal(signal.SIGTERM)
         try:
             return await asyncio.wait_for(self.proc.wait(), timeout_s)
@@ -91,3 +96,24 @@ class DaemonProcess:
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
+
+    async def crash(self) -> None:
+        """SIGKILL and wait until it is gone (a fault drill's kill)."""
+        self.kill()
+        if self.proc is not None:
+            await self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: a hung process (it renews nothing, its sockets stay open)."""
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after ``pause``."""
+        self._signal(signal.SIGCONT)
+        self.paused = False
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)

@@ -19,6 +19,7 @@ expected value is a range.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -95,12 +96,58 @@ class NoticeFacts:
 
 
 @dataclass(frozen=True)
+class ClaimSeen:
+    """One version of a claim as the drill's poller saw it."""
+
+    seen_at: datetime
+    holder: str
+    phase: str
+    notice_id: str
+    heartbeat_at: datetime | None  # the writer's own clock: when it wrote this version
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One ledger record as the drill read it."""
+
+    gang: str
+    event_id: str
+    produced_at: datetime | None  # the event's ChargePeriodEnd: it exists from then on
+    appended_at: datetime | None  # the broker's LogAppendTime
+    received_at: datetime  # when the drill's reader got it
+
+    @property
+    def delay_s(self) -> float | None:
+        if self.produced_at is None:
+            return None
+        reached = self.appended_at or self.received_at
+        return (reached - self.produced_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class FaultFacts:
+    """One fault the drill applied (``chaos.faults.FaultRecord``)."""
+
+    label: str
+    kind: str
+    started_at: datetime
+    ended_at: datetime | None  # None: never over (a replica killed for good)
+    holder: str = ""  # the faulted replica's holder
+    successor: str = ""
+    held: Mapping[str, str] = field(default_factory=dict)  # claim key -> notice id, open
+    resent: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Observed:
     events: Sequence[Mapping[str, Any]]
     spans: Sequence[Mapping[str, Any]]
     claims: Mapping[str, str]  # claim key -> phase found at the end
     queue_depth: int | None = None  # SQS messages left (garbage included); None: no SQS
     garbage_sent: int = 0
+    claim_history: Mapping[str, Sequence[ClaimSeen]] = field(default_factory=dict)
+    arrivals: Sequence[Arrival] = ()
 
 
 @dataclass(frozen=True)
@@ -162,12 +209,69 @@ class GangRow:
 
 
 @dataclass(frozen=True)
+class Takeover:
+    """What became of one open claim the faulted replica held."""
+
+    key: str
+    notice_id: str
+    by: str  # the holder that wrote it first after the fault ("": nobody did)
+    at: datetime | None
+    after_s: float | None  # from the fault
+
+
+@dataclass(frozen=True)
+class FaultRow:
+    facts: FaultFacts
+    takeovers: tuple[Takeover, ...] = ()
+    delayed: int = 0  # ledger events that reached Kafka over DELAYED_S late because of it
+    max_delay_s: float | None = None
+
+    @property
+    def taken_over(self) -> tuple[Takeover, ...]:
+        return tuple(t for t in self.takeovers if t.by and t.by != self.facts.holder)
+
+    @property
+    def resumed(self) -> tuple[Takeover, ...]:
+        """Finished by the faulted replica itself (it came back, or a pause ended first)."""
+        return tuple(t for t in self.takeovers if t.by and t.by == self.facts.holder)
+
+    @property
+    def unrecovered(self) -> tuple[Takeover, ...]:
+        return tuple(t for t in self.takeovers if not t.by)
+
+    @property
+    def max_takeover_s(self) -> float | None:
+        times = [t.after_s for t in self.takeovers if t.by and t.after_s is not None]
+        return max(times) if times else None
+
+    @property
+    def outage_s(self) -> float | None:
+        f = self.facts
+        return None if f.ended_at is None else (f.ended_at - f.started_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The closing table's row: what the drill cost in all."""
+
+    notices: int
+    lost: int  # gangs that had to be charged and were not
+    doubled: int  # gangs charged more than once
+    deadlines_missed: int  # notices late
+    max_takeover_s: float | None
+    ledger_delay_p50_s: float | None
+    ledger_delay_max_s: float | None
+
+
+@dataclass(frozen=True)
 class Verdict:
     scenario: str
     run_id: str
     checks: tuple[Check, ...]
     notices: tuple[NoticeRow, ...]
     gangs: tuple[GangRow, ...]
+    faults: tuple[FaultRow, ...] = ()
+    summary: Summary | None = None
     garbage_sent: int = 0
     span_files: tuple[str, ...] = ()  # where reclaimd's traces are, for `reclaimd postmortem`
     daemons: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # name, what it said as it stopped
@@ -190,6 +294,7 @@ def evaluate(
     notices: Sequence[NoticeFacts],
     gangs: Sequence[GangFacts],
     observed: Observed,
+    faults: Sequence[FaultFacts] = (),
 ) -> Verdict:
     by_gang = {g.name: g for g in gangs}
     traces = index_traces(observed.spans)
@@ -231,13 +336,106 @@ def evaluate(
                 required=expect.transport_drained,
             )
         )
+    fault_rows = tuple(_fault_row(f, observed, traces) for f in faults)
+    if faults:
+        broken = [f"{f.label}: {f.error}" for f in faults if f.error]
+        checks.append(
+            Check(
+                "faults applied",
+                not broken,
+                _few(broken, 2) if broken else f"{len(faults)} fault(s), each over as planned",
+            )
+        )
     return Verdict(
         scenario=scenario,
         run_id=run_id,
         checks=tuple(checks),
         notices=tuple(rows.values()),
         gangs=gang_rows,
+        faults=fault_rows,
+        summary=_summary(rows.values(), expected, events_by_gang, fault_rows, observed.arrivals),
         garbage_sent=observed.garbage_sent,
+    )
+
+
+# --- what each fault cost --------------------------------------------------------------------
+
+DELAYED_S = 1.0  # a ledger event this much later than its charge reached Kafka late
+
+
+def _fault_row(
+    f: FaultFacts, observed: Observed, traces: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> FaultRow:
+    takeovers = tuple(
+        _takeover(f, key, notice_id, observed.claim_history.get(key, ()), traces.get(notice_id, ()))
+        for key, notice_id in sorted(f.held.items())
+    )
+    end = f.ended_at
+    hit = [
+        d
+        for a in observed.arrivals
+        if (d := a.delay_s) is not None
+        and d > DELAYED_S
+        and a.produced_at is not None
+        and (end is None or a.produced_at <= end)
+        and a.produced_at + timedelta(seconds=d) >= f.started_at
+    ]
+    return FaultRow(f, takeovers, len(hit), max(hit) if hit else None)
+
+
+def _takeover(
+    f: FaultFacts,
+    key: str,
+    notice_id: str,
+    history: Sequence[ClaimSeen],
+    spans: Sequence[Mapping[str, Any]],
+) -> Takeover:
+    """The first write of the claim after the fault: who made it, and when.
+
+    When is the earliest of the writer's own stamp on that version (``heartbeat_at``; the
+    poller may only have seen a later version) and the end of a ``reclaimd.claim`` span of the
+    notice that began after the fault."""
+    by, at = "", None
+    for seen in history:
+        if seen.notice_id != notice_id or seen.seen_at < f.started_at:
+            continue
+        wrote = seen.heartbeat_at
+        if seen.holder == f.holder and (wrote is None or wrote <= f.started_at):
+            continue  # the version it held at the fault
+        by = seen.holder
+        at = wrote if wrote is not None and wrote >= f.started_at else seen.seen_at
+        break
+    if by:
+        start = int(f.started_at.timestamp() * 1e9)
+        claimed = [
+            _EPOCH + timedelta(microseconds=s["end_ns"] // 1000)
+            for s in spans
+            if s["name"] == "reclaimd.claim" and s["start_ns"] >= start and s.get("end_ns")
+        ]
+        if claimed and (at is None or min(claimed) < at):
+            at = min(claimed)
+    after = None if at is None else (at - f.started_at).total_seconds()
+    return Takeover(key, notice_id, by, at, after)
+
+
+def _summary(
+    rows: Iterable[NoticeRow],
+    expected: set[str],
+    events: Mapping[str, Sequence[Mapping[str, Any]]],
+    faults: Sequence[FaultRow],
+    arrivals: Sequence[Arrival],
+) -> Summary:
+    rows = list(rows)
+    takeovers = [t for f in faults if (t := f.max_takeover_s) is not None]
+    delays = [d for a in arrivals if (d := a.delay_s) is not None]
+    return Summary(
+        notices=len(rows),
+        lost=len(expected - set(events)),
+        doubled=sum(1 for es in events.values() if len(es) > 1),
+        deadlines_missed=sum(1 for r in rows if r.deadline_met is False),
+        max_takeover_s=max(takeovers) if takeovers else None,
+        ledger_delay_p50_s=round(statistics.median(delays), 3) if delays else None,
+        ledger_delay_max_s=round(max(delays), 3) if delays else None,
     )
 
 
@@ -733,6 +931,28 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
         )
     if not all_rows and len(v.gangs) > SHOWN:
         lines.append(f"  ... {len(v.gangs) - SHOWN} more gangs in the JSON report")
+    if v.faults:
+        lines += ["", "faults (seconds after the fault):"]
+        lines.append(
+            f"  {'fault':<30} {'outage':>6} {'held':>4} {'taken':>5} {'self':>4} {'open':>4}"
+            f" {'takeover':>8} {'delayed':>7} {'delay':>6}  successor"
+        )
+        for f in v.faults:
+            lines.append(
+                f"  {f.facts.label[:30]:<30} {_s(f.outage_s)} {len(f.takeovers):>4}"
+                f" {len(f.taken_over):>5} {len(f.resumed):>4} {len(f.unrecovered):>4}"
+                f"   {_s(f.max_takeover_s)} {f.delayed:>7} {_s(f.max_delay_s)}"
+                f"  {f.facts.successor or '-'}"
+                + (f"  ERROR {f.facts.error}" if f.facts.error else "")
+            )
+    if v.summary is not None:
+        u = v.summary
+        lines += [
+            "",
+            f"summary: {u.notices} notices, {u.lost} gang(s) lost, {u.doubled} doubled,"
+            f" {u.deadlines_missed} deadline(s) missed, takeover max {_opt(u.max_takeover_s)},"
+            f" ledger delay p50 {_opt(u.ledger_delay_p50_s)} max {_opt(u.ledger_delay_max_s)}",
+        ]
     lines += ["", "checks:"]
     for c in v.checks:
         mark = "PASS" if c.ok else ("FAIL" if c.required else "info")
@@ -741,8 +961,47 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _opt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}s"
+
+
 def _iso(t: datetime | None) -> str | None:
     return rfc3339(t) if t is not None else None
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def _fault_json(f: FaultRow) -> dict[str, Any]:
+    return {
+        "fault": f.facts.label,
+        "kind": f.facts.kind,
+        "started_at": _iso(f.facts.started_at),
+        "ended_at": _iso(f.facts.ended_at),
+        "outage_s": _r(f.outage_s),
+        "holder": f.facts.holder or None,
+        "successor": f.facts.successor or None,
+        "resent": f.facts.resent,
+        "error": f.facts.error or None,
+        "claims_held": len(f.takeovers),
+        "taken_over": len(f.taken_over),
+        "resumed_by_itself": len(f.resumed),
+        "never_recovered": len(f.unrecovered),
+        "max_takeover_s": _r(f.max_takeover_s),
+        "ledger_events_delayed": f.delayed,
+        "max_ledger_delay_s": _r(f.max_delay_s),
+        "takeovers": [
+            {
+                "claim": t.key,
+                "notice_id": t.notice_id,
+                "by": t.by or None,
+                "at": _iso(t.at),
+                "after_s": _r(t.after_s),
+            }
+            for t in f.takeovers
+        ],
+    }
 
 
 def to_json(v: Verdict) -> dict[str, Any]:
@@ -758,6 +1017,8 @@ def to_json(v: Verdict) -> dict[str, Any]:
         ],
         "latency_s": latency_summary(v),
         "slowest_notice": slowest.facts.notice_id if slowest else None,
+        "summary": dataclasses.asdict(v.summary) if v.summary is not None else None,
+        "faults": [_fault_json(f) for f in v.faults],
         "span_files": list(v.span_files),
         "garbage_sent": v.garbage_sent,
         "daemons": {name: dict(stats) for name, stats in v.daemons},

@@ -401,6 +401,66 @@ class Expect(_Strict):
     settle_s: float = Field(3.0, ge=0, le=120)  # keep reading the ledger for duplicates
 
 
+# --- faults ----------------------------------------------------------------------------------
+
+
+class FaultKind(StrEnum):
+    KILL = "kill"  # SIGKILL a replica; with restart_after_s it comes back on the same disk
+    PAUSE = "pause"  # SIGSTOP a replica for for_s, then SIGCONT (a hung process)
+    FRESH_DISK = "fresh_disk"  # SIGKILL, then a new replica with an empty state dir
+    STOP_KAFKA = "stop_kafka"  # the broker down for for_s
+    RESTART_APISERVER = "restart_apiserver"  # kube-apiserver only: etcd keeps its data
+    RESTART_MOTO = "restart_moto"  # loses every queue: the drill recreates the run's
+    RESTART_PUBSUB = "restart_pubsub"  # loses every topic: the drill recreates the run's
+
+
+REPLICA_FAULTS = frozenset({FaultKind.KILL, FaultKind.PAUSE, FaultKind.FRESH_DISK})
+STACK_FAULTS = frozenset(set(FaultKind) - REPLICA_FAULTS)
+# Faults on the shared stack disturb everyone's tests: a short outage only.
+MAX_STACK_OUTAGE_S = 30.0
+
+
+class Fault(_Strict):
+    """One fault, ``at_s`` after reclaimd is up (the clock of ``notices[].at_s``)."""
+
+    kind: FaultKind
+    at_s: float = Field(ge=0, le=3600)
+    replica: int | None = Field(None, ge=0, le=3)  # kill, pause, fresh_disk: reclaimd-<i>
+    for_s: float | None = Field(None, gt=0, le=600)  # pause, stop_kafka
+    # kill: none means killed for good; fresh_disk: the new replica starts after this (1 s)
+    restart_after_s: float | None = Field(None, ge=0, le=600)
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> Fault:
+        k = self.kind
+        if k in REPLICA_FAULTS and self.replica is None:
+            raise ValueError(f"{k.value} needs replica (the index of a central reclaimd)")
+        if k not in REPLICA_FAULTS and self.replica is not None:
+            raise ValueError(f"{k.value} is a stack fault: it takes no replica")
+        needs_for = k in (FaultKind.PAUSE, FaultKind.STOP_KAFKA)
+        if needs_for and self.for_s is None:
+            raise ValueError(f"{k.value} needs for_s (how long)")
+        if not needs_for and self.for_s is not None:
+            raise ValueError(f"{k.value} takes no for_s")
+        if self.restart_after_s is not None and k not in (FaultKind.KILL, FaultKind.FRESH_DISK):
+            raise ValueError(f"{k.value} takes no restart_after_s")
+        if k is FaultKind.STOP_KAFKA and (self.for_s or 0.0) > MAX_STACK_OUTAGE_S:
+            raise ValueError(f"for_s: at most {MAX_STACK_OUTAGE_S:g}s on the shared stack")
+        return self
+
+    @property
+    def label(self) -> str:
+        who = f" reclaimd-{self.replica}" if self.replica is not None else ""
+        return f"{self.kind.value}{who}@{self.at_s:g}s"
+
+    @property
+    def restart_s(self) -> float | None:
+        """When the replica comes back, after the kill (None: never)."""
+        if self.kind is FaultKind.FRESH_DISK:
+            return 1.0 if self.restart_after_s is None else self.restart_after_s
+        return self.restart_after_s
+
+
 class Scenario(_Strict):
     name: str = Field(pattern=r"^[a-z][-a-z0-9]{0,62}$")
     description: str = ""
@@ -409,6 +469,7 @@ class Scenario(_Strict):
     gangs: tuple[GangGroup, ...] = ()
     notices: tuple[NoticeGroup, ...] = Field(min_length=1)
     reclaimd: ReclaimdOverrides = ReclaimdOverrides()
+    faults: tuple[Fault, ...] = ()  # in any order; each at its at_s
     expect: Expect = Expect()
 
     @model_validator(mode="after")
@@ -422,7 +483,34 @@ class Scenario(_Strict):
         for i, n in enumerate(self.notices):
             if n.target.pool is not None and n.target.pool not in pools:
                 raise ValueError(f"notices[{i}].target.pool: no pool {n.target.pool!r}")
+        self._check_faults()
         return self
+
+    def _check_faults(self) -> None:
+        replicas = self.reclaimd.replicas
+        sources = {n.source for n in self.notices}
+        busy: list[tuple[float, float, int]] = []  # a replica's fault spans (start, end, i)
+        for i, f in enumerate(self.faults):
+            where = f"faults[{i}]"
+            if f.replica is not None and f.replica >= replicas:
+                raise ValueError(
+                    f"{where}.replica: {f.replica}, but reclaimd.replicas is {replicas}"
+                )
+            if f.kind is FaultKind.KILL and f.restart_after_s is None and replicas < 2:
+                raise ValueError(
+                    f"{where}: the only replica killed for good leaves nobody to finish;"
+                    " give restart_after_s or reclaimd.replicas >= 2"
+                )
+            if f.kind is FaultKind.RESTART_PUBSUB and Source.GKE_PUBSUB not in sources:
+                raise ValueError(f"{where}: restart_pubsub needs gke-pubsub notices")
+            if f.kind is FaultKind.RESTART_MOTO and Source.EC2_SQS not in sources:
+                raise ValueError(f"{where}: restart_moto needs ec2-sqs notices")
+            if f.replica is not None:
+                end = f.at_s + (f.for_s or 0.0) + (f.restart_s or 0.0)
+                for start0, end0, j in busy:
+                    if j == f.replica and f.at_s <= end0 and start0 <= end:
+                        raise ValueError(f"{where}: overlaps another fault on reclaimd-{j}")
+                busy.append((f.at_s, end, f.replica))
 
 
 # --- loading ---------------------------------------------------------------------------------

@@ -1,0 +1,201 @@
+"""A drill's faults (``faults:`` in a scenario): kill, pause or replace a reclaimd replica, or
+take a part of the local stack down for a moment, and record when, to what, and what it held.
+
+Replica faults act on the drill's own ``reclaimd run`` processes:
+
+- ``kill``: SIGKILL; with ``restart_after_s`` the same replica starts again on the same disk
+  (a container restart in the same pod: same holder, same outbox, same span file);
+- ``pause``: SIGSTOP for ``for_s``, then SIGCONT (a hung process keeps its claims until their
+  leases run out);
+- ``fresh_disk``: SIGKILL, then a replacement with an empty state dir after ``restart_after_s``
+  (a new pod on a new node: a new holder name, no outbox, a new span file). The old span file
+  stays readable to the judge, as spans already exported to a collector would be.
+
+Stack faults go through ``deploy/local/stack.sh stop|start|restart COMPONENT``, which waits
+until the component answers its readiness check again:
+
+- ``stop_kafka``: the broker down for ``for_s``;
+- ``restart_apiserver``: kube-apiserver only, etcd keeps its data;
+- ``restart_moto`` / ``restart_pubsub``: both keep everything in memory, so a restart loses
+  every queue, topic and subscription, which a real outage of SQS or Pub/Sub never does. The
+  drill puts back what a real outage would have kept: the run's queue (or topic and
+  subscription) under the same name, and every notice sent before the restart that reclaimd
+  had not yet claimed, sent again (a redelivery: same identity). A notice reclaimd had
+  claimed has its durable record in the cluster, and its transport ack may have gone out.
+
+Every fault is timed on the drill's clock; ``FaultRecord`` is what the verdict
+(``chaos.report``) turns into "what it cost".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from reclaimd.model import utcnow
+
+from .scenario import Fault, FaultKind
+
+if TYPE_CHECKING:
+    from .process import DaemonProcess
+    from .stack import StackEnv
+
+STACK_TIMEOUT_S = 240.0  # stack.sh's own limits: 180 s for the slowest component, plus stop
+COMPONENT = {
+    FaultKind.STOP_KAFKA: "kafka",
+    FaultKind.RESTART_APISERVER: "kube-apiserver",
+    FaultKind.RESTART_MOTO: "moto",
+    FaultKind.RESTART_PUBSUB: "pubsub-emulator",
+}
+
+
+class FaultError(RuntimeError):
+    """A fault could not be applied (or its component did not come back); one line."""
+
+
+@dataclass
+class FaultRecord:
+    """One fault as it happened."""
+
+    fault: Fault
+    started_at: datetime
+    ended_at: datetime | None = None  # the outage over: process back or continued, component up
+    holder: str = ""  # the faulted replica's holder name (replica faults)
+    successor: str = ""  # the holder that came back (same after a restart, new on a fresh disk)
+    held: dict[str, str] = field(default_factory=dict)  # claim key -> notice id, open, its own
+    resent: int = 0  # notices sent again after a restart_moto / restart_pubsub
+    error: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.fault.label
+
+    @property
+    def outage_s(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()
+
+
+def stack_script(stack: StackEnv) -> Path:
+    """``deploy/local/stack.sh`` of the checkout whose ``.stack`` this is."""
+    return stack.dir.parent / "deploy" / "local" / "stack.sh"
+
+
+async def stack_control(stack: StackEnv, action: str, component: str) -> None:
+    """``stack.sh ACTION COMPONENT`` (stop, start, restart); ``FaultError`` if it fails."""
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        str(stack_script(stack)),
+        action,
+        component,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), STACK_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise FaultError(
+            f"stack.sh {action} {component}: no answer in {STACK_TIMEOUT_S:g}s"
+        ) from None
+    if proc.returncode != 0:
+        last = out.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise FaultError(f"stack.sh {action} {component} exited {proc.returncode}: {last[0]}")
+
+
+@dataclass
+class FaultHooks:
+    """What a fault needs of the drill (kept small, so this module knows no drill internals)."""
+
+    replica: Callable[[int], DaemonProcess]  # the current process of central replica i
+    holder_of: Callable[[DaemonProcess], str]
+    replace: Callable[[int], Awaitable[DaemonProcess]]  # start replica i on a fresh disk
+    open_claims: Callable[[], Awaitable[Mapping[str, tuple[str, str]]]]  # key -> holder, notice
+    after_restart: Callable[[FaultKind], Awaitable[int]]  # put back what moto/pubsub lost
+    say: Callable[[str], None]
+
+
+async def apply(fault: Fault, stack: StackEnv, hooks: FaultHooks) -> FaultRecord:
+    """Apply ``fault`` now and return once its outage is over."""
+    if fault.replica is not None:
+        return await _replica_fault(fault, hooks)
+    return await _stack_fault(fault, stack, hooks)
+
+
+async def _held_by(hooks: FaultHooks, holder: str) -> dict[str, str]:
+    with contextlib.suppress(Exception):  # the apiserver may be the thing that is down
+        claims = await hooks.open_claims()
+        return {key: notice for key, (h, notice) in claims.items() if h == holder}
+    return {}
+
+
+async def _replica_fault(fault: Fault, hooks: FaultHooks) -> FaultRecord:
+    assert fault.replica is not None
+    d = hooks.replica(fault.replica)
+    holder = hooks.holder_of(d)
+    held = await _held_by(hooks, holder)
+    rec = FaultRecord(fault, started_at=utcnow(), holder=holder, held=held)
+    kind = fault.kind
+    try:
+        if kind is FaultKind.PAUSE:
+            d.pause()
+            hooks.say(f"fault {fault.label}: SIGSTOP {d.name} ({len(held)} open claim(s))")
+            await asyncio.sleep(fault.for_s or 0.0)
+            d.resume()
+            rec.ended_at, rec.successor = utcnow(), holder
+            hooks.say(f"fault {fault.label}: SIGCONT {d.name}")
+            return rec
+        await d.crash()
+        hooks.say(f"fault {fault.label}: SIGKILL {d.name} ({len(held)} open claim(s))")
+        restart = fault.restart_s
+        if restart is None:
+            return rec  # killed for good: the outage never ends for it
+        await asyncio.sleep(restart)
+        if kind is FaultKind.FRESH_DISK:
+            new = await hooks.replace(fault.replica)
+            rec.successor = hooks.holder_of(new)
+            hooks.say(f"fault {fault.label}: {new.name} up on a fresh disk")
+        else:
+            await d.start()
+            rec.successor = holder
+            hooks.say(f"fault {fault.label}: {d.name} up again on the same disk")
+        rec.ended_at = utcnow()
+    except Exception as e:  # the verdict shows it; the drill goes on
+        rec.error = f"{type(e).__name__}: {e}"
+        hooks.say(f"fault {fault.label}: {rec.error}")
+    return rec
+
+
+async def _stack_fault(fault: Fault, stack: StackEnv, hooks: FaultHooks) -> FaultRecord:
+    component = COMPONENT[fault.kind]
+    rec = FaultRecord(fault, started_at=utcnow())
+    try:
+        if fault.kind is FaultKind.STOP_KAFKA:
+            await stack_control(stack, "stop", component)
+            hooks.say(f"fault {fault.label}: {component} stopped")
+            await asyncio.sleep(fault.for_s or 0.0)
+            await stack_control(stack, "start", component)
+        else:
+            await stack_control(stack, "restart", component)
+        rec.ended_at = utcnow()
+        hooks.say(f"fault {fault.label}: {component} up after {rec.outage_s:.1f}s")
+        if fault.kind in (FaultKind.RESTART_MOTO, FaultKind.RESTART_PUBSUB):
+            rec.resent = await hooks.after_restart(fault.kind)
+            hooks.say(f"fault {fault.label}: transport recreated, {rec.resent} notice(s) resent")
+    except Exception as e:  # the verdict shows it; the drill goes on
+        rec.error = f"{type(e).__name__}: {e}"
+        hooks.say(f"fault {fault.label}: {rec.error}")
+    return rec
+
+
+async def ensure_stack_up(stack: StackEnv) -> None:
+    """After a drill with stack faults: every component it touched answers again."""
+    for component in COMPONENT.values():
+        await stack_control(stack, "start", component)  # a no-op for one that answers
