@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from reclaimd.annotations import UrlPolicy
 from reclaimd.model import Windows
 
 ENV_PREFIX = "RECLAIMD_"
@@ -29,6 +32,11 @@ class ConfigError(ValueError):
 class _Strict(BaseModel):
     # Unknown keys are typos more often than not: refuse them.
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def fields(self, *skip: str) -> dict[str, Any]:
+        """This section's own values by name (nested sections as they are), for a part's
+        settings whose fields share the names: ``WatchSettings(**s.cache.watch.fields())``."""
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in skip}
 
 
 class EvictionPolicy(StrEnum):
@@ -110,6 +118,24 @@ class PolicySettings(_Strict):
     expired_after_s: float = Field(300.0, ge=0)
     # Drain concurrency per notice; the client-side rate limiter bounds the total.
     evict_concurrency: int = Field(32, ge=1)
+    # Backoff between evictions a PDB refused, and how often a drain looks for its pods again.
+    retry_base_s: float = Field(0.5, gt=0)
+    retry_cap_s: float = Field(5.0, gt=0)
+    poll_interval_s: float = Field(0.5, gt=0)
+
+
+class LedgerWriterSettings(_Strict):
+    """The ledger writer's tuning (``LedgerWriter(**s.ledger.writer.fields())``)."""
+
+    batch_size: int = Field(100, ge=1, le=10_000)  # events per Kafka transaction
+    backoff_initial_s: float = Field(0.5, gt=0)  # after a failed publish, doubling to
+    backoff_max_s: float = Field(30.0, gt=0)
+    request_timeout_ms: int = Field(30_000, ge=1000)
+    client_id: str = Field("reclaimd-ledger", min_length=1, max_length=200)
+    retention_s: float = Field(7 * 86_400, gt=0)  # published rows kept in the outbox
+    recover_every_s: float = Field(10.0, gt=0)  # dead peers' events looked for this often
+    scan_margin_s: float = Field(600.0, ge=0)  # topic scan for an unknown outcome: back this far
+    scan_timeout_s: float = Field(120.0, gt=0)
 
 
 class LedgerSettings(_Strict):
@@ -117,6 +143,7 @@ class LedgerSettings(_Strict):
     topic: str = "reclaimd.restart-waste"
     outbox_path: Path = Path("/var/lib/reclaimd/outbox.sqlite")
     label_allowlist: tuple[str, ...] = ("tenant", "queue", "sku", "cell", "purchase_option")
+    writer: LedgerWriterSettings = LedgerWriterSettings()
 
 
 class AllocationSettings(_Strict):
@@ -136,6 +163,65 @@ class EventsSettings(_Strict):
 
     enabled: bool = True
     queue_size: int = Field(1024, ge=1, le=1_000_000)
+    max_age_s: float = Field(60.0, gt=0)  # an event that waited this long is dropped
+    series_window_s: float = Field(360.0, gt=0)  # a repeat within this joins the series
+    series_flush_s: float = Field(30.0, gt=0)  # a series is patched at most this often
+    series_cache: int = Field(4096, ge=1, le=1_000_000)  # distinct events remembered
+    writers: int = Field(2, ge=1, le=64)  # events written at once
+
+
+class WatchConfig(_Strict):
+    """The cluster cache's LIST+WATCH loops (``WatchSettings(**s.cache.watch.fields())``)."""
+
+    inactivity_timeout_s: float = Field(70.0, gt=0)  # silence that means a dead connection
+    server_timeout_s: int = Field(300, ge=1, le=3600)  # timeoutSeconds asked of the server
+    page_size: int = Field(250, ge=1, le=10_000)  # LIST page size
+    backoff_base_s: float = Field(0.5, gt=0)
+    backoff_cap_s: float = Field(30.0, gt=0)
+
+
+class CacheConfig(_Strict):
+    """What the cluster cache watches and how (``CacheSettings``)."""
+
+    namespaces: tuple[str, ...] = ()  # pods and Workloads watched; empty: the whole cluster
+    watch_workloads: bool = True
+    permanent_error_pause_s: float = Field(30.0, gt=0)  # after RBAC/CRD-missing failures
+    # A watch with no LIST, event or BOOKMARK for this long is restarted by its supervisor,
+    # which looks this often.
+    stall_after_s: float = Field(150.0, gt=0)
+    supervise_interval_s: float = Field(2.0, gt=0)
+    watch: WatchConfig = WatchConfig()
+
+
+class ClaimsConfig(_Strict):
+    """The claim store (``ClaimSettings``; its lease is ``claim_stale_s``)."""
+
+    max_conflicts: int = Field(20, ge=1, le=1000)  # re-reads after 409 before giving up
+
+
+class CheckpointConfig(_Strict):
+    """The checkpoint requests reclaimd sends to the ranks (docs/checkpoint-contract.md)."""
+
+    # On: a checkpoint URL must name the pod's own IP or an allowed host; off: any host.
+    require_pod_ip: bool = True
+    # Exceptions: host names (matched exactly), IP addresses and CIDRs, e.g. 127.0.0.1 for
+    # trainers on loopback in a drill, or a checkpoint sidecar's Service name.
+    allowed_hosts: tuple[str, ...] = ()
+    poll_interval_s: float = Field(0.5, gt=0, le=60)  # a status URL is polled this often
+    concurrency: int = Field(64, ge=1, le=65_536)  # requests in flight per gang
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        UrlPolicy.parse(value)  # a ValueError becomes one line naming the field
+        return value
+
+    def url_policy(self) -> UrlPolicy:
+        return UrlPolicy.parse(self.allowed_hosts, require_pod_ip=self.require_pod_ip)
+
+
+class IntakeConfig(_Strict):
+    memory: int = Field(50_000, ge=100, le=10_000_000)  # notice ids remembered as seen
 
 
 class KubeSettings(_Strict):
@@ -150,6 +236,14 @@ class KubeSettings(_Strict):
     burst: int = Field(100, ge=1)
     # Connections to the API server: a storm's writes in flight at once.
     connections: int = Field(64, ge=1, le=1024)
+    # While the server accepts, the write rate grows by this fraction of itself per second.
+    growth_per_s: float = Field(0.25, gt=0, le=10)
+    # A retried write backs off with full jitter between these, never past its deadline.
+    retry_base_s: float = Field(0.2, gt=0)
+    retry_cap_s: float = Field(5.0, gt=0)
+    max_attempts: int = Field(8, ge=1, le=100)  # of one write that has no deadline to bound it
+    attempt_timeout_s: float = Field(10.0, gt=0)  # one request the server never answers
+    max_conflicts: int = Field(8, ge=1, le=1000)  # re-reads of one object after 409s
 
 
 class TracingSettings(_Strict):
@@ -175,6 +269,10 @@ class Settings(_Strict):
     allocation: AllocationSettings = AllocationSettings()
     events: EventsSettings = EventsSettings()
     tracing: TracingSettings = TracingSettings()
+    cache: CacheConfig = CacheConfig()
+    claims: ClaimsConfig = ClaimsConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    intake: IntakeConfig = IntakeConfig()
     metrics_port: int = Field(9464, ge=0, le=65535)
     # The first LIST of every node and GPU pod must finish within this, or the process exits
     # (and is restarted). 50,000 pods take tens of seconds from a busy API server.
@@ -193,6 +291,62 @@ class Settings(_Strict):
     # Decide everything, do nothing: log and count what would be claimed, signalled, evicted
     # and recorded (``reclaimd.dryrun``); ``reclaimd run --dry-run`` sets it too.
     dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class CodePart:
+    """Where one part's settings come from in this file.
+
+    ``section``: the dotted path of the section whose fields share the part's field names
+    (``""``: the top level). ``elsewhere``: the part's fields set another way, each naming
+    the config path it is set from, or why it is no setting (``"discovered: ..."``).
+    ``defaults_differ``: fields whose config default is deliberately not the code's.
+    """
+
+    section: str
+    elsewhere: Mapping[str, str] = field(default_factory=dict)
+    defaults_differ: frozenset[str] = frozenset()
+
+
+_DISCOVERED_KUEUE = "discovered: the Kueue API version the cluster serves"
+# Every settings dataclass (and tunable constructor) in the code, and where its fields are
+# set from. tests/unit/test_config_reach.py walks the code: a new setting without an entry
+# here fails it.
+CODE_SETTINGS: Mapping[str, CodePart] = MappingProxyType(
+    {
+        "reclaimd.cluster.watch.WatchSettings": CodePart("cache.watch"),
+        "reclaimd.cluster.cache.CacheSettings": CodePart(
+            "cache",
+            {
+                "watch": "cache.watch",
+                "workloads": _DISCOVERED_KUEUE,
+                "require_pod_ip": "checkpoint.require_pod_ip",
+                "url_policy": "checkpoint.allowed_hosts",
+            },
+        ),
+        "reclaimd.cluster.claims.ClaimSettings": CodePart(
+            "claims", {"lease_s": "claim_stale_s", "workloads": _DISCOVERED_KUEUE}
+        ),
+        # The adaptive rate starts below the cap in a deployment (the code's None: at the cap).
+        "reclaimd.cluster.ratelimit.RateSettings": CodePart(
+            "kube", defaults_differ=frozenset({"start_qps"})
+        ),
+        "reclaimd.cluster.actions.ActionSettings": CodePart(
+            "policy", {"policy": "policy.eviction"}
+        ),
+        "reclaimd.cluster.events.EventSettings": CodePart("events"),
+        "reclaimd.checkpoint.CheckpointSettings": CodePart("checkpoint"),
+        "reclaimd.ledger.LedgerWriter": CodePart(
+            "ledger.writer", {"holder": "holder", "policy": "ledger.label_allowlist"}
+        ),
+        "reclaimd.intake.Intake": CodePart("intake", {"expire_after": "policy.expired_after_s"}),
+        "reclaimd.scheduler.Scheduler": CodePart(
+            "", {"max_in_flight": "max_in_flight", "horizon_s": "schedule_horizon_s"}
+        ),
+        "reclaimd.scheduler.EdfQueue": CodePart("", {"horizon_s": "schedule_horizon_s"}),
+        "reclaimd.meter.Meter": CodePart("allocation"),
+    }
+)
 
 
 def _overlay(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -218,7 +372,8 @@ def _one_line(e: ValidationError) -> str:
     first = e.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+    message = " ".join(str(first["msg"]).split())  # a validator's message stays one line
+    return f"{where}: {message}{more}"
 
 
 def load(path: str | Path | None, env: Mapping[str, str] | None = None) -> Settings:
