@@ -155,7 +155,7 @@ class AsgLifecycle:
     async def _call(self, action: LifecycleAction, op: str, **extra: str) -> bool:
         """One call in a thread; True when it succeeded. Never raises (but cancellation)."""
         try:
-            client = await asyncio.to_thread(self._client, action.region or self.region)
+            client = await asyncio.to_thread(self.client, action.region or self.region)
             await asyncio.to_thread(getattr(client, op), **action.params(), **extra)
         except asyncio.CancelledError:
             raise
@@ -180,7 +180,8 @@ class AsgLifecycle:
             self._done.add(action.token)
         return True
 
-    def _client(self, region: str) -> Any:
+    def client(self, region: str) -> Any:
+        """The region's client, built once (blocks: call it in a thread)."""
         with self._clients_lock:  # boto3 client creation is not thread-safe
             if region not in self._clients:
                 self._clients[region] = self._client_for(region)
