@@ -468,6 +468,8 @@ async def test_kueue_reclaim_within_cohort(
         await h.start_daemon(
             sqs={"enabled": False},
             kueue={"enabled": True, "namespaces": [h.namespace]},
+            # The relay stands in for the ranks on loopback: not the pods' own IPs.
+            checkpoint={"allowed_hosts": ["127.0.0.1"]},
         )
 
         # The borrower: 3 ranks x 2 GPUs, admitted on 6 of the lender's 8 GPUs (its own: 0).
