@@ -80,3 +80,13 @@ def shared(api: k8s.ApiClient) -> WorkloadVersion:
     if found is None:
         found = _SHARED[api] = WorkloadVersion(api)
     return found
+
+
+async def version_or(api: k8s.ApiClient, fallback: str) -> str:
+    """The served version (one shared discovery per client), else ``fallback``: Kueue not
+    served, or discovery failing. A caller's Workload call then fails as it would have, and
+    the next call asks again."""
+    try:
+        return await shared(api).get() or fallback
+    except client.KubeError:
+        return fallback

@@ -58,3 +58,14 @@ async def test_a_group_the_cluster_does_not_serve_has_no_versions(
     kube: client.ApiClient,
 ) -> None:
     assert await kueueapi.served_versions(kube, "nothing.example.com") == []
+
+
+async def test_version_or_answers_the_served_version_and_falls_back_when_discovery_fails(
+    kube: client.ApiClient,
+) -> None:
+    assert await kueueapi.version_or(kube, "v1beta1") == "v1beta2"
+    unreachable = client.ApiClient(client.Configuration(host="http://127.0.0.1:1"))
+    try:
+        assert await kueueapi.version_or(unreachable, "v1beta1") == "v1beta1"
+    finally:
+        await unreachable.close()
