@@ -363,6 +363,14 @@ class ClusterLog(Protocol):
     async def delete(self, event_id: str) -> None: ...
 
 
+class _ClusterUnreadable(Exception):
+    """The cluster records could not be read: rows that have one wait for the next round."""
+
+
+def _in_cluster(r: Row) -> bool:
+    return r.cluster in (Cluster.HELD, Cluster.UNKNOWN)
+
+
 def settle(
     rows: Iterable[Row], records: Mapping[str, PendingEvent] | None, holder: str
 ) -> tuple[list[Row], list[Row], list[Row]]:
@@ -377,7 +385,7 @@ def settle(
     doubt: list[Row] = []
     gone: list[Row] = []
     for r in rows:
-        in_cluster = r.cluster in (Cluster.HELD, Cluster.UNKNOWN)
+        in_cluster = _in_cluster(r)
         rec = records.get(r.id) if records is not None and in_cluster else None
         if rec is not None and rec.holder != holder:
             gone.append(r)
@@ -566,13 +574,16 @@ class LedgerWriter:
                     # transaction timeout); the next batch reads the cluster records again.
                     "ledger publish fenced, will re-check"
                     if isinstance(e, ProducerFenced)
+                    else "ledger records unreadable, events with one wait"
+                    if isinstance(e, _ClusterUnreadable)
                     else "ledger publish failed, will retry",
                     logging.WARNING,
                     error=f"{type(e).__name__}: {e}"[:200],
                     depth=self.depth(),
                     retry_in_s=round(delay, 2),
                 )
-                await self._stop_producer()
+                if not isinstance(e, _ClusterUnreadable):  # Kafka itself is fine then
+                    await self._stop_producer()
                 await self._backoff_sleep(random.uniform(delay / 2, delay))
                 delay = min(delay * 2, self._backoff[1])
 
@@ -587,19 +598,25 @@ class LedgerWriter:
                 await self._prune()
                 await self._idle()
                 continue
-            ours = await self._settle(rows)
+            ours, unreadable = await self._settle(rows)
             if ours:
                 await self._send_batch(producer, ours)
+            if unreadable is not None:
+                raise _ClusterUnreadable(str(unreadable)) from unreadable
 
-    async def _settle(self, rows: list[Row]) -> list[Row]:
-        """The rows of this batch that are ours to send now (see ``settle``)."""
+    async def _settle(self, rows: list[Row]) -> tuple[list[Row], Exception | None]:
+        """The rows of this batch that are ours to send now (see ``settle``), and the error
+        that kept rows with a cluster record back (they wait until the cluster answers)."""
         records: dict[str, PendingEvent] | None = None
-        if self._cluster is not None and any(
-            r.cluster in (Cluster.HELD, Cluster.UNKNOWN) for r in rows
-        ):
+        unreadable: Exception | None = None
+        if self._cluster is not None and any(_in_cluster(r) for r in rows):
             # Read after our producer's epoch was set: a peer adopting from here on fences
             # this producer before it looks at the topic, so no commit of ours slips past it.
-            records = {p.event_id: p for p in await self._cluster.pending()}
+            try:
+                records = {p.event_id: p for p in await self._cluster.pending()}
+            except Exception as e:  # rows only this outbox knows need no cluster: go on
+                unreadable = e
+                rows = [r for r in rows if not _in_cluster(r)]
         ours, doubt, gone = settle(rows, records, self.holder)
         if gone:
             await self._outbox.mark_sent([r.id for r in gone])
@@ -615,7 +632,7 @@ class LedgerWriter:
             ours.extend(r for r in doubt if r.id not in found)
         if gone or doubt:
             await self._notify()
-        return sorted(ours, key=lambda r: r.seq)
+        return sorted(ours, key=lambda r: r.seq), unreadable
 
     async def _send_batch(self, producer: AIOKafkaProducer, rows: list[Row]) -> None:
         """One transaction: every row of the batch is on the topic, or none is."""

@@ -66,10 +66,13 @@ def writer(
 
 
 async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll ``check`` (the writers' state and the cluster's records; nothing to wait on)."""
     async with asyncio.timeout(WAIT_S):
-        while not await check():
+        while True:
+            if await check():
+                return
             await asyncio.sleep(0.1)
-    assert await check(), what
+    raise AssertionError(what)
 
 
 def delete_outbox(path: Path) -> None:
@@ -231,6 +234,25 @@ async def test_normal_path_publishes_once_and_deletes_the_record(
 
         await until(gone, "published and its record deleted")
         assert a.adopted == 0 and a.given_away == 0 and a.found_published == 0
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=1)) == Counter(
+        {event.event_id: 1}
+    )
+
+
+async def test_an_event_the_cluster_refuses_is_still_published_once(
+    stack: Any, kube: k8s.ApiClient, tmp_path: Path
+) -> None:
+    topic = await new_topic(stack.kafka_bootstrap)
+    event = waste("aws-refused")
+    # No such namespace: the API server refuses the record (404), for good.
+    log_a = LedgerLog(
+        kube, f"absent-{uuid.uuid4().hex[:8]}", holder("a"), topic, limiter=RateLimiter()
+    )
+    async with writer(stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a) as a:
+        await a.record(event)
+        assert a.cluster_write_errors == 1
+        assert await a.flush(WAIT_S)
+        assert a.published == 1
     assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=1)) == Counter(
         {event.event_id: 1}
     )

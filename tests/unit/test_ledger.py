@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from reclaimd.cluster.ledgerlog import PendingEvent
 from reclaimd.ledger import (
     SCHEMA,
     LabelPolicy,
@@ -14,7 +15,10 @@ from reclaimd.ledger import (
     normalize_purchase_option,
     placement,
     pricing_category,
+    record_event_id,
+    settle,
     to_event,
+    transactional_id,
 )
 from reclaimd.model import (
     CheckpointScope,
@@ -28,7 +32,7 @@ from reclaimd.model import (
     Target,
     frozen_map,
 )
-from reclaimd.outbox import Outbox
+from reclaimd.outbox import Cluster, Outbox, Row
 from reclaimd.waste import build_restart_waste, with_placements
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -482,3 +486,72 @@ async def test_writer_without_broker_keeps_events_once_in_the_outbox(tmp_path: P
     rows = box.pending()
     assert [r.id for r in rows] == [make_waste().event_id, make_waste(gang_name="other").event_id]
     assert json.loads(rows[0].value)["EventId"] == rows[0].id
+
+
+# --- exactly once: which rows are ours to send --------------------------------------------
+
+
+def row(id: str, cluster: str = Cluster.NONE, tried: bool = False) -> Row:
+    return Row(1, id, None, b"v", (), cluster, tried, 0.0)
+
+
+def held_by(id: str, holder: str) -> PendingEvent:
+    return PendingEvent("n", "t", id, None, b"v", (), T0, holder, (holder,))
+
+
+def test_settle_sends_our_rows_and_gives_adopted_ones_away() -> None:
+    rows = [row("mine", Cluster.HELD), row("local"), row("adopted", Cluster.HELD)]
+    records = {"mine": held_by("mine", "a"), "adopted": held_by("adopted", "b")}
+    ours, doubt, gone = settle(rows, records, "a")
+    assert [r.id for r in ours] == ["mine", "local"]
+    assert doubt == []
+    assert [r.id for r in gone] == ["adopted"]
+
+
+def test_settle_doubts_tried_rows_and_records_that_vanished() -> None:
+    rows = [
+        row("tried", tried=True),  # a transaction carried it: it may have committed
+        row("vanished", Cluster.HELD),  # a peer may have published it and deleted the record
+        row("no-answer", Cluster.UNKNOWN),  # its record's write had no answer, and none exists
+        row("answered-late", Cluster.UNKNOWN),  # it does exist: ours
+        row("tried-adopted", Cluster.HELD, tried=True),  # adopted wins over tried
+    ]
+    records = {"answered-late": held_by("answered-late", "a"), "tried-adopted": held_by("x", "b")}
+    ours, doubt, gone = settle(rows, records, "a")
+    assert [r.id for r in ours] == ["answered-late"]
+    assert [r.id for r in doubt] == ["tried", "vanished", "no-answer"]
+    assert [r.id for r in gone] == ["tried-adopted"]
+
+
+def test_settle_without_cluster_rows_reads_no_records() -> None:
+    ours, doubt, gone = settle([row("a"), row("b", tried=True)], None, "a")
+    assert ([r.id for r in ours], [r.id for r in doubt], gone) == (["a"], ["b"], [])
+
+
+def test_transactional_id_is_per_holder_and_topic_and_stable() -> None:
+    ids = {transactional_id(h, t) for h in ("a", "b") for t in ("waste", "allocation")}
+    assert len(ids) == 4
+    assert transactional_id("a", "waste") == transactional_id("a", "waste")
+    assert all(len(i) < 64 for i in ids)
+
+
+def test_record_event_id_from_the_header_or_the_row() -> None:
+    assert record_event_id([("schema", b"s"), ("event_id", b"e1")], b"{}") == "e1"
+    assert record_event_id([], b'{"EventId": "e2"}') == "e2"
+    assert record_event_id([], b"not json") is None
+    assert record_event_id([], b'["EventId"]') is None
+    assert record_event_id([], None) is None
+
+
+async def test_writer_and_cluster_log_must_share_the_holder(tmp_path: Path) -> None:
+    class Log:
+        holder = "b"
+
+    with pytest.raises(ValueError, match="holder"):
+        LedgerWriter(
+            bootstrap_servers="",
+            topic="t",
+            outbox_path=tmp_path / "o.sqlite",
+            holder="a",
+            cluster=Log(),  # type: ignore[arg-type]
+        )

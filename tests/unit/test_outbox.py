@@ -5,7 +5,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from reclaimd.outbox import AsyncOutbox, Outbox
+import pytest
+
+from reclaimd.outbox import AsyncOutbox, Cluster, Outbox
 
 H = (("event_id", b"e1"), ("traceparent", b"\x00\xff binary-safe"))
 
@@ -98,3 +100,59 @@ async def test_async_outbox_serializes_concurrent_puts(tmp_path: Path) -> None:
     assert box.depth() == 0
     assert await box.contains("e3")
     await box.close()
+
+
+def test_cluster_state_and_tries_are_kept_and_pending_rows_wait(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+    box.put("e1", b"k", b"v", (), Cluster.PENDING)
+    box.put("e2", b"k", b"v", (), Cluster.HELD)
+    # A row whose cluster write is still running is not published yet.
+    assert [(r.id, r.cluster, r.tried) for r in box.pending()] == [("e2", Cluster.HELD, False)]
+    box.set_cluster("e1", Cluster.UNKNOWN)
+    box.mark_tried(["e2"])
+    assert [(r.id, r.cluster, r.tried) for r in box.pending()] == [
+        ("e1", Cluster.UNKNOWN, False),
+        ("e2", Cluster.HELD, True),
+    ]
+    assert box.depth() == 2
+    got = box.get("e2")
+    assert got is not None and got[0].tried and got[1] is False
+    box.mark_sent(["e2"])
+    got = box.get("e2")
+    assert got is not None and got[1] is True
+    assert box.get("nope") is None
+
+
+def test_unknown_cluster_state_is_refused(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+    with pytest.raises(ValueError, match="cluster state"):
+        box.put("e1", None, b"v", (), "maybe")
+
+
+def test_a_put_cut_off_mid_cluster_write_is_in_doubt_after_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite"
+    box = Outbox(path)
+    box.put("e1", None, b"v", (), Cluster.PENDING)
+    box.close()
+    again = Outbox(path)
+    assert [(r.id, r.cluster) for r in again.pending()] == [("e1", Cluster.UNKNOWN)]
+
+
+def test_a_file_from_before_the_cluster_columns_opens_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE outbox (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, key BLOB,
+            value BLOB NOT NULL, headers TEXT NOT NULL, created_at REAL NOT NULL, sent_at REAL
+        );
+        INSERT INTO outbox (id, key, value, headers, created_at) VALUES ('old', NULL, 'v', '[]', 1);
+        """
+    )
+    db.close()
+    box = Outbox(path)
+    assert [(r.id, r.cluster, r.tried, r.created_at) for r in box.pending()] == [
+        ("old", Cluster.NONE, False, 1.0)
+    ]
+    assert box.depth() == 1
