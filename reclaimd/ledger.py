@@ -16,10 +16,17 @@ Three parts, in the order data flows:
   instance each rank ran on (``x_WasteByInstance``), so a gang spanning spot and on-demand
   nodes is priced part by part (docs/ledger.md).
 * **Publisher.** ``LedgerWriter.record`` commits the event to the SQLite outbox (fsync'd,
-  idempotent on the event id) and wakes ``run``, which publishes the outbox to Kafka with an
-  idempotent producer (``acks=all``) and marks a row sent only after the broker acked it.
-  A Kafka outage delays events, never loses them; a crash between the broker's ack and the
-  mark re-sends that row once, which the ``EventId`` dedupe absorbs (at-least-once).
+  idempotent on the event id) and, given a cluster log (``cluster.ledgerlog``), records it in
+  the cluster before it returns; ``run`` publishes the outbox to Kafka in transactions under
+  a transactional id derived from the holder, and marks a row sent once its transaction
+  committed. A Kafka outage delays events, never loses them; losing the replica and its disk
+  during one loses nothing either: a peer adopts the cluster records of a holder whose Lease
+  is stale, fences that holder's transactional id, reads the topic (``read_committed``) for
+  what already made it, and publishes the rest. Exactly once, replays included: a row whose
+  transaction outcome is unknown (a crash between commit and mark, a fence) is looked up on
+  the topic before it is sent again, and a row a peer adopted is left to the peer. Consumers
+  must read with ``isolation.level=read_committed`` (an aborted transaction's records stay
+  in the log); ``EventId`` still identifies each event.
 """
 
 from __future__ import annotations
