@@ -256,3 +256,33 @@ async def test_an_event_the_cluster_refuses_is_still_published_once(
     assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=1)) == Counter(
         {event.event_id: 1}
     )
+
+
+async def test_a_replica_restarted_on_a_fresh_disk_under_its_name_recovers_its_own_events(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    topic = await new_topic(stack.kafka_bootstrap)
+    events = [waste(f"aws-fresh-{i}", f"gang-{i}") for i in range(2)]
+    limiter = RateLimiter()
+    name = holder("a")
+    log_a = LedgerLog(kube, namespace, name, topic, limiter=limiter)
+    a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
+    await record_all(a, events)
+    await a.close()
+    delete_outbox(tmp_path / "a.sqlite")
+
+    # The same holder name again (its holder Lease is live: no peer would adopt), new disk.
+    again = LedgerLog(kube, namespace, name, topic, limiter=limiter)
+    leases = HolderLeases(kube, namespace, name, lease_s=5.0, limiter=limiter)
+    async with writer(
+        stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", again, leases.alive
+    ) as a2:
+
+        async def done() -> bool:
+            return a2.published == 2 and not await again.pending()
+
+        await until(done, "the restarted replica published its earlier life's events")
+        assert a2.adopted == 2
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=2)) == Counter(
+        {e.event_id: 1 for e in events}
+    )
