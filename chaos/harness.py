@@ -104,7 +104,7 @@ class Harness:
 
     def node_spec(self, i: int, **kw: Any) -> fleet.NodeSpec:
         return fleet.NodeSpec(
-            name=f"gpu-{self.run_id}-{i}", instance_id=f"i-{self.run_id}{i:08x}", **kw
+            name=f"gpu-{self.run_id}-{i}", instance_id=f"i-{self.run_id}{i:09x}", **kw
         )
 
     async def add_gang(
@@ -138,6 +138,8 @@ class Harness:
         config: dict[str, Any] = {
             "cluster_name": "local",
             "holder": holder or f"reclaimd-{self.run_id}",
+            # Claims of this run only: a daemon of another test must never take them over.
+            "peer_group": f"run-{self.run_id}",
             "kube": {"kubeconfig": self.stack.reclaimd_kubeconfig},
             "sqs": {
                 "enabled": True,

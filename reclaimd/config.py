@@ -256,6 +256,9 @@ class Settings(_Strict):
     claim_stale_s: float = Field(20.0, gt=0)
     # Where the per-gang Leases live (reclaimd's own namespace: its Role covers only this one).
     lease_namespace: str = "reclaimd"
+    # The replicas that resume each other's claims; empty: "<lease_namespace>/<cluster_name>".
+    # Two deployments on one cluster (a canary with its own queue) need different groups.
+    peer_group: str = ""
     windows: Windows = Windows()
     kube: KubeSettings = KubeSettings()
     sqs: SqsSettings = SqsSettings()

@@ -1,11 +1,11 @@
 """The always-on process: wire the parts, resume open claims, run until SIGTERM.
 
-This module only wires: the parts live in their own modules. Root tasks (ledger publisher,
-scheduler, holder Lease, resume scan, one task per source) run in one TaskGroup: if one dies
-the others are cancelled and the process exits
-non-zero, so the orchestrator restarts it and it resumes from the claims in the cluster
-(crash-only). SIGTERM stops the sources first, gives notices in flight a grace period, then
-flushes the ledger outbox.
+This module only wires: the parts live in their own modules. Root tasks (cache supervisor,
+ledger publisher, scheduler, holder Lease, resume scan, one task per source) run in one
+TaskGroup: if one dies the others are cancelled and the process exits non-zero, so the
+orchestrator restarts it and it resumes from the claims in the cluster (crash-only). SIGTERM
+stops the sources first, gives notices in flight a grace period, then flushes the ledger
+outbox.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ class Daemon:
             limiter=limiter,
             settings=claims.ClaimSettings(lease_s=s.claim_stale_s),
             liveness=alive.renewed,
+            group=s.peer_group or f"{s.lease_namespace}/{s.cluster_name}",
         )
         writer = actions.ClusterActions(
             api,
@@ -169,6 +170,8 @@ class Daemon:
         )
         # One claim log: the intake writes the claims, the runbook marks them done.
         claim_log = claimlog.ClaimLog(store, view) if would is None else would.claim_log
+        # One Lease per gang: who charges it, and its durable record for a successor.
+        gang_leases = gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter)
         runbook = Runbook(
             view=view,
             writer=writer if would is None else would.evictor,
@@ -181,11 +184,8 @@ class Daemon:
             ),
             ledger=ledger_writer if would is None else would.recorder,
             progress=claim_log,
-            owners=GangOwners(
-                gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter)
-                if would is None
-                else would.gang_lock
-            ),
+            owners=GangOwners(gang_leases if would is None else would.gang_lock),
+            records=gang_leases if would is None else None,
             budget=Budget(
                 drain_reserve_s=s.policy.drain_reserve_s,
                 drain_reserve_fraction=s.policy.drain_reserve_fraction,
@@ -272,10 +272,12 @@ class Daemon:
             sources_by_name = self._sources(parts.intake, api)
             observed = self.metrics = _bind_gauges(parts, sources_by_name)
             readiness = health.Readiness(
-                {"cache": lambda: view.synced}
+                {"cache": lambda: view.current}
                 if s.dry_run  # no outbox file, no Lease: only the cache matters
                 else {
-                    "cache": lambda: view.synced,
+                    # Listed, and every watch running and connected: a frozen cache would
+                    # resolve notices to pods long gone.
+                    "cache": lambda: view.current,
                     "outbox": health.outbox_writable(s.ledger.outbox_path),
                     # Our claims are live only while our holder Lease is renewed.
                     "holder_lease": parts.holders.fresh,
@@ -295,6 +297,7 @@ class Daemon:
                     with contextlib.suppress(client.KubeError):
                         await parts.holders.renew()
                 background = [
+                    tg.create_task(view.run(), name="cache"),  # restarts a dead or stuck watch
                     tg.create_task(ledger_writer.run(), name="ledger"),
                     *(
                         [

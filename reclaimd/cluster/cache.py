@@ -21,6 +21,7 @@ workload index stays empty and does not hold back ``synced``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -33,6 +34,7 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
+from reclaimd import logs
 from reclaimd.cluster import client, gangs
 from reclaimd.cluster.watch import (
     Changed,
@@ -95,6 +97,13 @@ class CacheSettings:
 
     require_pod_ip: bool = False
     """Passed to the checkpoint contract: only accept checkpoint URLs aimed at the pod."""
+
+    stall_after_s: float = 150.0
+    """A stream with no LIST, event or BOOKMARK for this long is stuck (the server bookmarks
+    an idle watch every minute and the watch reconnects after its own inactivity timeout):
+    the supervisor restarts it."""
+
+    supervise_interval_s: float = 2.0
 
 
 def instance_ids(node: RawObject) -> frozenset[str]:
@@ -440,8 +449,37 @@ def _discard(index: defaultdict[Any, set[PodId]], key: Any, pid: PodId) -> None:
             del index[key]
 
 
+class _StreamState:
+    """How one collection's watch is doing (``watch.Progress``)."""
+
+    def __init__(self) -> None:
+        self.broken = ""  # why it is not current, while it backs off
+        self.progress_at = asyncio.get_running_loop().time()
+
+    def progressed(self) -> None:
+        self.broken = ""
+        self.progress_at = asyncio.get_running_loop().time()
+
+    def failed(self, reason: str) -> None:
+        self.broken = reason[:200] or "failed"
+
+
+@dataclass(frozen=True)
+class _Stream:
+    name: str
+    endpoint: Endpoint
+    apply: Callable[[Listed | Changed], None]
+    optional: bool
+
+
 class ClusterCache:
-    """LIST+WATCH of nodes, pods and Workloads, and the queries a notice needs."""
+    """LIST+WATCH of nodes, pods and Workloads, and the queries a notice needs.
+
+    ``start`` lists and watches every collection in tasks of its own; ``run`` (a long-lived
+    task the daemon supervises) keeps them alive: a watch task that died, or one stuck with no
+    progress for ``stall_after_s``, is restarted. ``current`` is what ``/readyz`` shows: every
+    collection listed, every watch running and not backing off from a failure.
+    """
 
     def __init__(
         self,
@@ -454,7 +492,10 @@ class ClusterCache:
         self._settings = settings
         self._labeler = labeler
         self._idx = _Indexes()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._states: dict[str, _StreamState] = {}
+        self.restarts = 0  # watch tasks the supervisor restarted
         self._pending: set[str] = set()
         self._synced_event = asyncio.Event()
         self._listing = asyncio.Lock()
@@ -514,14 +555,63 @@ class ClusterCache:
             streams.append((f"pods/{ns}", pods, self._pod_applier(ns), False))
             if self._settings.watch_workloads:
                 streams.append((f"workloads/{ns}", workloads, self._workload_applier(ns), True))
-        self._pending = {name for name, *_ in streams}
-        for name, endpoint, apply, optional in streams:
-            task = asyncio.create_task(
-                self._run(name, TakingTurns(endpoint, self._listing), apply, optional),
-                name=f"cache-{name}",
-            )
-            task.add_done_callback(_log_crash)
-            self._tasks.append(task)
+        self._begin([_Stream(n, TakingTurns(e, self._listing), a, o) for n, e, a, o in streams])
+
+    def _begin(self, streams: Iterable[_Stream]) -> None:
+        for stream in streams:
+            self._streams[stream.name] = stream
+            self._pending.add(stream.name)
+        for name in self._streams:
+            self._launch(name)
+
+    def _launch(self, name: str) -> None:
+        stream = self._streams[name]
+        self._states[name] = _StreamState()
+        task = asyncio.create_task(self._run(stream), name=f"cache-{name}")
+        task.add_done_callback(_log_crash)
+        self._tasks[name] = task
+
+    async def run(self) -> None:
+        """Supervise the watches until cancelled (``start`` first)."""
+        every = self._settings.supervise_interval_s
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every)
+            for name, task in list(self._tasks.items()):
+                silent = loop.time() - self._states[name].progress_at
+                if task.done():
+                    why = "its task ended"
+                elif silent > self._settings.stall_after_s:
+                    why = f"no progress for {silent:.0f} s"
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                else:
+                    continue
+                logs.event(log, "cache watch restarted", logging.WARNING, stream=name, why=why)
+                self.restarts += 1
+                self._launch(name)
+
+    @property
+    def current(self) -> bool:
+        """Listed, and every watch running and not broken: what the cache holds is the
+        cluster as of a moment ago. False while a watch backs off (API server unreachable)."""
+        return (
+            self.synced
+            and bool(self._tasks)
+            and not any(t.done() for t in self._tasks.values())
+            and not any(s.broken for s in self._states.values())
+        )
+
+    def why_not_current(self) -> str:
+        if not self.synced:
+            return "not listed yet"
+        for name, task in self._tasks.items():
+            if task.done():
+                return f"{name}: watch task ended"
+            if self._states[name].broken:
+                return f"{name}: {self._states[name].broken}"
+        return ""
 
     async def wait_synced(self, timeout_s: float) -> bool:
         """True once every collection has been listed; False if ``timeout_s`` passes first."""
@@ -533,7 +623,7 @@ class ClusterCache:
         return True
 
     async def stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks = list(self._tasks.values()), {}
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -541,19 +631,20 @@ class ClusterCache:
     @property
     def healthy(self) -> bool:
         """Every watch task is still running (a crashed one is a bug, logged when it dies)."""
-        return bool(self._tasks) and not any(t.done() for t in self._tasks)
+        return bool(self._tasks) and not any(t.done() for t in self._tasks.values())
 
-    async def _run(
-        self,
-        name: str,
-        endpoint: Endpoint,
-        apply: Callable[[Listed | Changed], None],
-        optional: bool,
-    ) -> None:
+    async def _run(self, stream: _Stream) -> None:
+        name, endpoint, apply, optional = (
+            stream.name,
+            stream.endpoint,
+            stream.apply,
+            stream.optional,
+        )
+        state = self._states[name]
         while True:
             try:
                 async for event in watch_objects(
-                    endpoint, settings=self._settings.watch, name=name
+                    endpoint, settings=self._settings.watch, name=name, progress=state
                 ):
                     apply(event)
                     if isinstance(event, Listed):
@@ -565,6 +656,7 @@ class ClusterCache:
                     # No Workload CRD in this cluster: nothing to index, nothing to wait for.
                     self.workloads_available = False
                     log.info("cache %s: resource not served, retrying later", name)
+                    state.progressed()  # nothing to hold is current too
                     self._listed(name)
             except client.KubeError as e:
                 log.error(

@@ -98,6 +98,9 @@ class Resumer:
     renewed: claims.Liveness
     lease_s: float
     alive: Callable[[str], Awaitable[bool]] | None = None  # a fresh read of a holder's Lease
+    # Between scans. The scan reads the cache and two LISTs, so it can run often: a hung
+    # peer's claims are taken over this soon after its Lease runs out, not half a Lease later.
+    interval_s: float = 3.0
 
     async def run(self) -> None:
         """Resume at start, then keep looking: a peer that dies mid-storm leaves claims
@@ -107,7 +110,7 @@ class Resumer:
                 await self.once()
             except Exception as e:
                 logs.event(log, "resume scan failed", logging.WARNING, error=str(e)[:200])
-            await asyncio.sleep(self.lease_s / 2)
+            await asyncio.sleep(min(self.interval_s, self.lease_s / 2))
 
     async def once(self) -> int:
         """One scan; the number resumed. Node claims come from the cache, Workload claims
@@ -117,6 +120,8 @@ class Resumer:
         for claim in await self.store.list_open(node_claims=self.nodes.node_claims()):
             if self.in_flight(claim.notice_id):
                 continue  # this process is on it: a resume would only write the claim again
+            if claim.group and claim.group != self.store.group:
+                continue  # another deployment's: its own replicas resume it
             try:
                 notice = Notice.from_json(claim.notice)
             except ParseError:

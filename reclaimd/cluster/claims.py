@@ -111,10 +111,14 @@ class Claim:
     response: str = ""
     notice: Mapping[str, Any] = field(default_factory=dict)  # Notice.to_json()
     facts: Mapping[str, Any] = field(default_factory=frozen_map)  # from advance(**extra)
+    # The replicas that may take this claim over (one deployment's): another deployment on
+    # the same cluster (a canary with its own queue and ledger) never resumes it.
+    group: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             **dict(self.facts),
+            **({"group": self.group} if self.group else {}),
             "notice_id": self.notice_id,
             "deadline": rfc3339(self.deadline) if self.deadline else None,
             "holder": self.holder,
@@ -147,6 +151,7 @@ class Claim:
                 "heartbeat_at",
                 "response",
                 "notice",
+                "group",
             }
             return cls(
                 target=target,
@@ -159,6 +164,7 @@ class Claim:
                 response=str(data.get("response") or ""),
                 notice=notice if isinstance(notice, dict) else {},
                 facts=frozen_map({k: v for k, v in data.items() if k not in known}),
+                group=str(data.get("group") or ""),
             )
         except (KeyError, ValueError) as e:
             raise ParseError(f"{target.describe()}: claim is missing or has a bad {e}") from e
@@ -293,10 +299,12 @@ class ClaimStore:
         settings: ClaimSettings = ClaimSettings(),
         clock: Callable[[], datetime] = utcnow,
         liveness: Liveness = _never_renewed,
+        group: str = "",
     ) -> None:
         if not holder:
             raise ValueError("claim holder must not be empty")
         self.holder = holder
+        self.group = group  # written on every claim; the resume scan takes over only its own
         self._core = k8s.CoreV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
         self._limiter = limiter or RateLimiter()
@@ -340,6 +348,7 @@ class ClaimStore:
                     heartbeat_at=now,
                     response=notice.response.value,
                     notice=notice.to_json(),
+                    group=self.group,
                     facts=frozen_map(
                         {"supersedes": existing.notice_id}
                         if existing is not None and existing.open(now, lease_s, renewed)
@@ -348,7 +357,7 @@ class ClaimStore:
                 )
             else:  # ours already, or taken over: keep its phase and history, renew the lease
                 assert existing is not None
-                new = replace(existing, holder=self.holder, heartbeat_at=now)
+                new = replace(existing, holder=self.holder, heartbeat_at=now, group=self.group)
             spec = (
                 taints.cordon_spec(read.unschedulable, read.taints, notice.kind.value)
                 if cordon and isinstance(obj, NodeObj)

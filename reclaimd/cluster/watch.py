@@ -29,12 +29,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
+from reclaimd.backoff import Backoff
 from reclaimd.cluster import client
 
 log = logging.getLogger(__name__)
@@ -105,48 +105,51 @@ class _Inactive(Exception):
     """The stream was silent past the inactivity timeout."""
 
 
-class Backoff:
-    """Full-jitter exponential backoff; ``reset`` after a success."""
+class Progress(Protocol):
+    """Told how a stream is doing, so its owner can say whether it is current."""
 
-    def __init__(self, settings: WatchSettings) -> None:
-        self._settings = settings
-        self._failures = 0
+    def progressed(self) -> None:
+        """A LIST, an event or a BOOKMARK arrived: the stream is current."""
+        ...
 
-    def reset(self) -> None:
-        self._failures = 0
+    def failed(self, reason: str) -> None:
+        """The stream is broken and backing off: what is held is no longer current."""
+        ...
 
-    def next_delay(self, hint_s: float | None = None) -> float:
-        ceiling = min(
-            self._settings.backoff_cap_s,
-            self._settings.backoff_base_s * 2 ** min(self._failures, 30),
-        )
-        self._failures += 1
-        delay = random.uniform(0, ceiling)
-        # A server's Retry-After is a floor: coming back sooner only earns another 429.
-        if hint_s is not None:
-            delay = max(delay, min(hint_s, self._settings.backoff_cap_s))
-        return delay
 
-    async def wait(self, hint_s: float | None = None) -> None:
-        await asyncio.sleep(self.next_delay(hint_s))
+async def _pause(backoff: Backoff, hint_s: float | None, cap_s: float) -> None:
+    # A server's Retry-After is a floor: coming back sooner only earns another 429.
+    delay = backoff.next_delay()
+    if hint_s is not None:
+        delay = max(delay, min(hint_s, cap_s))
+    await asyncio.sleep(delay)
 
 
 async def watch_objects(
-    endpoint: Endpoint, *, settings: WatchSettings = WatchSettings(), name: str = ""
+    endpoint: Endpoint,
+    *,
+    settings: WatchSettings = WatchSettings(),
+    name: str = "",
+    progress: Progress | None = None,
 ) -> AsyncGenerator[WatchEvent, None]:
-    """``Listed``, then ``Changed`` events, relisting and reconnecting as the protocol says."""
-    backoff = Backoff(settings)
+    """``Listed``, then ``Changed`` events, relisting and reconnecting as the protocol says.
+    ``progress`` hears of every step forward and every failure."""
+    backoff = Backoff(settings.backoff_base_s, settings.backoff_cap_s)
     label = name or "watch"
+    told = progress or _Nobody()
     while True:
         try:
             objects, resource_version = await endpoint.list()
         except client.KubeError as e:
             if not e.retriable:
+                told.failed(str(e))
                 raise
             log.warning("%s: list failed, backing off: %s", label, e)
-            await backoff.wait(e.retry_after_s)
+            told.failed(str(e))
+            await _pause(backoff, e.retry_after_s, settings.backoff_cap_s)
             continue
         backoff.reset()
+        told.progressed()
         listed = Listed(tuple(objects), resource_version)
         # Held only by the consumer from here: a pod deleted later is not kept alive by us.
         del objects
@@ -158,6 +161,7 @@ async def watch_objects(
             try:
                 async with aclosing(_one_session(endpoint, resource_version, settings)) as session:
                     async for event in session:
+                        told.progressed()
                         if isinstance(event, str):
                             resource_version = event
                             continue
@@ -178,10 +182,11 @@ async def watch_objects(
                 )
                 continue
             except client.KubeError as e:
+                told.failed(str(e))
                 if not e.retriable:
                     raise
                 log.warning("%s: watch failed, backing off: %s", label, e)
-                await backoff.wait(e.retry_after_s)
+                await _pause(backoff, e.retry_after_s, settings.backoff_cap_s)
                 continue
             # The server closed the stream (its timeout): resume from where we are.
 
@@ -221,6 +226,14 @@ async def _one_session(
                 log.warning("watch: unknown event type %r, skipped", kind)
                 continue
             yield Changed(cast(ChangeType, kind), obj)
+
+
+class _Nobody:
+    def progressed(self) -> None:
+        return None
+
+    def failed(self, reason: str) -> None:
+        return None
 
 
 def _version_of(obj: RawObject) -> str:

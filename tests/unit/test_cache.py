@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import pytest
 
-from reclaimd.cluster import claims, gangs
+from reclaimd.cluster import claims, client, gangs
 from reclaimd.cluster.cache import (
     CLAIM_ANNOTATION,
+    CacheSettings,
     ClusterCache,
     NodeView,
     TakingTurns,
+    _Stream,
     node_record,
     pod_record,
     slim_pod,
 )
-from reclaimd.cluster.watch import Changed, Listed
+from reclaimd.cluster.watch import Changed, Listed, WatchSettings
 from reclaimd.model import GangKey, Target, WorkloadRef
 
 CLAIM = '{"holder":"reclaimd-0","notice":"n-1"}'
@@ -382,3 +385,70 @@ async def test_lists_take_turns_but_watches_do_not_wait() -> None:
     assert overlapped == [False, False, False]
     async with turn:  # a LIST in progress elsewhere
         assert b.watch("7", 30) == ("b", "7")
+
+
+FAST_WATCH = WatchSettings(backoff_base_s=0.01, backoff_cap_s=0.02)
+
+
+# --- supervision -------------------------------------------------------------------------
+
+
+class StuckOnce:
+    """A LIST that hangs forever the first time (a half-open connection), then answers."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+
+    async def list(self) -> tuple[list[Any], str]:
+        self.lists += 1
+        if self.lists == 1:
+            await asyncio.sleep(3600)
+        return [], "1"
+
+    @contextlib.asynccontextmanager
+    async def watch(self, resource_version: str, timeout_s: int) -> AsyncIterator[Any]:
+        async def quiet() -> AsyncIterator[Any]:
+            while True:
+                await asyncio.sleep(0.01)
+                yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "1"}}}
+
+        yield quiet()
+
+
+class Unreachable(StuckOnce):
+    async def list(self) -> tuple[list[Any], str]:
+        self.lists += 1
+        raise client.ServerError("list nodes", 0, "ClientConnectorError")
+
+
+def supervised(endpoint: Any) -> ClusterCache:
+    settings = CacheSettings(stall_after_s=0.2, supervise_interval_s=0.05, watch=FAST_WATCH)
+    view = ClusterCache(cast(Any, None), settings=settings)
+    view._begin([_Stream("nodes", endpoint, lambda event: None, False)])
+    return view
+
+
+async def test_a_stuck_watch_is_restarted_and_the_cache_becomes_current() -> None:
+    endpoint = StuckOnce()
+    view = supervised(endpoint)
+    supervisor = asyncio.create_task(view.run())
+    try:
+        assert not view.current and view.why_not_current() == "not listed yet"
+        assert await view.wait_synced(5.0)
+        assert view.current and view.restarts == 1 and endpoint.lists == 2
+    finally:
+        supervisor.cancel()
+        await view.stop()
+
+
+async def test_a_watch_that_cannot_reach_the_server_is_not_current() -> None:
+    view = supervised(Unreachable())
+    view._listed("nodes")  # as if listed before the API server went away
+    try:
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if view.why_not_current():
+                break
+        assert not view.current and "ClientConnectorError" in view.why_not_current()
+    finally:
+        await view.stop()

@@ -20,15 +20,18 @@ def notice(nid: str, deadline_s: float) -> Notice:
                   now + timedelta(seconds=deadline_s), now)
 
 
-def claim(nid: str, holder: str, *, deadline_s: float = 100, age_s: float = 60) -> claims.Claim:
+def claim(
+    nid: str, holder: str, *, deadline_s: float = 100, age_s: float = 60, group: str = ""
+) -> claims.Claim:
     n = notice(nid, deadline_s)
     written = utcnow() - timedelta(seconds=age_s)
     return claims.Claim(claims.NodeObj(f"node-{nid}"), n.id, n.deadline, holder,
-                        claims.Phase.CLAIMED, written, written, notice=n.to_json())
+                        claims.Phase.CLAIMED, written, written, notice=n.to_json(), group=group)
 
 
 class Store:
     holder = "me"
+    group = "reclaimd/prod"
 
     def __init__(self, found: list[claims.Claim]) -> None:
         self.found = found
@@ -85,3 +88,20 @@ async def test_a_stale_looking_peer_is_asked_once_more_before_its_claim_is_taken
     r = Resumer(store, Nodes(), resume=resume, in_flight=lambda _: False,  # type: ignore[arg-type]
                 renewed=lambda _: None, lease_s=LEASE_S, alive=alive)
     assert await r.once() == 0 and resumed == [] and asked == ["peer-slow"]
+
+
+async def test_the_scan_leaves_another_deployments_claims_alone() -> None:
+    store = Store([
+        claim("ours", "peer-dead", group="reclaimd/prod"),
+        claim("canary", "canary-dead", group="reclaimd-canary/prod"),  # not ours to resume
+        claim("old", "peer-dead"),  # written before claims named their group
+    ])
+    resumed: list[str] = []
+
+    async def resume(n: Notice, node: str | None) -> Admission:
+        resumed.append(n.id)
+        return Admission.RESUMED
+
+    r = Resumer(store, Nodes(), resume=resume, in_flight=lambda _: False,  # type: ignore[arg-type]
+                renewed=lambda _: None, lease_s=LEASE_S)
+    assert await r.once() == 2 and resumed == ["ours", "old"]

@@ -14,7 +14,6 @@ import pytest
 
 from reclaimd.cluster import client
 from reclaimd.cluster.watch import (
-    Backoff,
     Changed,
     KubeEndpoint,
     Listed,
@@ -23,7 +22,7 @@ from reclaimd.cluster.watch import (
     watch_objects,
 )
 
-FAST = WatchSettings(inactivity_timeout_s=30.0, backoff_base_s=0.0, backoff_cap_s=0.0)
+FAST = WatchSettings(inactivity_timeout_s=30.0, backoff_base_s=0.001, backoff_cap_s=0.001)
 
 
 class Hang:
@@ -222,7 +221,7 @@ async def test_410_on_connect_relists() -> None:
 
 async def test_silent_stream_reconnects_from_the_current_version() -> None:
     ep = endpoint(SILENT_STREAM)
-    seen = await collect(ep, WatchSettings(inactivity_timeout_s=0.05, backoff_base_s=0.0))
+    seen = await collect(ep, WatchSettings(inactivity_timeout_s=0.05, backoff_base_s=0.001))
     assert [names(e) for e in seen if isinstance(e, Changed)] == [["a"], ["b"]]
     assert ep.watched_from == ["10", "11", "12"]
     assert ep.list_calls == 1  # a silent stream is reconnected, not relisted
@@ -290,15 +289,44 @@ async def test_closing_the_consumer_closes_the_stream() -> None:
     assert closed.is_set()
 
 
-def test_backoff_is_capped_jittered_and_honours_retry_after() -> None:
-    b = Backoff(WatchSettings(backoff_base_s=1.0, backoff_cap_s=8.0))
-    ceilings = [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
-    delays = [b.next_delay() for _ in ceilings]
-    assert all(0.0 <= d <= c for d, c in zip(delays, ceilings, strict=True))
-    assert b.next_delay(hint_s=5.0) >= 5.0
-    assert b.next_delay(hint_s=600.0) <= 8.0  # a hint beyond the cap is capped
-    b.reset()
-    assert b.next_delay() <= 1.0
+class Heard:
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def progressed(self) -> None:
+        self.said.append("ok")
+
+    def failed(self, reason: str) -> None:
+        self.said.append("failed")
+
+
+class FlakyList:
+    """A LIST that fails once (503 with a Retry-After), then answers; no watch events."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def list(self) -> tuple[list[Any], str]:
+        self.calls += 1
+        if self.calls == 1:
+            raise client.ServerError("list nodes", 503, retry_after_s=0.01)
+        return [], "7"
+
+    @asynccontextmanager
+    async def watch(self, resource_version: str, timeout_s: int) -> AsyncIterator[Any]:
+        async def nothing() -> AsyncIterator[Any]:
+            await asyncio.sleep(3600)
+            yield {}
+
+        yield nothing()
+
+
+async def test_progress_hears_of_failures_and_of_recovery() -> None:
+    heard = Heard()
+    gen = watch_objects(FlakyList(), settings=FAST, progress=heard)
+    assert isinstance(await asyncio.wait_for(anext(gen), 5.0), Listed)
+    await gen.aclose()
+    assert heard.said == ["failed", "ok"]
 
 
 # --- KubeEndpoint over a list_* function --------------------------------------------------------
