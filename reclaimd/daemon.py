@@ -169,7 +169,9 @@ class Daemon:
             else None
         )
         # One claim log: the intake writes the claims, the runbook marks them done.
-        claim_log = claimlog.ClaimLog(store, view) if would is None else would.claim_log
+        claim_log = (
+            claimlog.ClaimLog(store, view, fresh=alive.fresh) if would is None else would.claim_log
+        )
         # One Lease per gang: who charges it, and its durable record for a successor.
         gang_leases = gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter)
         runbook = Runbook(

@@ -117,6 +117,9 @@ class WouldClaimLog:
         except ParseError:
             return None  # the real claim overwrites what it cannot read, too
 
+    async def still_ours(self, admitted: Admitted) -> bool:
+        return True  # nothing was claimed in the cluster: nobody can take it over
+
     async def claim(self, notice: Notice, node: str | None) -> Claimed:
         obj = claimlog.object_for(notice, node)
         if isinstance(obj, claims.NodeObj) and self.nodes.node(obj.name) is None:

@@ -42,6 +42,10 @@ class Admission(StrEnum):
         return self is not Admission.RETRY
 
 
+class ClaimLost(RuntimeError):
+    """Another holder or notice owns the claim now: stop acting on this notice."""
+
+
 @dataclass(frozen=True)
 class Claimed:
     """What a claim attempt gave: the admission and, when ours, the object it is on."""

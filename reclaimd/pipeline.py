@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from reclaimd import checkpoint, logs, tracing
-from reclaimd.intake import Admitted
+from reclaimd.intake import Admitted, ClaimLost
 from reclaimd.model import (
     Gang,
     GangKey,
@@ -133,6 +133,12 @@ class GangRecords(Protocol):
 class Progress(Protocol):
     async def done(self, admitted: Admitted, **facts: Any) -> None:
         """The notice is finished: its claim says so (the resume scan skips it)."""
+        ...
+
+    async def still_ours(self, admitted: Admitted) -> bool:
+        """The claim is still this process's: false after a pause long enough for a peer to
+        take the notice over (a resumed SIGSTOP, a frozen VM). Cheap while our Lease is
+        fresh; a read of the claim otherwise."""
         ...
 
 
@@ -302,7 +308,7 @@ class Runbook:
                 report.mark("drained")
         try:
             await asyncio.gather(
-                *(self.settle(notice, f, report, recorded.get(f.gang.key)) for f in flights),
+                *(self.settle(admitted, f, report, recorded.get(f.gang.key)) for f in flights),
                 *(self.follow(notice, f, report) for f in joined),
             )
         finally:
@@ -356,10 +362,15 @@ class Runbook:
         return taken.owned, taken.joined
 
     async def settle(
-        self, notice: Notice, flight: GangFlight, report: Report, recorded: Recorded | None = None
+        self,
+        admitted: Admitted,
+        flight: GangFlight,
+        report: Report,
+        recorded: Recorded | None = None,
     ) -> None:
         """One gang, start to end: every rank asked to checkpoint, the durable acks recorded
         (a successor charges from them), drained, charged once."""
+        notice = admitted.notice
         try:
             acks = await self.checkpoint(notice, flight.gang, flight, report)
             if recorded is not None:
@@ -368,6 +379,9 @@ class Runbook:
             if self.records is not None:
                 await self.records.acked(flight.gang, notice, acks)
             stopped = await self.drain(notice, flight, report)
+            if not await self.progress.still_ours(admitted):
+                # Paused past our Lease: a peer took the notice over and charges the gang.
+                raise ClaimLost(f"notice {notice.id} was taken over while this process paused")
             await self.record(notice, flight.gang, acks, stopped, report)
         finally:
             flight.settled.set()

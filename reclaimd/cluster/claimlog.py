@@ -20,14 +20,10 @@ from typing import Any, Protocol
 
 from reclaimd import logs
 from reclaimd.cluster import claims
-from reclaimd.intake import Admission, Admitted, Claimed
+from reclaimd.intake import Admission, Admitted, Claimed, ClaimLost
 from reclaimd.model import Notice, ParseError, Response, utcnow
 
 log = logging.getLogger(__name__)
-
-
-class ClaimLost(RuntimeError):
-    """Another holder or notice owns the object now: stop acting on this notice."""
 
 
 class NodeCopies(Protocol):
@@ -57,9 +53,16 @@ def object_for(notice: Notice, node: str | None) -> claims.ClaimTarget:
 
 
 class ClaimLog:
-    def __init__(self, store: claims.ClaimStore, nodes: NodeCopies) -> None:
+    def __init__(
+        self,
+        store: claims.ClaimStore,
+        nodes: NodeCopies,
+        *,
+        fresh: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.store = store
         self.nodes = nodes
+        self.fresh = fresh  # our holder Lease was renewed within its duration
 
     async def claim(self, notice: Notice, node: str | None) -> Claimed:
         obj = object_for(notice, node)
@@ -84,6 +87,19 @@ class ClaimLog:
         result = await self.store.advance(obj, admitted.id, claims.Phase.DONE, **facts)
         if result.status is claims.AdvanceStatus.LOST:
             raise ClaimLost(f"{obj.describe()} is no longer ours for {admitted.id}")
+
+    async def still_ours(self, admitted: Admitted) -> bool:
+        if self.fresh():
+            return True  # nobody may take over a claim whose holder's Lease is fresh
+        obj = admitted.claim.on
+        if not isinstance(obj, claims.NodeObj | claims.WorkloadObj):
+            return True
+        claim = await self.store.get(obj)
+        return (
+            claim is not None
+            and claim.notice_id == admitted.id
+            and claim.holder == self.store.holder
+        )
 
 
 @dataclass(frozen=True)

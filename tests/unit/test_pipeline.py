@@ -5,10 +5,11 @@ import dataclasses
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from reclaimd import checkpoint, waste
-from reclaimd.intake import Admission, Admitted, Claimed
+from reclaimd.intake import Admission, Admitted, Claimed, ClaimLost
 from reclaimd.model import (
     Gang,
     GangKey,
@@ -89,6 +90,11 @@ class World:
 
     async def done(self, admitted: Admitted, **facts: object) -> None:
         self.log.append("phase done")
+
+    paused_past_lease = False  # a peer took our notices over while we were stopped
+
+    async def still_ours(self, admitted: Admitted) -> bool:
+        return not self.paused_past_lease
 
 
 def runbook(world: World) -> Runbook:
@@ -272,3 +278,11 @@ def test_merge_keeps_the_newer_durable_checkpoint() -> None:
     # a rank this run did not ask still has its recorded checkpoint
     only = checkpoint.merge_acks((), recorded)
     assert {a.member.uid for a in only} == {"uid-g-0", "uid-g-1"}
+
+
+async def test_a_process_paused_past_its_lease_charges_nothing_its_successor_charges() -> None:
+    world = World()
+    world.paused_past_lease = True
+    with pytest.raises(ClaimLost):
+        await runbook(world).handle(admitted(spot("a", "i-1")))
+    assert world.recorded == []  # the successor charges the gangs, once
