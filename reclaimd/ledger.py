@@ -646,6 +646,7 @@ class LedgerWriter:
         ids = [r.id for r in rows]
         await self._outbox.mark_tried(ids)  # from here a crash leaves the outcome in doubt
         await producer.begin_transaction()
+        _quiet_transaction(producer)
         try:
             futures: list[asyncio.Future[Any]] = []
             for row in rows:
@@ -673,12 +674,7 @@ class LedgerWriter:
             async with asyncio.timeout(self._request_timeout_ms / 1000):
                 await producer.abort_transaction()
         except Exception:
-            # A fenced producer fails its transaction's waiter and nobody awaits it (aiokafka):
-            # read it, so the fence is not also logged as an exception never retrieved.
-            manager = getattr(producer, "_txn_manager", None)
-            waiter = getattr(manager, "wait_for_transaction_end", lambda: None)()
-            if isinstance(waiter, asyncio.Future) and waiter.done():
-                _retrieve(waiter)
+            _quiet_transaction(producer)
 
     async def _prune(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -920,6 +916,16 @@ class LedgerWriter:
 def _retrieve(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+def _quiet_transaction(producer: AIOKafkaProducer) -> None:
+    """A fenced aiokafka producer fails its transaction's waiter (twice: the second replaces
+    the first) and nobody awaits it: mark the current one read, so a fence is not also logged
+    as "exception never retrieved" when it is collected."""
+    manager = getattr(producer, "_txn_manager", None)
+    waiter = getattr(manager, "wait_for_transaction_end", lambda: None)()
+    if isinstance(waiter, asyncio.Future):
+        waiter.add_done_callback(_retrieve)
 
 
 async def _scan(
