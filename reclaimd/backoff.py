@@ -32,7 +32,7 @@ class Backoff:
     def ceiling(self) -> float:
         """The upper bound of the next delay (no jitter): what logs may show."""
         # The exponent is bounded so a long outage cannot overflow the float.
-        return min(self.cap_s, self.base_s * 2 ** min(self.failures, 62))
+        return min(self.cap_s, self.base_s * 2.0 ** min(self.failures, 62))
 
     def next_delay(self) -> float:
         """The next pause, and count one more failure."""
