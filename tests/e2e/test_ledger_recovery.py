@@ -8,10 +8,11 @@ renewed (none is, here, for the first writer).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,15 @@ from reclaimd.ledger import LedgerWriter
 from reclaimd.model import RestartWaste
 
 WAIT_S = 90.0  # a bound on waiting for the writers, not a timing assertion
+
+
+@pytest.fixture(autouse=True)
+def _collect() -> Iterator[None]:
+    """Collect each test's garbage (a fenced producer's and the writers' reference cycles)
+    while the test ends: collected later, during pytest's own last import, their finalizers
+    trip CPython 3.11's "AST constructor recursion depth mismatch" SystemError."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture
