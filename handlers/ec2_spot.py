@@ -47,6 +47,7 @@ from .fields import (
     as_time,
     attributes,
     ident,
+    issued,
     items,
     load,
     opt_ident,
@@ -298,7 +299,7 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
     )
     event = _Event(
         id=text(body, "id"),
-        time=time(body, "time"),
+        time=issued(time(body, "time"), received_at, "time"),
         region=opt_ident(body, "region", ids.AWS_REGION),
         account=opt_ident(body, "account", ids.AWS_ACCOUNT),
         resources=resources,
@@ -321,7 +322,7 @@ def _direct_lifecycle(
     return _lifecycle(
         body,
         at="",
-        issued_at=time(body, "Time"),
+        issued_at=issued(time(body, "Time"), received_at, "Time"),
         received_at=received_at,
         windows=windows,
         payload_digest=digest(raw),

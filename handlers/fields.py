@@ -23,6 +23,10 @@ from .ids import Grammar
 
 JSONObject = Mapping[str, Any]
 _EARLIEST_YEAR = 1970
+# How far past its receipt a notice may say it was issued: clock skew and a replayed
+# sample, not the future. A notice "issued" in 2999 would hold its claim (and a graceful stop)
+# for centuries.
+MAX_SKEW_S = 86_400.0
 
 _MONTHS = {
     m: i + 1
@@ -171,6 +175,14 @@ def as_gmt_time(value: Any, name: str) -> datetime:
     except ValueError as e:
         raise ParseError(f"{name}: no such time: {show(raw)}") from e
     return _plausible(t, raw, name)
+
+
+def issued(t: datetime, received_at: datetime, name: str) -> datetime:
+    """``t``, the time a notice says it was issued, unless it is later than its receipt by
+    more than clock skew (``MAX_SKEW_S``): then a ``ParseError``."""
+    if t > received_at + timedelta(seconds=MAX_SKEW_S):
+        raise ParseError(f"{name}: issued in the future: {t.isoformat()}")
+    return t
 
 
 def plus(t: datetime, seconds: float) -> datetime:

@@ -45,7 +45,18 @@ from reclaimd.model import (
 )
 
 from . import ids
-from .fields import JSONObject, as_object, attributes, load, opt_text, plus, show, text, time
+from .fields import (
+    JSONObject,
+    as_object,
+    attributes,
+    issued,
+    load,
+    opt_text,
+    plus,
+    show,
+    text,
+    time,
+)
 from .targets import gce_instance, gce_region
 
 _PREFIX = "computeMetadata/v1/"
@@ -111,7 +122,11 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
     if isinstance(rule, str):
         return Ignored(rule)
     observed = envelope.get("observed_at") is not None
-    observed_at = time(envelope, "observed_at") if observed else received_at
+    observed_at = (
+        issued(time(envelope, "observed_at"), received_at, "observed_at")
+        if observed
+        else received_at
+    )
     etag = opt_text(envelope, "etag")
     window = windows.gce_preemption_s if rule.preemption else windows.gce_maintenance_s
     notice = Notice(

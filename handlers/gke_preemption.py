@@ -50,6 +50,7 @@ from .fields import (
     JSONObject,
     as_object,
     attributes,
+    issued,
     items,
     load,
     opt_sub,
@@ -118,7 +119,7 @@ def _log_entry(
     project = ids.GCP_PROJECT.check(match.group(1), f"{at_name} project")
     zone = ids.GCE_ZONE.check(match.group(2), f"{at_name} zone")
     name = ids.GCE_NAME.check(match.group(3), f"{at_name} instance")
-    issued_at = time(entry, "timestamp")
+    issued_at = issued(time(entry, "timestamp"), received_at, "timestamp")
     operation_id = opt_text(opt_sub(entry, "operation"), "id", at="operation")
     identity = operation_id or opt_text(entry, "insertId")
     if not identity:

@@ -54,6 +54,7 @@ from .fields import (
     as_text,
     attributes,
     ident,
+    issued,
     load,
     member,
     opt_ident,
@@ -124,7 +125,7 @@ def _spot(env: _Envelope) -> ParseOutcome:
         "aws.imds.spot",
         NoticeKind.SPOT_INTERRUPTION,
         (action, rfc3339(when)),
-        issued_at=plus(when, -env.windows.ec2_spot_s),
+        issued_at=issued(plus(when, -env.windows.ec2_spot_s), env.received_at, "body.time"),
         deadline=when,
         instance_action=action,
     )

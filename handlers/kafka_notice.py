@@ -62,6 +62,7 @@ from .fields import (
     as_text,
     attributes,
     ident,
+    issued,
     load,
     opt_ident,
     opt_sub,
@@ -144,7 +145,11 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
     if kind is None:
         return Ignored(f"CloudEvent type {show(ce_type, 80)} is not a notice")
     data = _data(event)
-    issued_at = time(event, "time") if event.get("time") is not None else received_at
+    issued_at = (
+        issued(time(event, "time"), received_at, "time")
+        if event.get("time") is not None
+        else received_at
+    )
     response = _response(data, kind)
     if data.get("deadline") is not None:
         deadline: datetime | None = time(data, "deadline", at="data")

@@ -51,6 +51,7 @@ from .fields import (
     as_object,
     attributes,
     ident,
+    issued,
     load,
     opt_ident,
     opt_items,
@@ -143,7 +144,9 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
     else:
         return Ignored("workload is not evicted")
 
-    transition = time(decisive, "lastTransitionTime", at=at)
+    transition = issued(
+        time(decisive, "lastTransitionTime", at=at), received_at, f"{at}.lastTransitionTime"
+    )
     # Preempted says why (InCohortReclamation, ...); Evicted alone only says "Preempted".
     if preempted is not None:
         reason = text(preempted, "reason", at=_PREEMPTED)

@@ -440,7 +440,7 @@ MALFORMED: list[tuple[str, Mutation, str]] = [
     (
         "eventbridge-spot-interruption-warning.json",
         _set("time", "9999-12-31T23:59:59Z"),
-        "deadline out of range",
+        "time: issued in the future",
     ),
     (
         "eventbridge-spot-interruption-warning.json",

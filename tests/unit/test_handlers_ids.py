@@ -286,3 +286,17 @@ def test_a_bad_identifier_in_a_real_payload_is_a_parse_error(
     with pytest.raises(ParseError, match=field) as e:
         parse(source, edit(good()))
     assert "\n" not in str(e.value)
+
+
+def test_a_notice_issued_in_the_future_is_a_parse_error() -> None:
+    # A far-future issue time would hold a claim (and a graceful stop) until then.
+    spot = _set(("time",), "2999-12-31T23:59:59Z")(fixture(*SPOT))
+    with pytest.raises(ParseError, match="time: issued in the future"):
+        parse("ec2", spot)
+    workload = fixture(*WORKLOAD)
+    for condition in workload["status"]["conditions"]:
+        condition["lastTransitionTime"] = "2999-01-01T00:00:00Z"
+    with pytest.raises(ParseError, match="lastTransitionTime: issued in the future"):
+        parse("kueue", workload)
+    # Within a day of receipt is clock skew (or a replayed sample), not the future.
+    assert isinstance(parse("ec2", _set(("time",), "2025-09-16T20:00:00Z")(fixture(*SPOT))), tuple)
