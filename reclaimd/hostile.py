@@ -392,7 +392,7 @@ def metadata_value(rng: random.Random) -> str:
     """A hostile value for a GCE metadata key (plain text on the wire)."""
     return rng.choice(
         [
-            "TRUE\n",
+            "TRUE\x00",
             "true",
             "YES",
             "TERMINATE_ON_HOST_MAINTENANCE\x00",
