@@ -18,6 +18,12 @@ counted), rather than reach the cluster. The grammars are the providers' own:
 - GCP project ids: 6-30 of ``[a-z0-9-]``, a letter first, no trailing hyphen. (The legacy
   domain-scoped ``example.com:project`` form is not accepted: none of the payloads reclaimd
   reads has been seen to carry one.)
+- generic notices (the Kafka topic): provider IDs (a scheme, then plain name segments: no
+  ``..``, no query), instance ids of either cloud, CloudEvents sources (printable ASCII) and
+  W3C ``traceparent`` values; EC2 instance types (``p5.48xlarge``) in the IMDS envelope.
+
+Every grammar bounds the length before it runs its pattern, and no pattern backtracks
+more than linearly, so a 10 MB identifier costs one comparison.
 """
 
 from __future__ import annotations
