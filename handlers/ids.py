@@ -22,8 +22,8 @@ counted), rather than reach the cluster. The grammars are the providers' own:
   ``..``, no query), instance ids of either cloud, CloudEvents sources (printable ASCII) and
   W3C ``traceparent`` values; EC2 instance types (``p5.48xlarge``) in the IMDS envelope.
 
-Every grammar bounds the length before it runs its pattern, and no pattern backtracks
-more than linearly, so a 10 MB identifier costs one comparison.
+Every grammar checks the length before it runs its pattern: a 10 MB identifier is refused
+by one comparison, and no pattern ever sees more than a few hundred characters.
 """
 
 from __future__ import annotations
