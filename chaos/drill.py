@@ -136,6 +136,7 @@ class Drill:
         self.arrivals: list[report.Arrival] = []
         self._resend: dict[str, Callable[[], Any]] = {}  # notice label -> send it again
         self._claims_seen: dict[str, str] = {}  # the last phases read (the apiserver may be down)
+        self._ports: dict[str, int] = {}  # central replica name -> its /readyz port
 
     @property
     def scenario(self) -> Scenario:
@@ -152,6 +153,9 @@ class Drill:
 
         # A failing or cut-off fake trainer is the scenario working, not news for the console.
         logging.getLogger("reclaimd.workload").setLevel(logging.ERROR)
+        # The drill's own Kafka clients retry through a stop_kafka outage; one line a retry
+        # would bury the progress lines (the reader says once that it reads again).
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         p = self.plan
         ranks = sum(len(g.ranks) for g in p.gangs)
         self.say(
@@ -373,6 +377,9 @@ class Drill:
         s = self.sources
         o: dict[str, Any] = dict(self.scenario.reclaimd.as_settings())
         o["tracing"] = {"span_file": str(h.workdir / f"spans-{name}.jsonl")}
+        if any(f.replica is None for f in self.scenario.faults):
+            # /readyz on a port of its own: the drill samples it during a stack fault
+            o["metrics_port"] = self._ports.setdefault(name, _free_port())
         if Source.GKE_PUBSUB in s:
             o["pubsub"] = {
                 "enabled": True,
@@ -647,7 +654,30 @@ class Drill:
             open_claims=open_claims,
             after_restart=lambda kind: self._after_restart(h, kind),
             say=self.say,
+            readyz=self._readyz if self._ports else None,
         )
+
+    async def _readyz(self) -> dict[str, int]:
+        """``/readyz`` of every central replica that runs (not paused): name -> HTTP status,
+        0 for no answer within a second."""
+        import aiohttp
+
+        live = [
+            d for d in self.replicas
+            if d.name in self._ports and d.running and not d.paused
+        ]  # fmt: skip
+        timeout = aiohttp.ClientTimeout(total=1.0)
+
+        async def one(session: aiohttp.ClientSession, name: str) -> int:
+            try:
+                async with session.get(f"http://127.0.0.1:{self._ports[name]}/readyz") as r:
+                    return r.status
+            except (aiohttp.ClientError, TimeoutError):
+                return 0
+
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            answers = await asyncio.gather(*(one(session, d.name) for d in live))
+        return {d.name: status for d, status in zip(live, answers, strict=True)}
 
     async def _after_restart(self, h: Harness, kind: FaultKind) -> int:
         """Put back what a restarted in-memory emulator lost and a real service would have
@@ -884,6 +914,7 @@ class Drill:
                     held=dict(f.held),
                     resent=f.resent,
                     error=f.error,
+                    readiness=tuple(f.readiness),
                 )
                 for f in sorted(self.faults, key=lambda f: f.started_at)
             ],

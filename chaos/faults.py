@@ -23,6 +23,11 @@ until the component answers its readiness check again:
   had not yet claimed, sent again (a redelivery: same identity). A notice reclaimd had
   claimed has its durable record in the cluster, and its transport ack may have gone out.
 
+During a stack fault the drill also samples the surviving replicas' ``/readyz`` every
+``READY_POLL_S``, from just before the outage until every replica answers 200 again (at most
+``READY_AFTER_S`` after it): whether a replica said "not ready" while the part it depends on was
+down, and how soon it said "ready" after.
+
 Every fault is timed on the drill's clock; ``FaultRecord`` is what the verdict
 (``chaos.report``) turns into "what it cost".
 """
@@ -45,6 +50,8 @@ if TYPE_CHECKING:
     from .process import DaemonProcess
     from .stack import StackEnv
 
+READY_POLL_S = 0.5
+READY_AFTER_S = 30.0  # sampling /readyz stops this long after the outage at the latest
 STACK_TIMEOUT_S = 240.0  # stack.sh's own limits: 180 s for the slowest component, plus stop
 COMPONENT = {
     FaultKind.STOP_KAFKA: "kafka",
@@ -70,6 +77,7 @@ class FaultRecord:
     held: dict[str, str] = field(default_factory=dict)  # claim key -> notice id, open, its own
     resent: int = 0  # notices sent again after a restart_moto / restart_pubsub
     error: str = ""
+    readiness: list[tuple[datetime, str, int]] = field(default_factory=list)  # when, who, HTTP
 
     @property
     def label(self) -> str:
@@ -120,6 +128,8 @@ class FaultHooks:
     open_claims: Callable[[], Awaitable[Mapping[str, tuple[str, str]]]]  # key -> holder, notice
     after_restart: Callable[[FaultKind], Awaitable[int]]  # put back what moto/pubsub lost
     say: Callable[[str], None]
+    # the live replicas' /readyz status by name (0: no answer); {} when none serves it
+    readyz: Callable[[], Awaitable[Mapping[str, int]]] | None = None
 
 
 async def apply(fault: Fault, stack: StackEnv, hooks: FaultHooks) -> FaultRecord:
@@ -173,9 +183,42 @@ async def _replica_fault(fault: Fault, hooks: FaultHooks) -> FaultRecord:
     return rec
 
 
+async def _sample_readiness(rec: FaultRecord, hooks: FaultHooks) -> None:
+    """``/readyz`` of every live replica, every ``READY_POLL_S``, until the outage is over and
+    each says 200 (or ``READY_AFTER_S`` after the outage)."""
+    assert hooks.readyz is not None
+    while True:
+        with contextlib.suppress(Exception):
+            now, answers = utcnow(), await hooks.readyz()
+            rec.readiness.extend((now, name, status) for name, status in sorted(answers.items()))
+            if rec.ended_at is not None and (
+                all(status == 200 for status in answers.values())
+                or (now - rec.ended_at).total_seconds() > READY_AFTER_S
+            ):
+                return
+        await asyncio.sleep(READY_POLL_S)
+
+
 async def _stack_fault(fault: Fault, stack: StackEnv, hooks: FaultHooks) -> FaultRecord:
     component = COMPONENT[fault.kind]
     rec = FaultRecord(fault, started_at=utcnow())
+    sampler = (
+        asyncio.create_task(_sample_readiness(rec, hooks)) if hooks.readyz is not None else None
+    )
+    try:
+        await _stack_outage(fault, stack, hooks, rec, component)
+    finally:
+        if sampler is not None:
+            if rec.ended_at is None:  # the component never came back: nothing more to wait for
+                sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+    return rec
+
+
+async def _stack_outage(
+    fault: Fault, stack: StackEnv, hooks: FaultHooks, rec: FaultRecord, component: str
+) -> None:
     try:
         if fault.kind is FaultKind.STOP_KAFKA:
             await stack_control(stack, "stop", component)
@@ -192,7 +235,6 @@ async def _stack_fault(fault: Fault, stack: StackEnv, hooks: FaultHooks) -> Faul
     except Exception as e:  # the verdict shows it; the drill goes on
         rec.error = f"{type(e).__name__}: {e}"
         hooks.say(f"fault {fault.label}: {rec.error}")
-    return rec
 
 
 async def ensure_stack_up(stack: StackEnv) -> None:

@@ -288,13 +288,16 @@ class Harness:
     # --- what happened --------------------------------------------------------------------
 
     def ledger_consumer(self) -> AIOKafkaConsumer:
-        """A consumer of the run's ledger topic from its first record, in no group."""
+        """A consumer of the run's ledger topic from its first record, in no group. It reads
+        committed records only, as a ledger consumer must (docs/ledger.md): a transaction the
+        writer aborted (fenced, or retried after a crash) is not an event."""
         return AIOKafkaConsumer(
             self.topic,
             bootstrap_servers=self.stack.kafka,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
             group_id=None,
+            isolation_level="read_committed",
         )
 
     async def ledger_events(

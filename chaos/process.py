@@ -59,6 +59,10 @@ class DaemonProcess:
                 raise TimeoutError(f"reclaimd not running after {timeout_s}s: {self.tail()}")
             await asyncio.sleep(0.1)
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
     def _log_bytes(self) -> bytes:
         try:
             return self.log_path.read_bytes()

@@ -137,6 +137,8 @@ class FaultFacts:
     held: Mapping[str, str] = field(default_factory=dict)  # claim key -> notice id, open
     resent: int = 0
     error: str = ""
+    # /readyz of the live replicas sampled around a stack fault: when, replica, HTTP status
+    readiness: Sequence[tuple[datetime, str, int]] = ()
 
 
 @dataclass(frozen=True)
@@ -220,11 +222,23 @@ class Takeover:
 
 
 @dataclass(frozen=True)
+class Readiness:
+    """What the live replicas' ``/readyz`` said around one stack fault."""
+
+    replicas: int  # replicas sampled
+    unready: int  # of them, those that answered anything but 200 (or nothing) at some point
+    first_unready_s: float | None  # from the fault: the first such answer
+    ready_again_s: float | None  # from the outage's end: every replica answering 200 for good
+    samples: int
+
+
+@dataclass(frozen=True)
 class FaultRow:
     facts: FaultFacts
     takeovers: tuple[Takeover, ...] = ()
     delayed: int = 0  # ledger events that reached Kafka over DELAYED_S late because of it
     max_delay_s: float | None = None
+    readiness: Readiness | None = None  # stack faults with /readyz sampled
 
     @property
     def taken_over(self) -> tuple[Takeover, ...]:
@@ -380,7 +394,36 @@ def _fault_row(
         and (end is None or a.produced_at <= end)
         and a.produced_at + timedelta(seconds=d) >= f.started_at
     ]
-    return FaultRow(f, takeovers, len(hit), max(hit) if hit else None)
+    return FaultRow(f, takeovers, len(hit), max(hit) if hit else None, _readiness(f))
+
+
+def _readiness(f: FaultFacts) -> Readiness | None:
+    if not f.readiness:
+        return None
+    by_replica: dict[str, list[tuple[datetime, int]]] = {}
+    for at, name, status in sorted(f.readiness):
+        by_replica.setdefault(name, []).append((at, status))
+    unready = [at for at, _, status in f.readiness if status != 200]
+    again: datetime | None = f.ended_at
+    for answers in by_replica.values():
+        last_bad = max((at for at, status in answers if status != 200), default=None)
+        if last_bad is None:
+            continue
+        good = [at for at, status in answers if status == 200 and at > last_bad]
+        if not good:
+            again = None  # this replica never said ready again while the drill looked
+            break
+        if again is not None:
+            again = max(again, good[0])
+    return Readiness(
+        replicas=len(by_replica),
+        unready=sum(1 for a in by_replica.values() if any(s != 200 for _, s in a)),
+        first_unready_s=(min(unready) - f.started_at).total_seconds() if unready else None,
+        ready_again_s=None
+        if again is None or f.ended_at is None
+        else max(0.0, (again - f.ended_at).total_seconds()),
+        samples=len(f.readiness),
+    )
 
 
 def _takeover(
@@ -945,6 +988,12 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
                 f"  {f.facts.successor or '-'}"
                 + (f"  ERROR {f.facts.error}" if f.facts.error else "")
             )
+            if (ready := f.readiness) is not None:
+                lines.append(
+                    f"    /readyz: {ready.unready}/{ready.replicas} replica(s) answered not-ready"
+                    f" (first {_opt(ready.first_unready_s)} after the fault), all ready again"
+                    f" {_opt(ready.ready_again_s)} after the outage ({ready.samples} samples)"
+                )
     if v.summary is not None:
         u = v.summary
         lines += [
@@ -991,6 +1040,15 @@ def _fault_json(f: FaultRow) -> dict[str, Any]:
         "max_takeover_s": _r(f.max_takeover_s),
         "ledger_events_delayed": f.delayed,
         "max_ledger_delay_s": _r(f.max_delay_s),
+        "readyz": None
+        if (r := f.readiness) is None
+        else {
+            "replicas": r.replicas,
+            "unready": r.unready,
+            "first_unready_s": _r(r.first_unready_s),
+            "ready_again_s": _r(r.ready_again_s),
+            "samples": r.samples,
+        },
         "takeovers": [
             {
                 "claim": t.key,

@@ -127,7 +127,7 @@ def test_fault_cost_takeovers_and_ledger_delay() -> None:
     assert by["n3"].by == "r1" and by["n3"].after_s == pytest.approx(19.5)
     assert (len(row.taken_over), len(row.resumed), len(row.unrecovered)) == (2, 0, 1)
     assert row.max_takeover_s == pytest.approx(21.0)
-    assert (row.delayed, row.max_delay_s) == (1, pytest.approx(8.0))
+    assert row.delayed == 1 and row.max_delay_s == pytest.approx(8.0)
     assert v.summary is not None and v.summary.ledger_delay_max_s == pytest.approx(8.0)
     assert any(c.name == "faults applied" and c.ok for c in v.checks)
     table = report.render(v)
@@ -148,3 +148,50 @@ def test_a_fault_that_could_not_be_applied_fails_the_verdict() -> None:
         faults=[broken],
     )
     assert not v.ok and [c.name for c in v.checks if not c.ok] == ["faults applied"]
+
+
+def _readiness(*samples: tuple[float, str, int], ended: float | None = 8.0) -> Any:
+    fault = report.FaultFacts(
+        label="restart_apiserver@2s",
+        kind="restart_apiserver",
+        started_at=_at(2),
+        ended_at=None if ended is None else _at(ended),
+        readiness=tuple((_at(t), name, status) for t, name, status in samples),
+    )
+    v = report.evaluate(
+        scenario="x",
+        run_id="r",
+        expect=report.Expectations(),
+        notices=[],
+        gangs=[],
+        observed=report.Observed(events=[], spans=[], claims={}),
+        faults=[fault],
+    )
+    return v
+
+
+def test_readyz_around_a_stack_fault() -> None:
+    v = _readiness(
+        (2.1, "r0", 200), (2.1, "r1", 200),
+        (4.0, "r0", 503), (4.0, "r1", 200),  # r0 sees its watch fail first
+        (6.0, "r0", 503), (6.0, "r1", 0),  # r1 does not answer at all: not ready either
+        (9.0, "r0", 200), (9.0, "r1", 503),
+        (11.5, "r0", 200), (11.5, "r1", 200),  # r1 ready 3.5 s after the outage
+    )  # fmt: skip
+    (row,) = v.faults
+    r = row.readiness
+    assert r is not None
+    assert (r.replicas, r.unready, r.samples) == (2, 2, 10)
+    assert r.first_unready_s == pytest.approx(2.0)
+    assert r.ready_again_s == pytest.approx(3.5)
+    assert "/readyz: 2/2 replica(s) answered not-ready" in report.render(v)
+    assert report.to_json(v)["faults"][0]["readyz"]["ready_again_s"] == pytest.approx(3.5)
+
+
+def test_readyz_never_unready_and_never_ready_again() -> None:
+    steady = _readiness((3.0, "r0", 200), (9.0, "r0", 200)).faults[0].readiness
+    assert steady is not None and (steady.unready, steady.first_unready_s) == (0, None)
+    assert steady.ready_again_s == 0.0  # ready throughout
+    stuck = _readiness((3.0, "r0", 200), (5.0, "r0", 503), (20.0, "r0", 503)).faults[0]
+    assert stuck.readiness is not None and stuck.readiness.ready_again_s is None
+    assert _readiness().faults[0].readiness is None  # nothing sampled: no figure
