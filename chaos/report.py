@@ -375,6 +375,7 @@ def evaluate(
 # --- what each fault cost --------------------------------------------------------------------
 
 DELAYED_S = 1.0  # a ledger event this much later than its charge reached Kafka late
+GONE_S = 2.0  # a replica unsampled this long before /readyz sampling ended went away
 
 
 def _fault_row(
@@ -403,7 +404,14 @@ def _readiness(f: FaultFacts) -> Readiness | None:
     by_replica: dict[str, list[tuple[datetime, int]]] = {}
     for at, name, status in sorted(f.readiness):
         by_replica.setdefault(name, []).append((at, status))
-    unready = [at for at, _, status in f.readiness if status != 200]
+    # A replica no longer sampled at the end was killed or replaced meanwhile (another
+    # fault): what it answered says nothing of this one.
+    end = max(at for at, _, _ in f.readiness)
+    gone = {
+        n for n, answers in by_replica.items() if answers[-1][0] < end - timedelta(seconds=GONE_S)
+    }
+    by_replica = {n: a for n, a in by_replica.items() if n not in gone}
+    unready = [at for at, name, status in f.readiness if status != 200 and name not in gone]
     again: datetime | None = f.ended_at
     for answers in by_replica.values():
         last_bad = max((at for at, status in answers if status != 200), default=None)

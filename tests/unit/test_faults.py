@@ -195,3 +195,13 @@ def test_readyz_never_unready_and_never_ready_again() -> None:
     stuck = _readiness((3.0, "r0", 200), (5.0, "r0", 503), (20.0, "r0", 503)).faults[0]
     assert stuck.readiness is not None and stuck.readiness.ready_again_s is None
     assert _readiness().faults[0].readiness is None  # nothing sampled: no figure
+
+
+def test_readyz_of_a_replica_killed_meanwhile_is_left_out() -> None:
+    v = _readiness(
+        (3.0, "r0", 200), (3.0, "r1", 200),
+        (5.0, "r0", 0), (5.0, "r1", 200),  # r0 SIGKILLed by another fault, never sampled again
+        (9.0, "r1", 200), (12.0, "r1", 200),
+    )  # fmt: skip
+    r = v.faults[0].readiness
+    assert r is not None and (r.replicas, r.unready, r.ready_again_s) == (1, 0, 0.0)
