@@ -244,6 +244,8 @@ class KubeSettings(_Strict):
     max_attempts: int = Field(8, ge=1, le=100)  # of one write that has no deadline to bound it
     attempt_timeout_s: float = Field(10.0, gt=0)  # one request the server never answers
     max_conflicts: int = Field(8, ge=1, le=1000)  # re-reads of one object after 409s
+    # A 403 is retried this long (a restarted API server's authorizer is still syncing).
+    forbidden_grace_s: float = Field(3.0, ge=0)
 
 
 class TracingSettings(_Strict):

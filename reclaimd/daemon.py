@@ -36,6 +36,7 @@ from reclaimd import (
     waste,
 )
 from reclaimd import sources as registry
+from reclaimd.afterdrain import NoAfterDrain
 from reclaimd.cluster import (
     actions,
     cache,
@@ -45,6 +46,7 @@ from reclaimd.cluster import (
     events,
     gangclaims,
     holders,
+    ledgerlog,
     ratelimit,
 )
 from reclaimd.config import Settings, UnknownTarget
@@ -126,6 +128,7 @@ class Daemon:
             topic=s.ledger.topic,
             outbox_path=":memory:" if s.dry_run else s.ledger.outbox_path,
             policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
+            **self._ledger_log(api, s.ledger.topic, limiter, alive),
         )
         receipts = tracing.Receipts(
             tracer,
@@ -170,7 +173,9 @@ class Daemon:
         )
         # One claim log: the intake writes the claims, the runbook marks them done.
         claim_log = (
-            claimlog.ClaimLog(store, view, fresh=alive.fresh) if would is None else would.claim_log
+            claimlog.ClaimLog(store, view, unbroken_since=alive.unbroken_since)
+            if would is None
+            else would.claim_log
         )
         # One Lease per gang: who charges it, and its durable record for a successor.
         gang_leases = gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter)
@@ -188,6 +193,8 @@ class Daemon:
             progress=claim_log,
             owners=GangOwners(gang_leases if would is None else would.gang_lock),
             records=gang_leases if would is None else None,
+            # A dry run never completes a lifecycle action.
+            after_drain=registry.after_drain(s) if would is None else NoAfterDrain(),
             budget=Budget(
                 drain_reserve_s=s.policy.drain_reserve_s,
                 drain_reserve_fraction=s.policy.drain_reserve_fraction,
@@ -227,13 +234,37 @@ class Daemon:
             intake,
             limiter,
             observed,
-            None if would is not None else self._meter(api, view, ledger_writer.policy),
+            None
+            if would is not None
+            else self._meter(api, view, ledger_writer.policy, limiter, alive),
             recorder,
             would,
         )
 
+    def _ledger_log(
+        self, api: Any, topic: str, limiter: ratelimit.RateLimiter, alive: holders.HolderLeases
+    ) -> dict[str, Any]:
+        """What a ledger writer needs so that its unsent events survive this replica and its
+        disk: a record in the cluster for each, adopted by a peer when this holder is gone."""
+        s = self.settings
+        if s.dry_run:
+            return {}
+        return {
+            "holder": s.holder,
+            "cluster": ledgerlog.LedgerLog(
+                api, s.lease_namespace, s.holder, topic, limiter=limiter
+            ),
+            "alive": alive.alive,
+            "recover_every_s": s.claim_stale_s / 2,
+        }
+
     def _meter(
-        self, api: Any, view: cache.ClusterCache, policy: ledger.LabelPolicy
+        self,
+        api: Any,
+        view: cache.ClusterCache,
+        policy: ledger.LabelPolicy,
+        limiter: ratelimit.RateLimiter,
+        alive: holders.HolderLeases,
     ) -> meter.Meter | None:
         a, s = self.settings.allocation, self.settings
         if not a.enabled:
@@ -242,9 +273,15 @@ class Daemon:
             f"{s.ledger.outbox_path.stem}-allocation.sqlite"
         )
         rows = ledger.LedgerWriter(
-            bootstrap_servers=s.ledger.bootstrap, topic=a.topic, outbox_path=outbox, policy=policy
+            bootstrap_servers=s.ledger.bootstrap,
+            topic=a.topic,
+            outbox_path=outbox,
+            policy=policy,
+            **self._ledger_log(api, a.topic, limiter, alive),
         )
-        lock = meter.LeaseHourLock(api, s.lease_namespace, s.holder, s.cluster_name)
+        lock = meter.LeaseHourLock(
+            api, s.lease_namespace, s.holder, s.cluster_name, limiter=limiter
+        )
         return meter.Meter(
             meter.CacheFleet(view), rows, lock, cluster=s.cluster_name, interval_s=a.interval_s
         )

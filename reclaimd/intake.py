@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
@@ -65,6 +65,7 @@ class Admitted:
     claim: Claimed
     claim_times: tuple[datetime, datetime] | None = None  # started, stored; None: resumed
     receipt: SpanContext | None = None  # the receive span, to link the notice's trace to
+    admitted_at: datetime = field(default_factory=utcnow)  # when this process took it on
 
     @property
     def id(self) -> str:

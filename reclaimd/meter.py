@@ -323,11 +323,17 @@ def lease_name(cluster: str, hour: datetime) -> str:
 class LeaseHourLock:
     """One Lease per hour; whoever created it meters that hour."""
 
-    def __init__(self, api_client: Any, namespace: str, holder: str, cluster: str) -> None:
+    def __init__(
+        self, api_client: Any, namespace: str, holder: str, cluster: str, *, limiter: Any = None
+    ) -> None:
         from kubernetes_asyncio import client as k8s
+
+        from reclaimd.cluster.ratelimit import RateLimiter
 
         self._coord = k8s.CoordinationV1Api(api_client)
         self.namespace, self.holder, self.cluster = namespace, holder[:128], cluster
+        # The one call point (its retries); a meter's own budget when none is shared.
+        self._limiter: RateLimiter = limiter or RateLimiter()
 
     async def acquire(self, hour: datetime) -> bool:
         from reclaimd.cluster import client
@@ -338,29 +344,34 @@ class LeaseHourLock:
             "spec": {"holderIdentity": self.holder, "acquireTime": rfc3339(utcnow())},
         }
         try:
-            with client.kube_errors(f"create lease/{name}"):
-                await self._coord.create_namespaced_lease(self.namespace, cast(Any, body))
+            # No deadline: the hour's rows wait behind every notice's writes.
+            await self._limiter.call(
+                f"create lease/{name}",
+                None,
+                lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+            )
             return True
         except client.Conflict:
-            with client.kube_errors(f"read lease/{name}"):
-                lease = await self._coord.read_namespaced_lease(name, self.namespace)
+            lease = await self._limiter.read(
+                f"read lease/{name}",
+                None,
+                lambda: self._coord.read_namespaced_lease(name, self.namespace),
+            )
             return bool(lease.spec and lease.spec.holder_identity == self.holder)
 
 
 class CacheFleet:
     """``FleetView`` over ``cluster.cache.ClusterCache``.
 
-    Nodes come through the cache's public queries (``node``, ``provider_id``). The cache has
-    no public accessor for all its GPU pods yet, so ``gpu_pods`` reads its index; replace it
-    with ``cache.gpu_pods()`` once the cache has one.
+    Everything comes through the cache's public queries (``gpu_pods``, ``node``,
+    ``provider_id``).
     """
 
     def __init__(self, cache: Any) -> None:
         self._cache = cache
 
     def gpu_pods(self) -> Iterable[Mapping[str, Any]]:
-        # Records keep the slim pod as compact JSON (decode) or, in older caches, as a dict.
-        return [p.decode() if hasattr(p, "decode") else p for p in self._cache._idx.pods.values()]
+        return list(self._cache.gpu_pods())
 
     def node(self, name: str) -> NodeFacts | None:
         view = self._cache.node(name)

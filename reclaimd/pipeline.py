@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from reclaimd import checkpoint, logs, tracing
+from reclaimd.afterdrain import AfterDrain, NoAfterDrain
 from reclaimd.intake import Admitted, ClaimLost
 from reclaimd.model import (
     Gang,
@@ -231,6 +232,7 @@ class Runbook:
         ledger_topic: str = "",
         narrator: Narrator | None = None,
         records: GangRecords | None = None,
+        after_drain: AfterDrain | None = None,
     ) -> None:
         self.view, self.writer, self.signaller = view, writer, signaller
         self.narrator: Narrator = narrator or Silent()
@@ -243,6 +245,9 @@ class Runbook:
         self.on_report = on_report
         self.ledger_topic = ledger_topic
         self.records = records
+        # What the notice's source does around the drain (an ASG lifecycle hook's heartbeats
+        # while it runs, CONTINUE once it is done).
+        self.after_drain: AfterDrain = after_drain or NoAfterDrain()
 
     async def handle(self, admitted: Admitted) -> Report:
         notice = admitted.notice
@@ -307,13 +312,17 @@ class Runbook:
             ):
                 report.mark("drained")
         try:
-            await asyncio.gather(
-                *(self.settle(admitted, f, report, recorded.get(f.gang.key)) for f in flights),
-                *(self.follow(notice, f, report) for f in joined),
-            )
+            async with self.after_drain.holding(notice):
+                await asyncio.gather(
+                    *(self.settle(admitted, f, report, recorded.get(f.gang.key)) for f in flights),
+                    *(self.follow(notice, f, report) for f in joined),
+                )
         finally:
             for flight in flights:
                 self.owners.release(flight)
+        # Before ``done``: a crash in between completes again on resume ("already done").
+        drained = not KEPT_RUNNING.intersection(report.evictions.values())
+        await self.after_drain.finished(notice, drained=drained)
         await self.progress.done(admitted, deadline_met=report.deadline_met)
 
     def _claim_spans(self, admitted: Admitted, report: Report) -> None:
@@ -514,14 +523,25 @@ class Runbook:
 
 
 def with_recorded(plan: Plan, recorded: Mapping[GangKey, Recorded]) -> Plan:
-    """A resumed notice's plan: each gang as it was owned (the dead owner may have evicted
-    some of its pods, or all: such a gang is no longer on the node, but still to charge)."""
+    """A resumed notice's plan: each gang with every rank it had when owned (the dead owner
+    may have evicted some of its pods, or all: such a gang is no longer on the node, but is
+    still to charge)."""
     if not recorded:
         return plan
     seen = {g.key for g in plan.gangs}
-    gangs = tuple(recorded[g.key].gang if g.key in recorded else g for g in plan.gangs)
+    gangs = tuple(
+        _with_gone(g, recorded[g.key].gang) if g.key in recorded else g for g in plan.gangs
+    )
     gangs += tuple(r.gang for key, r in sorted(recorded.items(), key=str) if key not in seen)
     return dataclasses.replace(plan, gangs=gangs)
+
+
+def _with_gone(live: Gang, owned: Gang) -> Gang:
+    """The live gang (its ranks are asked again: they have URLs, the record has none) plus
+    the ranks the record has that are gone already (charged from their recorded acks)."""
+    here = {m.uid for m in live.members}
+    gone = tuple(m for m in owned.members if m.uid not in here)
+    return dataclasses.replace(live, members=live.members + gone) if gone else live
 
 
 def _ns(t: datetime) -> int:

@@ -162,14 +162,17 @@ class ClusterActions:
             if remaining <= 0:
                 break
             # Never sleep past the point of giving up; one last try happens right there.
-            await asyncio.sleep(min(self._retry_delay(attempt, hint_s), remaining))
+            await asyncio.sleep(min(self._retry_delay(attempt, hint_s, remaining), remaining))
         if policy is EvictionPolicy.RESPECT_PDB:
             log.warning("%s: blocked until the deadline (respect-pdb)", what)
             return EvictResult.BLOCKED
         return await self._force_delete(member, deadline, what)
 
-    def _retry_delay(self, attempt: int, hint_s: float | None) -> float:
-        ceiling = min(self._settings.retry_cap_s, self._settings.retry_base_s * 2**attempt)
+    def _retry_delay(self, attempt: int, hint_s: float | None, remaining_s: float) -> float:
+        # A PDB that stays shut (a budget no deletion can free) is asked less often the
+        # further off its deadline is: a tenth of the time left, at least the cap.
+        cap = max(self._settings.retry_cap_s, remaining_s / 10)
+        ceiling = min(cap, self._settings.retry_base_s * 2**attempt)
         delay = random.uniform(ceiling / 2, ceiling)
         return max(delay, min(hint_s or 0.0, self._settings.retry_cap_s))
 

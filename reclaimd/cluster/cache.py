@@ -29,12 +29,13 @@ import zlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
-from reclaimd import logs
+from reclaimd import kueueapi, logs
+from reclaimd.backoff import Backoff
 from reclaimd.cluster import client, gangs
 from reclaimd.cluster.watch import (
     Changed,
@@ -521,7 +522,9 @@ class ClusterCache:
             )
         ]
         custom = k8s.CustomObjectsApi(self._api)
+        # The Workload version the cluster serves (one discovery, shared by the process).
         wl = self._settings.workloads
+        wl = replace(wl, version=await kueueapi.version_or(self._api, wl.version))
         for ns in self._settings.namespaces or ("",):
             if ns:
                 pods = KubeEndpoint(
@@ -641,11 +644,18 @@ class ClusterCache:
             stream.optional,
         )
         state = self._states[name]
+        # After a failure the watch cannot retry itself (RBAC, a CRD missing, a 403 from an
+        # API server whose authorizer is still syncing after a restart): soon at first, then
+        # up to the pause, so a fixed RBAC or a new CRD is picked up without a restart.
+        pause = Backoff(
+            min(1.0, self._settings.permanent_error_pause_s), self._settings.permanent_error_pause_s
+        )
         while True:
             try:
                 async for event in watch_objects(
                     endpoint, settings=self._settings.watch, name=name, progress=state
                 ):
+                    pause.reset()
                     apply(event)
                     if isinstance(event, Listed):
                         self._listed(name)
@@ -659,13 +669,8 @@ class ClusterCache:
                     state.progressed()  # nothing to hold is current too
                     self._listed(name)
             except client.KubeError as e:
-                log.error(
-                    "cache %s: %s; retrying in %.0fs",
-                    name,
-                    e,
-                    self._settings.permanent_error_pause_s,
-                )
-            await asyncio.sleep(self._settings.permanent_error_pause_s)
+                log.error("cache %s: %s; retrying within %.0fs", name, e, pause.ceiling())
+            await pause.sleep()
 
     def _listed(self, name: str) -> None:
         self._pending.discard(name)

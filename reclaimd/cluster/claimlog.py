@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from reclaimd import logs
@@ -58,11 +59,12 @@ class ClaimLog:
         store: claims.ClaimStore,
         nodes: NodeCopies,
         *,
-        fresh: Callable[[], bool] = lambda: True,
+        unbroken_since: Callable[[datetime], bool] = lambda _: True,
     ) -> None:
         self.store = store
         self.nodes = nodes
-        self.fresh = fresh  # our holder Lease was renewed within its duration
+        # Our holder Lease fresh, and not lapsed since then (``HolderLeases.unbroken_since``).
+        self.unbroken_since = unbroken_since
 
     async def claim(self, notice: Notice, node: str | None) -> Claimed:
         obj = object_for(notice, node)
@@ -89,8 +91,8 @@ class ClaimLog:
             raise ClaimLost(f"{obj.describe()} is no longer ours for {admitted.id}")
 
     async def still_ours(self, admitted: Admitted) -> bool:
-        if self.fresh():
-            return True  # nobody may take over a claim whose holder's Lease is fresh
+        if self.unbroken_since(admitted.admitted_at):
+            return True  # nobody may take over a claim whose holder's Lease never lapsed
         obj = admitted.claim.on
         if not isinstance(obj, claims.NodeObj | claims.WorkloadObj):
             return True

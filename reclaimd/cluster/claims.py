@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
 
+from reclaimd import kueueapi
 from reclaimd.cluster import client, taints
 from reclaimd.cluster.cache import WorkloadApi
 from reclaimd.cluster.ratelimit import RateLimiter
@@ -305,6 +306,7 @@ class ClaimStore:
             raise ValueError("claim holder must not be empty")
         self.holder = holder
         self.group = group  # written on every claim; the resume scan takes over only its own
+        self._api = api_client
         self._core = k8s.CoreV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
         self._limiter = limiter or RateLimiter()
@@ -457,7 +459,7 @@ class ClaimStore:
         for name, text in node_claims:
             if text:
                 claims.extend(self._parse(NodeObj(name), {CLAIM_ANNOTATION: text}))
-        wl = self._settings.workloads
+        wl = await self._workloads()
 
         async def workloads() -> list[Any]:
             if not namespaces:
@@ -484,6 +486,11 @@ class ClaimStore:
         return [c for c in claims if not c.phase.terminal]
 
     # --- the object API -----------------------------------------------------------------
+
+    async def _workloads(self) -> WorkloadApi:
+        """Where Workloads are served: the version found by the process's one discovery."""
+        wl = self._settings.workloads
+        return replace(wl, version=await kueueapi.version_or(self._api, wl.version))
 
     def _parse(self, obj: ClaimTarget, annotations: Mapping[str, str] | None) -> list[Claim]:
         text = (annotations or {}).get(CLAIM_ANNOTATION)
@@ -520,7 +527,7 @@ class ClaimStore:
                     bool(node.spec.unschedulable),
                     tuple(t.to_dict() for t in node.spec.taints or ()),
                 )
-            wl = self._settings.workloads
+            wl = await self._workloads()
             body = await self._custom.get_namespaced_custom_object(
                 wl.group, wl.version, obj.namespace, wl.plural, obj.name
             )
@@ -555,7 +562,7 @@ class ClaimStore:
                 retry_until=until,
             )
             return
-        wl = self._settings.workloads
+        wl = await self._workloads()
         await self._limiter.call(
             what,
             deadline,

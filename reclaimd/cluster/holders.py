@@ -50,6 +50,7 @@ class HolderLeases:
         self._limiter = limiter
         self._seen: dict[str, datetime] = {}
         self.renewed_at: datetime | None = None  # our own last successful renewal
+        self.lapsed_at: datetime | None = None  # the last renewal after a gap past the Lease
 
     def renewed(self, holder: str) -> datetime | None:
         """The last renewal seen of ``holder``'s Lease (ours: the last one we made)."""
@@ -61,6 +62,12 @@ class HolderLeases:
         """Our Lease was renewed within ``lease_s``: peers see our claims as live."""
         last = self.renewed_at
         return last is not None and utcnow() - last <= timedelta(seconds=self.lease_s)
+
+    def unbroken_since(self, since: datetime) -> bool:
+        """Fresh now, and never lapsed since ``since``: no peer can have taken over a claim
+        we made then. (An API server down longer than the Lease lapses it for everyone: a
+        peer may have taken our claims over before we renewed again.)"""
+        return self.fresh() and (self.lapsed_at is None or self.lapsed_at < since)
 
     async def run(self) -> None:
         """Renew our Lease and refresh the others', every ``lease_s / 3``, until cancelled."""
@@ -108,6 +115,8 @@ class HolderLeases:
                 lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
                 retry_until=until,
             )
+        if self.renewed_at is not None and now - self.renewed_at > timedelta(seconds=self.lease_s):
+            self.lapsed_at = now  # renewed again after a gap longer than the Lease
         self.renewed_at = now
 
     async def alive(self, holder: str) -> bool:

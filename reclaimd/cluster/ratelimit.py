@@ -75,6 +75,10 @@ class RateSettings:
     max_conflicts: int = 8
     """Re-reads of one object by ``update`` before its 409s are raised."""
 
+    forbidden_grace_s: float = 3.0
+    """A 403 is retried for this long: a kube-apiserver that just restarted answers 403 until
+    its authorizer has synced (about half a second). Past it, a 403 is RBAC's answer."""
+
 
 class RateLimiter:
     def __init__(self, settings: RateSettings = RateSettings()) -> None:
@@ -158,7 +162,8 @@ class RateLimiter:
         Retried: 429 from priority and fairness (``client.Throttled``), 5xx, timeouts and
         transport failures, with full-jitter backoff (at least ``Retry-After``), until
         ``retry_until`` (default: ``deadline``, which also orders the queue) or, without
-        either, ``max_attempts``. Everything else is raised as ``KubeError``.
+        either, ``max_attempts``; a 403 for ``forbidden_grace_s`` (a restarted API server's
+        authorizer). Everything else is raised as ``KubeError``.
         """
         return await self._attempts(what, deadline, write, retry_until, budgeted=True)
 
@@ -213,6 +218,7 @@ class RateLimiter:
         s = self.settings
         until = retry_until or deadline
         kind = what.split("/", 1)[0]
+        forbidden_until = time.time() + s.forbidden_grace_s
         for attempt in itertools.count(1):
             if budgeted:
                 await self.acquire(deadline)
@@ -226,8 +232,14 @@ class RateLimiter:
                 with client.kube_errors(what):
                     async with asyncio.timeout(limit):
                         result = await fn()
-            except (client.Throttled, client.ServerError) as e:
-                if budgeted or isinstance(e, client.Throttled):
+            except (client.Throttled, client.ServerError, client.Forbidden) as e:
+                if isinstance(e, client.Forbidden) and time.time() >= forbidden_until:
+                    raise
+                # Overload slows everyone down; a 403 in the grace says nothing of the load.
+                overload = isinstance(e, client.Throttled) or (
+                    budgeted and isinstance(e, client.ServerError)
+                )
+                if overload:
                     self.pushed(e.retry_after_s if isinstance(e, client.Throttled) else None)
                 ceiling = min(s.retry_cap_s, s.retry_base_s * 2**attempt)
                 delay = max(random.uniform(0, ceiling), e.retry_after_s or 0.0)

@@ -211,8 +211,13 @@ async def _read_kafka(
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
 
+    # Committed records only: the ledger publishes in transactions, and what a fenced or
+    # aborted one wrote stays in the log (it is not an event).
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        isolation_level="read_committed",
     )
     out: list[tuple[str, Mapping[str, Any]]] = []
     try:

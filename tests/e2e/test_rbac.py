@@ -39,7 +39,6 @@ DENIED = [
     ("rbac.authorization.k8s.io", "clusterroles", "", "escalate"),
     ("kueue.x-k8s.io", "workloads", "", "delete"),
     ("coordination.k8s.io", "leases", "", "update"),
-    ("coordination.k8s.io", "leases", "", "delete"),
     ("events.k8s.io", "events", "", "delete"),
     ("events.k8s.io", "events", "", "list"),
     ("", "events", "", "create"),  # the core group's Events API is not used
@@ -61,7 +60,7 @@ async def as_reclaimd(stack: Any) -> AsyncIterator[k8s.ApiClient]:
 def namespace_for(resource: str, verb: str) -> str:
     if resource in ("nodes", "clusterroles"):
         return ""
-    own = resource == "leases" and verb in ("get", "create", "patch", "list")
+    own = resource == "leases" and verb in ("get", "create", "patch", "list", "delete")
     return "reclaimd" if own else "default"
 
 

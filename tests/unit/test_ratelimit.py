@@ -237,3 +237,25 @@ async def test_update_gives_up_after_its_conflicts() -> None:
     with pytest.raises(client.Conflict, match="after 3 re-reads"):
         await limiter.update("lease/x", None, fetch, change)
     assert reads == 3
+
+
+async def test_a_403_is_retried_briefly_then_taken_as_rbacs_answer() -> None:
+    limiter = RateLimiter(
+        RateSettings(retry_base_s=0.001, retry_cap_s=0.002, forbidden_grace_s=0.05)
+    )
+    answers: list[Exception | str] = [client.Forbidden("patch node/n", 403), "ok"]
+
+    async def syncing() -> str:  # an API server whose authorizer syncs after one refusal
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert await limiter.call("patch node/n", None, syncing) == "ok"
+    assert limiter.pushed_back == 0  # a 403 says nothing of the load
+
+    async def denied() -> str:
+        raise client.Forbidden("patch node/n", 403)
+
+    with pytest.raises(client.Forbidden):
+        await asyncio.wait_for(limiter.call("patch node/n", None, denied), 2.0)
