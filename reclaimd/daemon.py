@@ -70,6 +70,7 @@ class _Parts:
     intake: Intake
     limiter: ratelimit.RateLimiter
     metrics: metrics.Metrics
+    gang_leases: gangclaims.GangClaims | None = None
     meter: meter.Meter | None = None
     events: events.EventRecorder | None = None
     dry_run: dryrun.WouldParts | None = None  # set: nothing is written, signalled or evicted
@@ -234,11 +235,12 @@ class Daemon:
             intake,
             limiter,
             observed,
-            None
+            gang_leases=gang_leases if would is None else None,
+            meter=None
             if would is not None
             else self._meter(api, view, ledger_writer.policy, limiter, alive),
-            recorder,
-            would,
+            events=recorder,
+            dry_run=would,
         )
 
     def _ledger_log(
@@ -358,6 +360,11 @@ class Daemon:
                         if s.dry_run
                         else [
                             tg.create_task(parts.holders.run(), name="holder-lease"),
+                            *(
+                                [tg.create_task(parts.gang_leases.run_sweeps(), name="gang-sweep")]
+                                if parts.gang_leases is not None
+                                else []
+                            ),
                             tg.create_task(
                                 claimlog.Resumer(
                                     parts.store,

@@ -22,6 +22,8 @@ acked, not from older ones.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import logging
 from datetime import timedelta
@@ -55,6 +57,10 @@ TRACE_ANNOTATION = "reclaimd.io/traceparent"
 NOTICE_LABEL = "reclaimd.io/notice"  # a digest of the notice id: a successor LISTs by it
 # The acks are worth a bounded wait only: the drain must not stall on a slow API server.
 ACKS_WRITE_S = 10.0
+# A gang Lease outlives every notice of its incarnation (they come within one window) and
+# every takeover of them; then it is deleted, or a busy cluster keeps one per gang forever.
+KEEP_S = 6 * 3600.0
+SWEEP_EVERY_S = 600.0
 
 
 def notice_label(notice_id: str) -> str:
@@ -166,6 +172,49 @@ class GangClaims:
                 continue
             out[gang.key] = Recorded(gang, acks, notes.get(TRACE_ANNOTATION, ""))
         return out
+
+    async def sweep(self, keep_s: float = KEEP_S) -> int:
+        """Delete the gang Leases acquired more than ``keep_s`` ago; how many went."""
+        leases = await self._limiter.read(
+            "list gang leases",
+            None,
+            lambda: self._coord.list_namespaced_lease(self.namespace, label_selector=NOTICE_LABEL),
+        )
+        cutoff = utcnow() - timedelta(seconds=keep_s)
+        deleted = 0
+        for lease in leases.items or ():
+            acquired = lease.spec.acquire_time if lease.spec is not None else None
+            if acquired is None or acquired > cutoff:
+                continue
+            name = lease.metadata.name
+            # The version it was read at: a Lease taken over since (a new incarnation) stays.
+            unchanged = k8s.V1Preconditions(resource_version=lease.metadata.resource_version)
+            try:
+                await self._limiter.call(  # last in the write budget (no deadline)
+                    f"delete lease/{name}",
+                    None,
+                    functools.partial(
+                        self._coord.delete_namespaced_lease,
+                        name,
+                        self.namespace,
+                        body=k8s.V1DeleteOptions(preconditions=unchanged),
+                    ),
+                )
+                deleted += 1
+            except (client.NotFound, client.Conflict):
+                continue
+        return deleted
+
+    async def run_sweeps(self, every_s: float = SWEEP_EVERY_S) -> None:
+        """Sweep now and then, until cancelled; a failed sweep waits for the next."""
+        while True:
+            try:
+                gone = await self.sweep()
+                if gone:
+                    logs.event(log, "gang leases swept", deleted=gone)
+            except client.KubeError as e:
+                logs.event(log, "gang lease sweep failed", logging.WARNING, error=str(e)[:200])
+            await asyncio.sleep(every_s)
 
     def _body(self, name: str, gang: Gang, notice: Notice) -> dict[str, Any]:
         return {

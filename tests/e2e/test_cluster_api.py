@@ -32,7 +32,7 @@ from reclaimd.cluster.claims import (
     Phase,
     WorkloadObj,
 )
-from reclaimd.cluster.gangclaims import GangClaims
+from reclaimd.cluster.gangclaims import GangClaims, lease_name
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
 from reclaimd.cluster.taints import TAINT_KEY, taint_json
@@ -807,3 +807,21 @@ async def test_a_gang_lease_keeps_what_a_successor_needs(
         (r1.uid, acked_at)
     ]
     assert await successor.owned_by(notice(f"other-{RUN}")) == {}
+
+
+async def test_old_gang_leases_are_swept_and_recent_ones_kept(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    leases = GangClaims(as_reclaimd, "reclaimd", "replica-a", limiter=RateLimiter())
+    old_gang, new_gang = _gang(f"old-{RUN}", "o1"), _gang(f"new-{RUN}", "n1")
+    assert await leases.acquire(old_gang, notice(f"old-{RUN}"))
+    assert await leases.acquire(new_gang, notice(f"new-{RUN}"))
+    coord = k8s.CoordinationV1Api(admin)
+    # As if acquired a day ago.
+    day_ago = (utcnow() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    await coord.patch_namespaced_lease(
+        lease_name(old_gang), "reclaimd", {"spec": {"acquireTime": day_ago}}
+    )
+    assert await leases.sweep(keep_s=3600) >= 1
+    names = {x.metadata.name for x in (await coord.list_namespaced_lease("reclaimd")).items}
+    assert lease_name(old_gang) not in names and lease_name(new_gang) in names
