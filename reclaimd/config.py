@@ -246,6 +246,9 @@ class KubeSettings(_Strict):
     max_conflicts: int = Field(8, ge=1, le=1000)  # re-reads of one object after 409s
     # A 403 is retried this long (a restarted API server's authorizer is still syncing).
     forbidden_grace_s: float = Field(3.0, ge=0)
+    # Writes sent and not yet answered: beyond what the server works on at once they queue
+    # there in its order, not ours (earliest deadline first).
+    max_in_flight: int = Field(32, ge=1, le=1024)
 
 
 class TracingSettings(_Strict):

@@ -99,6 +99,7 @@ class Daemon:
                 start_qps=s.kube.start_qps,
                 min_qps=s.kube.min_qps,
                 burst=s.kube.burst,
+                max_in_flight=s.kube.max_in_flight,
             )
         )
         view = cache.ClusterCache(api, labeler=ledger.cost_labels)

@@ -75,6 +75,12 @@ class RateSettings:
     max_conflicts: int = 8
     """Re-reads of one object by ``update`` before its 409s are raised."""
 
+    max_in_flight: int = 32
+    """Writes sent and not yet answered, at most. Past what the API server works on at once,
+    more in flight only queue there, in the server's order: a cordon would wait behind
+    Events and evictions sent before it. Queued here, the earliest deadline goes first.
+    (A local kube-apiserver takes about as many writes/s at 32 in flight as at 128.)"""
+
     forbidden_grace_s: float = 3.0
     """A 403 is retried for this long: a kube-apiserver that just restarted answers 403 until
     its authorizer has synced (about half a second). Past it, a 403 is RBAC's answer."""
@@ -86,6 +92,8 @@ class RateLimiter:
             raise ValueError("rate limiter: qps must be > 0 and burst >= 1")
         if settings.min_qps <= 0:
             raise ValueError("rate limiter: min_qps must be > 0")
+        if settings.max_in_flight < 1:
+            raise ValueError("rate limiter: max_in_flight must be >= 1")
         self.settings = settings
         self.rate = min(settings.qps, settings.start_qps or settings.qps)
         self._burst = float(settings.burst)
@@ -96,6 +104,8 @@ class RateLimiter:
         self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
         self._dispatcher: asyncio.Task[None] | None = None
+        self._busy = 0  # writes in flight (served, not yet released)
+        self._freed = asyncio.Event()
         self.throttled = 0  # acquisitions that had to wait for a token
         self.pushed_back = 0  # writes the server refused as overload (429 APF, 5xx)
         self.writes = 0  # writes the server answered (accepted, or refused for the object)
@@ -108,12 +118,15 @@ class RateLimiter:
         return sum(1 for *_, fut in self._waiters if not fut.done())
 
     async def acquire(self, deadline: datetime | None = None) -> None:
-        """Wait for a token; among waiters, the earliest ``deadline`` is served first."""
+        """Wait for a token and a slot in flight (give it back with ``release``); among
+        waiters, the earliest ``deadline`` is served first."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._refill(now)
-        if not self._waiters and self._tokens >= 1 and now >= self._hold_until:
+        free = self._busy < self.settings.max_in_flight
+        if not self._waiters and self._tokens >= 1 and now >= self._hold_until and free:
             self._tokens -= 1
+            self._busy += 1
             return
         key = deadline.timestamp() if deadline is not None else math.inf
         fut: asyncio.Future[None] = loop.create_future()
@@ -127,7 +140,13 @@ class RateLimiter:
             if fut.done() and not fut.cancelled():
                 # Served, then cancelled before running: the token was never used.
                 self._tokens = min(self._burst, self._tokens + 1)
+                self.release()
             raise
+
+    def release(self) -> None:
+        """A write served by ``acquire`` was answered (or given up): its slot is free."""
+        self._busy = max(0, self._busy - 1)
+        self._freed.set()
 
     # --- feedback from the server ---------------------------------------------------------
 
@@ -231,7 +250,11 @@ class RateLimiter:
             try:
                 with client.kube_errors(what):
                     async with asyncio.timeout(limit):
-                        result = await fn()
+                        try:
+                            result = await fn()
+                        finally:
+                            if budgeted:
+                                self.release()
             except (client.Throttled, client.ServerError, client.Forbidden) as e:
                 if isinstance(e, client.Forbidden) and time.time() >= forbidden_until:
                     raise
@@ -284,8 +307,13 @@ class RateLimiter:
             if self._tokens < 1:
                 await asyncio.sleep((1 - self._tokens) / self.rate)
                 continue
+            if self._busy >= self.settings.max_in_flight:
+                self._freed.clear()
+                await self._freed.wait()
+                continue
             _, _, fut = heapq.heappop(self._waiters)
             if fut.done():  # its caller was cancelled while queued
                 continue
             self._tokens -= 1
+            self._busy += 1
             fut.set_result(None)

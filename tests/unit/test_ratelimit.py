@@ -110,6 +110,7 @@ async def test_the_rate_grows_under_demand_up_to_the_cap() -> None:
     limiter = RateLimiter(RateSettings(qps=300.0, start_qps=100.0, burst=1, growth_per_s=4.0))
     for _ in range(150):  # more demand than the start rate serves in a second
         await limiter.acquire()
+        limiter.release()  # each write answered at once
     assert 100.0 < limiter.rate <= 300.0
 
 
@@ -259,3 +260,26 @@ async def test_a_403_is_retried_briefly_then_taken_as_rbacs_answer() -> None:
 
     with pytest.raises(client.Forbidden):
         await asyncio.wait_for(limiter.call("patch node/n", None, denied), 2.0)
+
+
+async def test_writes_in_flight_are_capped_and_the_earliest_deadline_goes_next() -> None:
+    limiter = RateLimiter(RateSettings(qps=1000.0, burst=100, max_in_flight=2))
+    await limiter.acquire(at(50))
+    await limiter.acquire(at(60))  # both slots taken: the server works on two writes
+    served: list[str] = []
+
+    async def write(name: str, deadline: datetime) -> None:
+        await limiter.acquire(deadline)
+        served.append(name)
+
+    event = asyncio.create_task(write("event", at(600)))
+    cordon = asyncio.create_task(write("cordon", at(20)))
+    await asyncio.sleep(0.05)
+    assert served == []  # tokens to spare, but no slot
+    limiter.release()
+    await asyncio.sleep(0.05)
+    assert served == ["cordon"]  # queued later, due sooner
+    limiter.release()
+    await asyncio.wait_for(event, 1.0)
+    await cordon
+    assert served == ["cordon", "event"]
