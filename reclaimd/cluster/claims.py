@@ -367,7 +367,7 @@ class ClaimStore:
             )
             # A 409 (a stale copy, or a write in between) makes ``update`` read and decide again.
             await self._write(
-                obj, read.version, new, _claim_order(notice), spec=spec, until=notice.deadline
+                obj, read.version, new, claim_order(notice), spec=spec, until=notice.deadline
             )
             if status is not ClaimStatus.ALREADY_OURS:
                 log.info(
@@ -382,7 +382,7 @@ class ClaimStore:
         try:
             return await self._limiter.update(
                 f"claim {obj.describe()}",
-                _claim_order(notice),
+                claim_order(notice),
                 lambda: self._fetch(obj),
                 change,
                 first=_seeded(obj, seed),
@@ -576,11 +576,12 @@ class ClaimStore:
 CLAIM_LEAD_S = 120.0
 
 
-def _claim_order(notice: Notice) -> datetime | None:
-    """Where a claim (the cordon) waits in the write budget: as if it were due when the
-    notice was issued, so that in a storm every claim is served before the evictions of the
-    notices already running and a notice is cordoned as it arrives. A change announced weeks
-    ahead sorts ``CLAIM_LEAD_S`` before its own far deadline instead."""
+def claim_order(notice: Notice) -> datetime | None:
+    """Where a claim (the cordon) and the gang Leases the checkpoint requests wait for sit in
+    the write budget: as if due when the notice was issued, so that in a storm they are served
+    before the evictions of the notices already running, and a notice is cordoned and its
+    ranks asked as it arrives. A change announced weeks ahead sorts ``CLAIM_LEAD_S`` before
+    its own far deadline instead."""
     if notice.deadline is None:
         return None
     lead = notice.deadline - timedelta(seconds=CLAIM_LEAD_S)

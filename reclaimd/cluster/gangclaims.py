@@ -33,7 +33,7 @@ from kubernetes_asyncio import client as k8s
 
 from reclaimd import checkpoint, logs, tracing
 from reclaimd.cluster import client, gangrecord
-from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster.claims import MERGE_PATCH, claim_order
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import (
     Gang,
@@ -89,11 +89,15 @@ class GangClaims:
         """True when ``notice`` charges ``gang`` (it holds the Lease, now or before)."""
         name = lease_name(gang)
         body = self._body(name, gang, notice)
+        # Every rank's checkpoint request waits for this write: it goes with the claims,
+        # before the storm's evictions, and is retried until the notice's deadline.
+        order = claim_order(notice)
         try:
             await self._limiter.call(
                 f"create lease/{name}",
-                notice.deadline,
+                order,
                 lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+                retry_until=notice.deadline,
             )
             return True
         except client.Conflict:
@@ -113,7 +117,7 @@ class GangClaims:
             body["metadata"]["annotations"][ACKS_ANNOTATION] = ""  # the old pods' acks
             await self._limiter.call(
                 f"take over lease/{name}",
-                notice.deadline,
+                order,
                 lambda: self._coord.patch_namespaced_lease(
                     name, self.namespace, body, **MERGE_PATCH
                 ),
@@ -122,7 +126,7 @@ class GangClaims:
 
         return await self._limiter.update(
             f"lease/{name}",
-            notice.deadline,
+            order,
             lambda: self._coord.read_namespaced_lease(name, self.namespace),
             change,
             conflicts=5,

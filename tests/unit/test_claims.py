@@ -115,11 +115,11 @@ def test_cordon_spec_keeps_other_taints_and_is_idempotent() -> None:
 
 
 def test_claims_are_served_as_if_due_when_issued_but_far_changes_wait() -> None:
-    from reclaimd.cluster.claims import _claim_order
+    from reclaimd.cluster.claims import claim_order
 
     spot = notice("n1", 120)
-    assert _claim_order(spot) == spot.issued_at  # before every eviction of the storm
+    assert claim_order(spot) == spot.issued_at  # before every eviction of the storm
     far = notice("n2", 14 * 86400)
     assert far.deadline is not None
-    assert _claim_order(far) == far.deadline - timedelta(seconds=120)
-    assert _claim_order(notice("n3", None)) is None
+    assert claim_order(far) == far.deadline - timedelta(seconds=120)
+    assert claim_order(notice("n3", None)) is None
