@@ -209,12 +209,42 @@ class FuzzRun:
         ]
         return aws, gce
 
+    async def _own_moto(self) -> str:
+        """A moto of this bench's own for SQS: the shared one is slow with everything it ever
+        held, and the fault drills restart it (losing every queue)."""
+        port = _free_port()
+        server = Path(sys.executable).with_name("moto_server")
+        self.moto = await asyncio.create_subprocess_exec(
+            str(server),
+            "-H",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        import boto3
+
+        region = self.stack.values.get("AWS_DEFAULT_REGION", "us-east-1")
+        self.h.sqs = boto3.client("sqs", endpoint_url=url, region_name=region)
+        for _ in range(100):
+            try:
+                self.h.queue_url = await asyncio.to_thread(self.h.create_queue)
+                return url
+            except Exception:
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"moto on {url} did not start")
+
     async def run_all(self) -> dict[str, Any]:
         from aiohttp import web
 
         from reclaimd.chaos import inject
 
         async with self.h as h:
+            with contextlib.suppress(Exception):  # the harness's queue on the shared moto
+                await asyncio.to_thread(h.sqs.delete_queue, QueueUrl=h.queue_url)
+            self.moto_url = await self._own_moto()
             aws, gce = self._fleet()
             progress(f"run {self.run}: {len(aws) + len(gce)} kwok nodes")
             await h.add_nodes([*aws, *gce])
@@ -247,6 +277,9 @@ class FuzzRun:
                 await runner.cleanup()
                 await asyncio.to_thread(self.channel.delete)
                 await self._cleanup()
+                if self.moto.returncode is None:
+                    self.moto.terminate()
+                    await self.moto.wait()
 
     async def _with_daemon(
         self, metadata_url: str, imds_node: Any, gce_node: Any
@@ -255,7 +288,12 @@ class FuzzRun:
         self.metrics_port = _free_port()
         daemon = await h.start_daemon(
             "reclaimd-fuzz",
-            sqs={"receivers": 2, "concurrency": 64},
+            sqs={
+                "receivers": 2,
+                "concurrency": 64,
+                "endpoint_url": self.moto_url,
+                "queue_url": self.h.queue_url,
+            },
             pubsub={
                 "enabled": True,
                 "project": self.stack["PUBSUB_PROJECT_ID"],
@@ -292,11 +330,17 @@ class FuzzRun:
             ("gce_metadata", lambda: self._gce(gce_node)),
         ]
         timings: dict[str, float] = {}
+        self.errors: dict[str, str] = {}
         try:
             for name, phase in phases:
                 t0 = time.monotonic()
                 progress(f"{name}: sending {self.args.per_transport} hostile + {REAL[name]} real")
-                await phase()
+                try:
+                    await phase()
+                except Exception as e:  # the shared stack's parts restart under the drills
+                    self._check_alive()
+                    self.errors[name] = f"{type(e).__name__}: {e}"[:300]
+                    progress(f"{name}: phase failed: {self.errors[name]}")
                 timings[name] = round(time.monotonic() - t0, 1)
                 progress(f"{name}: sent in {timings[name]} s (rss {self._rss_now()} MiB)")
             drained = await self._drain()
@@ -841,6 +885,7 @@ class FuzzRun:
         rss = [v for _, v in self.rss]
         flat = _flat(rss)
         checks = {
+            "every_phase_ran": not self.errors,
             "no_crash": self.crashed is None,
             "clean_stop_on_sigterm": exit_code == 0,
             "every_message_counted": all(per[t]["all_counted"] for t in TRANSPORTS),
@@ -866,6 +911,7 @@ class FuzzRun:
                 "rss_samples": self.rss,
             },
             "drain": drained,
+            "phase_errors": self.errors,
             "checks": checks,
             "ok": all(checks.values()),
         }
