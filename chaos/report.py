@@ -230,6 +230,10 @@ class Readiness:
     first_unready_s: float | None  # from the fault: the first such answer
     ready_again_s: float | None  # from the outage's end: every replica answering 200 for good
     samples: int
+    # from the fault: every replica that was not ready answering 200 for good (None: none was
+    # not ready, or one never was again). stack.sh's outage ends after its own readiness
+    # check, which can come after reclaimd's, so ready_again_s alone can read 0.
+    ready_after_fault_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -413,14 +417,16 @@ def _readiness(f: FaultFacts) -> Readiness | None:
     by_replica = {n: a for n, a in by_replica.items() if n not in gone}
     unready = [at for at, name, status in f.readiness if status != 200 and name not in gone]
     again: datetime | None = f.ended_at
+    recovered: datetime | None = None  # the last replica's first 200 after its last not-ready
     for answers in by_replica.values():
         last_bad = max((at for at, status in answers if status != 200), default=None)
         if last_bad is None:
             continue
         good = [at for at, status in answers if status == 200 and at > last_bad]
         if not good:
-            again = None  # this replica never said ready again while the drill looked
+            again = recovered = None  # this replica never said ready again while the drill looked
             break
+        recovered = good[0] if recovered is None else max(recovered, good[0])
         if again is not None:
             again = max(again, good[0])
     return Readiness(
@@ -431,6 +437,9 @@ def _readiness(f: FaultFacts) -> Readiness | None:
         if again is None or f.ended_at is None
         else max(0.0, (again - f.ended_at).total_seconds()),
         samples=len(f.readiness),
+        ready_after_fault_s=None
+        if recovered is None
+        else (recovered - f.started_at).total_seconds(),
     )
 
 
@@ -1000,7 +1009,8 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
                 lines.append(
                     f"    /readyz: {ready.unready}/{ready.replicas} replica(s) answered not-ready"
                     f" (first {_opt(ready.first_unready_s)} after the fault), all ready again"
-                    f" {_opt(ready.ready_again_s)} after the outage ({ready.samples} samples)"
+                    f" {_opt(ready.ready_again_s)} after the outage"
+                    f" ({_opt(ready.ready_after_fault_s)} after the fault, {ready.samples} samples)"
                 )
     if v.summary is not None:
         u = v.summary
@@ -1055,6 +1065,7 @@ def _fault_json(f: FaultRow) -> dict[str, Any]:
             "unready": r.unready,
             "first_unready_s": _r(r.first_unready_s),
             "ready_again_s": _r(r.ready_again_s),
+            "ready_after_fault_s": _r(r.ready_after_fault_s),
             "samples": r.samples,
         },
         "takeovers": [

@@ -186,6 +186,16 @@ def test_readyz_around_a_stack_fault() -> None:
     assert r.ready_again_s == pytest.approx(3.5)
     assert "/readyz: 2/2 replica(s) answered not-ready" in report.render(v)
     assert report.to_json(v)["faults"][0]["readyz"]["ready_again_s"] == pytest.approx(3.5)
+    assert r.ready_after_fault_s == pytest.approx(9.5)  # r1's 200 at 11.5, fault at 2
+
+
+def test_readyz_ready_before_the_outage_ends() -> None:
+    # stack.sh's own readiness check (the Kueue CRDs) ends the outage after reclaimd is ready
+    v = _readiness((3.0, "r0", 503), (5.0, "r0", 200), (7.0, "r0", 200), ended=8.0)
+    r = v.faults[0].readiness
+    assert r is not None and r.ready_again_s == 0.0
+    assert r.ready_after_fault_s == pytest.approx(3.0)
+    assert "(3.00s after the fault" in report.render(v)
 
 
 def test_readyz_never_unready_and_never_ready_again() -> None:
@@ -194,6 +204,8 @@ def test_readyz_never_unready_and_never_ready_again() -> None:
     assert steady.ready_again_s == 0.0  # ready throughout
     stuck = _readiness((3.0, "r0", 200), (5.0, "r0", 503), (20.0, "r0", 503)).faults[0]
     assert stuck.readiness is not None and stuck.readiness.ready_again_s is None
+    assert stuck.readiness.ready_after_fault_s is None
+    assert steady.ready_after_fault_s is None  # never not ready: nothing to recover from
     assert _readiness().faults[0].readiness is None  # nothing sampled: no figure
 
 
