@@ -135,6 +135,7 @@ class Drill:
         self.claim_history: dict[str, list[report.ClaimSeen]] = {}
         self.arrivals: list[report.Arrival] = []
         self._resend: dict[str, Callable[[], Any]] = {}  # notice label -> send it again
+        self._under_way: dict[str, Source] = {}  # notices whose send has not returned yet
         self._claims_seen: dict[str, str] = {}  # the last phases read (the apiserver may be down)
         self._ports: dict[str, int] = {}  # central replica name -> its /readyz port
 
@@ -436,7 +437,11 @@ class Drill:
 
         async def notice(n: PlannedNotice) -> None:
             await at(n.send_at_s)
-            facts = await self._send(h, n, wall0 + timedelta(seconds=n.issued_at_s))
+            self._under_way[n.label] = n.source
+            try:
+                facts = await self._send(h, n, wall0 + timedelta(seconds=n.issued_at_s))
+            finally:
+                del self._under_way[n.label]
             self.sent.append(facts)
             dup = f" x{n.copies}" if n.copies > 1 else ""
             self.say(f"sent {n.label} {n.kind} -> {facts.target}{dup}")
@@ -681,8 +686,10 @@ class Drill:
 
     async def _after_restart(self, h: Harness, kind: FaultKind) -> int:
         """Put back what a restarted in-memory emulator lost and a real service would have
-        kept: the run's queue (or topic and subscription), and every notice sent before that
-        no claim records yet (its message would still be in a real queue)."""
+        kept: the run's queue (or topic and subscription), every notice sent before that no
+        claim records yet (its message would still be in a real queue), and every notice whose
+        send was under way when the emulator went down (a publish into a dying emulator can
+        hang for its whole 30 s timeout: a real topic would have taken it)."""
         if kind is FaultKind.RESTART_MOTO:
             await _retrying(lambda: asyncio.to_thread(h.create_queue))
             source = Source.EC2_SQS
@@ -695,9 +702,12 @@ class Drill:
             if n.source == source.value and claims.get(n.claim_key, {}).get("notice_id")
             != n.notice_id
         ]  # fmt: skip
-        for n in unclaimed:
-            await _retrying(self._resend[n.label])
-        return len(unclaimed)
+        under_way = [
+            label for label, s in self._under_way.items() if s is source and label in self._resend
+        ]
+        for label in [n.label for n in unclaimed] + under_way:
+            await _retrying(self._resend[label])
+        return len(unclaimed) + len(under_way)
 
     async def _pubsub_recreate(self) -> None:
         from google.api_core import exceptions
