@@ -819,6 +819,9 @@ class FuzzRun:
                 )
             except exceptions.DeadlineExceeded:
                 return 0
+            except exceptions.GoogleAPICallError as e:  # the shared emulator was restarted
+                progress(f"pubsub leftovers: {type(e).__name__}; unknown")
+                return -1
             return len(reply.received_messages)
 
         return {
