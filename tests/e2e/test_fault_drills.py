@@ -23,14 +23,15 @@ FAULT_PASSING: list[str] = [
     "storm-kafka-outage",
     "storm-moto-restart",
     "gce-storm-pubsub-restart",
+    "storm-pause-replica",
+    "storm-apiserver-restart",
+    "storm-fresh-disk-kafka-down",
 ]
-# Not PASS yet (docs/drills.md says which check fails and why).
+# Not PASS every run yet (docs/drills.md says which check fails and why): a SIGKILL loses the
+# spans of a notice finished in the last half second, so some runs fail "traces present".
 FAULTS_NOT_YET = {
     "storm-kill-replica",
     "storm-kill-restart",
-    "storm-pause-replica",
-    "storm-fresh-disk-kafka-down",
-    "storm-apiserver-restart",
 }
 
 
