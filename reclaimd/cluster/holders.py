@@ -11,6 +11,7 @@ crashes or hangs (SIGSTOP) stops renewing and, ``lease_s`` later, its claims can
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 from datetime import UTC, datetime, timedelta
@@ -26,6 +27,8 @@ from reclaimd.model import parse_time, rfc3339, utcnow
 log = logging.getLogger(__name__)
 
 HOLDER_LABEL = "reclaimd.io/holder-lease"
+# A holder Lease not renewed for this long belongs to a replica that is gone: it is deleted.
+GONE_AFTER_S = 3600.0
 FIRST = datetime(1970, 1, 2, tzinfo=UTC)  # sorts before any notice's deadline in the budget
 HOLDER_ANNOTATION = "reclaimd.io/holder"
 
@@ -151,13 +154,38 @@ class HolderLeases:
             retry_until=utcnow() + timedelta(seconds=self.lease_s / 2),
         )
         seen: dict[str, datetime] = {}
+        gone_before = utcnow() - timedelta(seconds=GONE_AFTER_S)
         for lease in leases.items or ():
             holder = (lease.metadata.annotations or {}).get(HOLDER_ANNOTATION)
             renew = lease.spec.renew_time if lease.spec is not None else None
             if not holder or renew is None:
                 continue
-            seen[holder] = renew if isinstance(renew, datetime) else parse_time(str(renew))
+            at = renew if isinstance(renew, datetime) else parse_time(str(renew))
+            if at < gone_before and holder != self.holder:
+                await self._forget(lease)
+                continue
+            seen[holder] = at
         self._seen = seen
+
+    async def _forget(self, lease: Any) -> None:
+        """Delete the Lease of a replica gone for good (a pod name of an old rollout): one
+        per replica ever run would pile up. Its claims are long taken over (no Lease reads as
+        not alive); the version read is a precondition, so a holder back since keeps it."""
+        name = lease.metadata.name
+        unchanged = k8s.V1Preconditions(resource_version=lease.metadata.resource_version)
+        try:
+            await self._limiter.call(
+                f"delete lease/{name}",
+                None,
+                functools.partial(
+                    self._coord.delete_namespaced_lease,
+                    name,
+                    self.namespace,
+                    body=k8s.V1DeleteOptions(preconditions=unchanged),
+                ),
+            )
+        except client.KubeError as e:
+            log.info("holder lease %s not deleted: %s", name, e)
 
 
 def _micro(t: datetime) -> str:

@@ -237,7 +237,7 @@ class RateLimiter:
         s = self.settings
         until = retry_until or deadline
         kind = what.split("/", 1)[0]
-        forbidden_until = time.time() + s.forbidden_grace_s
+        forbidden_until: float | None = None  # the grace counts from the first 403
         for attempt in itertools.count(1):
             if budgeted:
                 await self.acquire(deadline)
@@ -256,8 +256,11 @@ class RateLimiter:
                             if budgeted:
                                 self.release()
             except (client.Throttled, client.ServerError, client.Forbidden) as e:
-                if isinstance(e, client.Forbidden) and time.time() >= forbidden_until:
-                    raise
+                if isinstance(e, client.Forbidden):
+                    if forbidden_until is None:
+                        forbidden_until = time.time() + s.forbidden_grace_s
+                    if time.time() >= forbidden_until:
+                        raise
                 # Overload slows everyone down; a 403 in the grace says nothing of the load.
                 overload = isinstance(e, client.Throttled) or (
                     budgeted and isinstance(e, client.ServerError)

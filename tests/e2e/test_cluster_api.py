@@ -34,6 +34,7 @@ from reclaimd.cluster.claims import (
 )
 from reclaimd.cluster.gangclaims import GangClaims, lease_name
 from reclaimd.cluster.holders import HolderLeases
+from reclaimd.cluster.holders import lease_name as holder_lease_name
 from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
 from reclaimd.cluster.taints import TAINT_KEY, taint_json
 from reclaimd.cluster.watch import Changed, KubeEndpoint, Listed, watch_objects
@@ -767,6 +768,28 @@ async def test_holder_leases_tell_who_is_alive(
     assert a.renewed(a.holder) is not None  # its own, without a read
 
 
+async def test_the_lease_of_a_replica_gone_for_an_hour_is_deleted(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    limiter = RateLimiter()
+    gone = HolderLeases(as_reclaimd, "reclaimd", f"holder-gone-{RUN}", lease_s=20, limiter=limiter)
+    live = HolderLeases(as_reclaimd, "reclaimd", f"holder-live-{RUN}", lease_s=20, limiter=limiter)
+    await gone.renew()
+    await live.renew()
+    old = (utcnow() - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    await k8s.CoordinationV1Api(admin).patch_namespaced_lease(
+        holder_lease_name(gone.holder), "reclaimd", {"spec": {"renewTime": old}}
+    )
+    await live.refresh()
+    assert live.renewed(gone.holder) is None
+    names = {
+        x.metadata.name
+        for x in (await k8s.CoordinationV1Api(admin).list_namespaced_lease("reclaimd")).items
+    }
+    assert holder_lease_name(gone.holder) not in names
+    assert holder_lease_name(live.holder) in names
+
+
 def _gang(name: str, *uids: str) -> Gang:
     return Gang(
         GangKey("jobset", NS, name),
@@ -803,9 +826,7 @@ async def test_a_gang_lease_keeps_what_a_successor_needs(
     found = await successor.owned_by(n)
     assert set(found) == {gang.key}
     assert found[gang.key].gang.members == gang.members
-    assert [(a.member.uid, a.checkpoint_time) for a in found[gang.key].acks] == [
-        (r1.uid, acked_at)
-    ]
+    assert [(a.member.uid, a.checkpoint_time) for a in found[gang.key].acks] == [(r1.uid, acked_at)]
     assert await successor.owned_by(notice(f"other-{RUN}")) == {}
 
 
