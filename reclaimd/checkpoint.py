@@ -491,6 +491,15 @@ def _one_line(text: str, limit: int = 240) -> str:
 # --- reclaimd's signaller: the fan-out with one span per rank --------------------------------
 
 
+@dataclass(frozen=True)
+class CheckpointSettings:
+    poll_interval_s: float = 0.5
+    """A rank that answered with a status URL is polled this often."""
+
+    concurrency: int = 64
+    """Checkpoint requests of one gang in flight at once."""
+
+
 class Signaller:
     """``signal_gang`` over one shared HTTP session, with a client span per rank (whose
     ``traceparent`` the rank receives), for the runbook."""
@@ -500,8 +509,11 @@ class Signaller:
         session: aiohttp.ClientSession,
         tracer: otel.Tracer,
         put_budgets: putbudget.TenantPutBudgets | None = None,
+        *,
+        settings: CheckpointSettings = CheckpointSettings(),
     ) -> None:
         self.session, self.tracer, self.put_budgets = session, tracer, put_budgets
+        self.settings = settings
 
     async def signal(
         self,
@@ -552,6 +564,8 @@ class Signaller:
                 budget_deadline=budget_deadline,
                 session=self.session,
                 traceparent=traceparent,
+                concurrency=self.settings.concurrency,
+                poll_interval_s=self.settings.poll_interval_s,
                 on_ack=on_ack,
                 cut=cut,
                 put_budgets=self.put_budgets,

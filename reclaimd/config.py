@@ -328,7 +328,6 @@ CODE_SETTINGS: Mapping[str, CodePart] = MappingProxyType(
             {
                 "watch": "cache.watch",
                 "workloads": _DISCOVERED_KUEUE,
-                "require_pod_ip": "checkpoint.require_pod_ip",
                 "url_policy": "checkpoint.allowed_hosts",
             },
         ),

@@ -48,6 +48,7 @@ from reclaimd.cluster import (
     holders,
     ledgerlog,
     ratelimit,
+    watch,
 )
 from reclaimd.config import Settings, UnknownTarget
 from reclaimd.intake import Admission, Admitted, Intake
@@ -94,15 +95,17 @@ class Daemon:
         """Build every part from the settings; nothing runs yet."""
         s = self.settings
         limiter = ratelimit.RateLimiter(
-            ratelimit.RateSettings(
-                qps=s.kube.qps,
-                start_qps=s.kube.start_qps,
-                min_qps=s.kube.min_qps,
-                burst=s.kube.burst,
-                max_in_flight=s.kube.max_in_flight,
-            )
+            ratelimit.RateSettings(**s.kube.fields("kubeconfig", "connections"))
         )
-        view = cache.ClusterCache(api, labeler=ledger.cost_labels)
+        view = cache.ClusterCache(
+            api,
+            labeler=ledger.cost_labels,
+            settings=cache.CacheSettings(
+                **s.cache.fields("watch"),
+                watch=watch.WatchSettings(**s.cache.watch.fields()),
+                url_policy=s.checkpoint.url_policy(),
+            ),
+        )
         alive = holders.HolderLeases(
             api, s.lease_namespace, s.holder, lease_s=s.claim_stale_s, limiter=limiter
         )
@@ -110,7 +113,9 @@ class Daemon:
             api,
             s.holder,
             limiter=limiter,
-            settings=claims.ClaimSettings(lease_s=s.claim_stale_s),
+            settings=claims.ClaimSettings(
+                lease_s=s.claim_stale_s, max_conflicts=s.claims.max_conflicts
+            ),
             liveness=alive.renewed,
             group=s.peer_group or f"{s.lease_namespace}/{s.cluster_name}",
         )
@@ -121,6 +126,9 @@ class Daemon:
                 policy=s.policy.eviction,
                 force_before_s=s.policy.force_before_s,
                 delete_grace_s=s.policy.delete_grace_s,
+                retry_base_s=s.policy.retry_base_s,
+                retry_cap_s=s.policy.retry_cap_s,
+                poll_interval_s=s.policy.poll_interval_s,
             ),
             pod_exists=view.pod_exists,
         )
@@ -130,6 +138,7 @@ class Daemon:
             topic=s.ledger.topic,
             outbox_path=":memory:" if s.dry_run else s.ledger.outbox_path,
             policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
+            **s.ledger.writer.fields(),
             **self._ledger_log(api, s.ledger.topic, limiter, alive),
         )
         receipts = tracing.Receipts(
@@ -146,7 +155,7 @@ class Daemon:
                 api,
                 limiter,
                 instance=s.holder,
-                settings=events.EventSettings(queue_size=s.events.queue_size),
+                settings=events.EventSettings(**s.events.fields("enabled")),
             )
             if s.events.enabled and not s.dry_run
             else None
@@ -186,7 +195,12 @@ class Daemon:
             writer=writer if would is None else would.evictor,
             signaller=(
                 checkpoint.Signaller(
-                    session, tracer, putbudget.TenantPutBudgets(s.max_put_object_qps_per_sa)
+                    session,
+                    tracer,
+                    putbudget.TenantPutBudgets(s.max_put_object_qps_per_sa),
+                    settings=checkpoint.CheckpointSettings(
+                        **s.checkpoint.fields("require_pod_ip", "allowed_hosts")
+                    ),
                 )
                 if would is None
                 else would.signaller
@@ -226,6 +240,7 @@ class Daemon:
             drop_unknown=s.policy.unknown_target is UnknownTarget.DROP,
             expire_after=timedelta(seconds=s.policy.expired_after_s),
             on_admission=admitted,
+            memory=s.intake.memory,
         )
         return _Parts(
             view,
@@ -258,7 +273,6 @@ class Daemon:
                 api, s.lease_namespace, s.holder, topic, limiter=limiter
             ),
             "alive": alive.alive,
-            "recover_every_s": s.claim_stale_s / 2,
         }
 
     def _meter(

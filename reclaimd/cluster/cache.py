@@ -35,6 +35,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from reclaimd import kueueapi, logs
+from reclaimd.annotations import UrlPolicy
 from reclaimd.backoff import Backoff
 from reclaimd.cluster import client, gangs
 from reclaimd.cluster.watch import (
@@ -96,8 +97,8 @@ class CacheSettings:
     """After a non-retriable watch failure (RBAC, CRD missing), wait this long before trying
     again: a fixed RBAC or a newly installed CRD is picked up without a restart."""
 
-    require_pod_ip: bool = False
-    """Passed to the checkpoint contract: only accept checkpoint URLs aimed at the pod."""
+    url_policy: UrlPolicy = field(default_factory=UrlPolicy)
+    """Where checkpoint URLs may point (the pod's own IP by default, plus an allowlist)."""
 
     stall_after_s: float = 150.0
     """A stream with no LIST, event or BOOKMARK for this long is stuck (the server bookmarks
@@ -805,5 +806,5 @@ class ClusterCache:
             [self._idx.pods[pid].decode() for pid in pids],
             labeler=self._labeler,
             node_labels=self.node_labels,
-            require_pod_ip=self._settings.require_pod_ip,
+            url_policy=self._settings.url_policy,
         )

@@ -28,7 +28,6 @@ cache keeps raw dicts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -330,21 +329,12 @@ def _started_at(pod: Pod) -> datetime | None:
         return None
 
 
-def _policy(url_policy: UrlPolicy, require_pod_ip: bool | None) -> UrlPolicy:
-    # ``require_pod_ip`` is the older switch (CacheSettings passes it until it passes a
-    # ``UrlPolicy``); when given, it turns the guard on or off and keeps the allowlist.
-    if require_pod_ip is None or require_pod_ip == url_policy.require_pod_ip:
-        return url_policy
-    return replace(url_policy, require_pod_ip=require_pod_ip)
-
-
 def member_of(
     pod: Any,
     *,
     rank: int | None = None,
     leader: bool | None = None,
     url_policy: UrlPolicy = POD_IP_ONLY,
-    require_pod_ip: bool | None = None,
 ) -> Member:
     """One pod as a gang member. ``rank``/``leader`` override what the pod alone says;
     ``url_policy`` says which hosts its checkpoint URL may name (default: its own IP)."""
@@ -355,7 +345,7 @@ def member_of(
         pod_ip=ip,
         namespace=namespace_of(pod),
         name=name_of(pod),
-        policy=_policy(url_policy, require_pod_ip),
+        policy=url_policy,
     )
     if rank is None:
         rank = contract.rank if contract.rank is not None else framework_rank(pod)
@@ -408,7 +398,6 @@ def build_gang(
     labeler: Labeler | None = None,
     node_labels: Callable[[str], Mapping[str, str]] = lambda _node: {},
     url_policy: UrlPolicy = POD_IP_ONLY,
-    require_pod_ip: bool | None = None,
 ) -> Gang:
     """All of one gang's pods as a ``Gang``: ranks, exactly one leader or more, scope, labels.
 
@@ -432,7 +421,7 @@ def build_gang(
         )
         leaders[order[0]] = True
     members = tuple(
-        member_of(p, rank=r, leader=lead, url_policy=_policy(url_policy, require_pod_ip))
+        member_of(p, rank=r, leader=lead, url_policy=url_policy)
         for p, r, lead in zip(raw, ranks, leaders, strict=True)
     )
     members = tuple(sorted(members, key=lambda m: (m.rank is None, m.rank or 0, m.name)))

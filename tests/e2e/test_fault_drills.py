@@ -26,13 +26,11 @@ FAULT_PASSING: list[str] = [
     "storm-pause-replica",
     "storm-apiserver-restart",
     "storm-fresh-disk-kafka-down",
-]
-# Not PASS every run yet (docs/drills.md says which check fails and why): a SIGKILL loses the
-# spans of a notice finished in the last half second, so some runs fail "traces present".
-FAULTS_NOT_YET = {
     "storm-kill-replica",
     "storm-kill-restart",
-}
+]
+# Not PASS every run yet (docs/drills.md says which check fails and why).
+FAULTS_NOT_YET: set[str] = set()
 
 
 def test_every_fault_scenario_is_accounted_for() -> None:

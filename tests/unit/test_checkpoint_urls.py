@@ -93,7 +93,6 @@ def test_a_gang_member_aimed_elsewhere_is_not_opted_in() -> None:
     assert member.checkpoint_url == "http://127.0.0.1:7000/c"
 
 
-def test_the_older_switch_still_turns_the_guard_off() -> None:
-    # CacheSettings.require_pod_ip=False is what the cache passes until it passes a policy.
-    member = gangs.member_of(pod("http://ckpt.svc/c"), require_pod_ip=False)
+def test_the_guard_can_be_turned_off() -> None:
+    member = gangs.member_of(pod("http://ckpt.svc/c"), url_policy=ann.ANY_HOST)
     assert member.checkpoint_url == "http://ckpt.svc/c"
