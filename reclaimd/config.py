@@ -258,6 +258,10 @@ class TracingSettings(_Strict):
 class Settings(_Strict):
     cluster_name: str = "default"
     holder: str = Field(default_factory=socket.gethostname)
+    # A replica silent this long (its holder Lease not renewed) is presumed dead and its claims
+    # are taken over: a hung one is replaced within about this plus a resume scan (3 s).
+    # Shorter takes over sooner, but a replica slowed by a storm's API server then loses live
+    # claims (15 s did, in the storm bench). Renewals go first in the write budget.
     claim_stale_s: float = Field(20.0, gt=0)
     # Where the per-gang Leases live (reclaimd's own namespace: its Role covers only this one).
     lease_namespace: str = "reclaimd"

@@ -121,15 +121,18 @@ class GangClaims:
                 lambda: self._coord.patch_namespaced_lease(
                     name, self.namespace, body, **MERGE_PATCH
                 ),
+                retry_until=notice.deadline,
             )
             return True
 
+        # ``order`` is when the notice was issued (past): it sorts; the deadline bounds.
         return await self._limiter.update(
             f"lease/{name}",
             order,
             lambda: self._coord.read_namespaced_lease(name, self.namespace),
             change,
             conflicts=5,
+            retry_until=notice.deadline,
         )
 
     async def acked(self, gang: Gang, notice: Notice, acks: tuple[RankAck, ...]) -> None:

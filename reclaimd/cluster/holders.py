@@ -54,6 +54,7 @@ class HolderLeases:
         self._seen: dict[str, datetime] = {}
         self.renewed_at: datetime | None = None  # our own last successful renewal
         self.lapsed_at: datetime | None = None  # the last renewal after a gap past the Lease
+        self._sweeping: asyncio.Task[None] | None = None
 
     def renewed(self, holder: str) -> datetime | None:
         """The last renewal seen of ``holder``'s Lease (ours: the last one we made)."""
@@ -155,6 +156,7 @@ class HolderLeases:
         )
         seen: dict[str, datetime] = {}
         gone_before = utcnow() - timedelta(seconds=GONE_AFTER_S)
+        gone: list[Any] = []
         for lease in leases.items or ():
             holder = (lease.metadata.annotations or {}).get(HOLDER_ANNOTATION)
             renew = lease.spec.renew_time if lease.spec is not None else None
@@ -162,10 +164,18 @@ class HolderLeases:
                 continue
             at = renew if isinstance(renew, datetime) else parse_time(str(renew))
             if at < gone_before and holder != self.holder:
-                await self._forget(lease)
+                gone.append(lease)
                 continue
             seen[holder] = at
         self._seen = seen
+        if gone and (self._sweeping is None or self._sweeping.done()):
+            # Off the renewal loop: the deletes are last in the write budget, and in a storm
+            # a renewal waiting behind them would let peers take every live claim over.
+            self._sweeping = asyncio.create_task(self._forget_all(gone), name="holder-sweep")
+
+    async def _forget_all(self, leases: list[Any]) -> None:
+        for lease in leases:
+            await self._forget(lease)
 
     async def _forget(self, lease: Any) -> None:
         """Delete the Lease of a replica gone for good (a pod name of an old rollout): one

@@ -244,12 +244,12 @@ class RateLimiter:
                 self.by_kind[kind] += 1
             else:
                 self.reads += 1
-            limit = s.attempt_timeout_s
-            if until is not None:
-                limit = max(0.5, min(limit, until.timestamp() - time.time()))
             try:
                 with client.kube_errors(what):
-                    async with asyncio.timeout(limit):
+                    # Against a connection that never answers, not against a slow server: a
+                    # loaded API server answers in seconds, and a write cut short is only
+                    # sent again (a renewal cut at its deadline never lands at all).
+                    async with asyncio.timeout(s.attempt_timeout_s):
                         try:
                             result = await fn()
                         finally:
