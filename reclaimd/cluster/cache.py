@@ -632,11 +632,6 @@ class ClusterCache:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    @property
-    def healthy(self) -> bool:
-        """Every watch task is still running (a crashed one is a bug, logged when it dies)."""
-        return bool(self._tasks) and not any(t.done() for t in self._tasks.values())
-
     async def _run(self, stream: _Stream) -> None:
         name, endpoint, apply, optional = (
             stream.name,

@@ -23,7 +23,6 @@ acked, not from older ones.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import logging
 from datetime import timedelta
@@ -32,7 +31,7 @@ from typing import Any, cast
 from kubernetes_asyncio import client as k8s
 
 from reclaimd import checkpoint, logs, tracing
-from reclaimd.cluster import client, gangrecord
+from reclaimd.cluster import client, gangrecord, leases
 from reclaimd.cluster.claims import MERGE_PATCH, claim_order
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import (
@@ -159,7 +158,7 @@ class GangClaims:
 
     async def owned_by(self, notice: Notice) -> dict[GangKey, Recorded]:
         """Every gang ``notice`` owns, as its Leases recorded them (a taken-over notice)."""
-        leases = await self._limiter.read(
+        found = await self._limiter.read(
             f"list leases of notice {notice.id}",
             notice.deadline,
             lambda: self._coord.list_namespaced_lease(
@@ -167,7 +166,7 @@ class GangClaims:
             ),
         )
         out: dict[GangKey, Recorded] = {}
-        for lease in leases.items or ():
+        for lease in found.items or ():
             notes = lease.metadata.annotations or {}
             if notes.get(NOTICE_ANNOTATION) != notice.id or not notes.get(RECORD_ANNOTATION):
                 continue
@@ -182,34 +181,20 @@ class GangClaims:
 
     async def sweep(self, keep_s: float = KEEP_S) -> int:
         """Delete the gang Leases acquired more than ``keep_s`` ago; how many went."""
-        leases = await self._limiter.read(
+        found = await self._limiter.read(
             "list gang leases",
             None,
             lambda: self._coord.list_namespaced_lease(self.namespace, label_selector=NOTICE_LABEL),
         )
         cutoff = utcnow() - timedelta(seconds=keep_s)
         deleted = 0
-        for lease in leases.items or ():
+        for lease in found.items or ():
             acquired = lease.spec.acquire_time if lease.spec is not None else None
             if acquired is None or acquired > cutoff:
                 continue
-            name = lease.metadata.name
             # The version it was read at: a Lease taken over since (a new incarnation) stays.
-            unchanged = k8s.V1Preconditions(resource_version=lease.metadata.resource_version)
-            try:
-                await self._limiter.call(  # last in the write budget (no deadline)
-                    f"delete lease/{name}",
-                    None,
-                    functools.partial(
-                        self._coord.delete_namespaced_lease,
-                        name,
-                        self.namespace,
-                        body=k8s.V1DeleteOptions(preconditions=unchanged),
-                    ),
-                )
+            if await leases.delete_unchanged(self._coord, self._limiter, self.namespace, lease):
                 deleted += 1
-            except (client.NotFound, client.Conflict):
-                continue
         return deleted
 
     async def run_sweeps(self, every_s: float = SWEEP_EVERY_S) -> None:

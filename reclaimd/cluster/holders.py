@@ -11,7 +11,6 @@ crashes or hangs (SIGSTOP) stops renewing and, ``lease_s`` later, its claims can
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import logging
 from datetime import UTC, datetime, timedelta
@@ -19,7 +18,7 @@ from typing import Any, cast
 
 from kubernetes_asyncio import client as k8s
 
-from reclaimd.cluster import client
+from reclaimd.cluster import client, leases
 from reclaimd.cluster.claims import MERGE_PATCH
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import parse_time, rfc3339, utcnow
@@ -181,21 +180,10 @@ class HolderLeases:
         """Delete the Lease of a replica gone for good (a pod name of an old rollout): one
         per replica ever run would pile up. Its claims are long taken over (no Lease reads as
         not alive); the version read is a precondition, so a holder back since keeps it."""
-        name = lease.metadata.name
-        unchanged = k8s.V1Preconditions(resource_version=lease.metadata.resource_version)
         try:
-            await self._limiter.call(
-                f"delete lease/{name}",
-                None,
-                functools.partial(
-                    self._coord.delete_namespaced_lease,
-                    name,
-                    self.namespace,
-                    body=k8s.V1DeleteOptions(preconditions=unchanged),
-                ),
-            )
+            await leases.delete_unchanged(self._coord, self._limiter, self.namespace, lease)
         except client.KubeError as e:
-            log.info("holder lease %s not deleted: %s", name, e)
+            log.info("holder lease %s not deleted: %s", lease.metadata.name, e)
 
 
 def _micro(t: datetime) -> str:
