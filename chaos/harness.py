@@ -206,6 +206,11 @@ class Harness:
                     "rules": [
                         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": read},
                         {
+                            "apiGroups": ["policy"],
+                            "resources": ["poddisruptionbudgets"],
+                            "verbs": read,
+                        },
+                        {
                             "apiGroups": ["kueue.x-k8s.io"],
                             "resources": ["workloads"],
                             "verbs": read,

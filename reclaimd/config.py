@@ -121,6 +121,9 @@ class PolicySettings(_Strict):
     # Backoff between evictions a PDB refused, and how often a drain looks for its pods again.
     retry_base_s: float = Field(0.5, gt=0)
     retry_cap_s: float = Field(5.0, gt=0)
+    # With the PDB watched, a refused eviction is asked again when its PDB changes, and at
+    # least this often (in case the watch missed a change).
+    watched_retry_s: float = Field(30.0, gt=0)
     poll_interval_s: float = Field(0.5, gt=0)
 
 
@@ -185,6 +188,7 @@ class CacheConfig(_Strict):
 
     namespaces: tuple[str, ...] = ()  # pods and Workloads watched; empty: the whole cluster
     watch_workloads: bool = True
+    watch_pdbs: bool = True  # a refused eviction is retried when its PDB changes
     permanent_error_pause_s: float = Field(30.0, gt=0)  # after RBAC/CRD-missing failures
     # A watch with no LIST, event or BOOKMARK for this long is restarted by its supervisor,
     # which looks this often.

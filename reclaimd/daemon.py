@@ -128,9 +128,11 @@ class Daemon:
                 delete_grace_s=s.policy.delete_grace_s,
                 retry_base_s=s.policy.retry_base_s,
                 retry_cap_s=s.policy.retry_cap_s,
+                watched_retry_s=s.policy.watched_retry_s,
                 poll_interval_s=s.policy.poll_interval_s,
             ),
             pod_exists=view.pod_exists,
+            budget_changes=view.budget_changes,
         )
         ledger_writer = ledger.LedgerWriter(
             # A dry run keeps no outbox file and reaches no broker (its writer stays empty).

@@ -9,8 +9,10 @@ notice's deadline, so in a storm the most urgent node is served first.
   overwritten. Nothing is written when the node already looks right; a vanished node is done.
 - ``evict`` uses the Eviction subresource, which honours PodDisruptionBudgets, with a uid
   precondition so a StatefulSet's replacement pod of the same name is never hit. 429 (a PDB
-  says no) and the 500 the server gives for a pod under several PDBs are retried with
-  capped backoff, never past the point where the policy gives up:
+  says no) and the 500 the server gives for a pod under several PDBs are retried when a
+  PDB covering the pod changes (``budget_changes``, the cache's PDB watch; a long timer
+  covers a change the watch missed), or with capped backoff when there is no watch, never
+  past the point where the policy gives up:
   ``respect-pdb`` retries until the deadline and reports ``blocked``;
   ``force-near-deadline`` retries until ``deadline - force_before_s``, then deletes the pod
   with a short grace period: a PDB protects availability, and the node takes every pod with
@@ -20,10 +22,12 @@ notice's deadline, so in a storm the most urgent node is served first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -38,6 +42,11 @@ from reclaimd.config import EvictionPolicy
 from reclaimd.model import Member, Notice, utcnow
 
 log = logging.getLogger(__name__)
+
+
+# The cache's PDB watch: (namespace, pod) -> a context holding an event set when a PDB
+# covering the pod changes (None: no watch to trust, retry on a timer).
+BudgetChanges = Callable[[str, str], AbstractContextManager[asyncio.Event | None]]
 
 
 class EvictResult(StrEnum):
@@ -63,6 +72,11 @@ class ActionSettings:
     """Backoff between refused evictions; the PDB controller updates ``disruptionsAllowed``
     within about a second of a pod going away, so retrying faster is wasted."""
 
+    watched_retry_s: float = 30.0
+    """With the PDB watched (``budget_changes``), a refused eviction is asked again when a
+    PDB covering its pod changes, and at least this often: the timer only stands in for a
+    change the watch missed."""
+
     poll_interval_s: float = 0.5
     """How often ``wait_gone`` looks again."""
 
@@ -75,13 +89,16 @@ class ClusterActions:
         limiter: RateLimiter,
         settings: ActionSettings = ActionSettings(),
         pod_exists: Callable[[str, str, str], bool] | None = None,
+        budget_changes: BudgetChanges | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        """``pod_exists``: the cache's view (cheap in a storm); without it, ask the API."""
+        """``pod_exists``: the cache's view (cheap in a storm); without it, ask the API.
+        ``budget_changes``: the cache's PDB watch (``ClusterCache.budget_changes``)."""
         self._core = k8s.CoreV1Api(api_client)
         self._limiter = limiter
         self._settings = settings
         self._pod_exists = pod_exists
+        self._budget_changes = budget_changes
         self._clock = clock
 
     # --- cordon and taint --------------------------------------------------------------
@@ -134,41 +151,53 @@ class ClusterActions:
         attempt = 0
         while True:
             hint_s: float | None = None
-            try:
-                await self._limiter.call(
-                    what,
-                    deadline,
-                    lambda: self._core.create_namespaced_pod_eviction(
-                        member.name, member.namespace, _eviction(member)
-                    ),
-                    retry_until=give_up,
-                )
-                return EvictResult.EVICTED
-            except client.NotFound:
-                return EvictResult.GONE
-            except client.Conflict:
-                # The uid precondition failed: a different pod holds the name now.
-                if not await self._still_there(member):
+            # Entered before the request: a PDB change while it is in flight still wakes us.
+            with self._watch_budgets(member) as changed:
+                try:
+                    await self._limiter.call(
+                        what,
+                        deadline,
+                        lambda: self._core.create_namespaced_pod_eviction(
+                            member.name, member.namespace, _eviction(member)
+                        ),
+                        retry_until=give_up,
+                    )
+                    return EvictResult.EVICTED
+                except client.NotFound:
                     return EvictResult.GONE
-            except (client.TooManyRequests, client.ServerError) as e:
-                # 429: a PDB refuses. 500: the pod is under several PDBs (the server cannot
-                # pick one). Load shedding was already retried by the budget.
-                hint_s = e.retry_after_s
-            except client.KubeError as e:
-                log.warning("%s: %s", what, e)
-                return EvictResult.FAILED
-            attempt += 1
-            remaining = give_up_at - self._clock().timestamp()
-            if remaining <= 0:
-                break
-            # Never sleep past the point of giving up; one last try happens right there.
-            await asyncio.sleep(min(self._retry_delay(attempt, hint_s, remaining), remaining))
+                except client.Conflict:
+                    # The uid precondition failed: a different pod holds the name now.
+                    if not await self._still_there(member):
+                        return EvictResult.GONE
+                except (client.TooManyRequests, client.ServerError) as e:
+                    # 429: a PDB refuses. 500: the pod is under several PDBs (the server
+                    # cannot pick one). Load shedding was already retried by the budget.
+                    hint_s = e.retry_after_s
+                except client.KubeError as e:
+                    log.warning("%s: %s", what, e)
+                    return EvictResult.FAILED
+                attempt += 1
+                remaining = give_up_at - self._clock().timestamp()
+                if remaining <= 0:
+                    break
+                # Never sleep past the point of giving up; one last try happens right there.
+                delay = self._retry_delay(attempt, hint_s, remaining, watched=changed is not None)
+                await _until_set(changed, min(delay, remaining))
         if policy is EvictionPolicy.RESPECT_PDB:
             log.warning("%s: blocked until the deadline (respect-pdb)", what)
             return EvictResult.BLOCKED
         return await self._force_delete(member, deadline, what)
 
-    def _retry_delay(self, attempt: int, hint_s: float | None, remaining_s: float) -> float:
+    def _watch_budgets(self, member: Member) -> AbstractContextManager[asyncio.Event | None]:
+        if self._budget_changes is None:
+            return contextlib.nullcontext()
+        return self._budget_changes(member.namespace, member.name)
+
+    def _retry_delay(
+        self, attempt: int, hint_s: float | None, remaining_s: float, *, watched: bool
+    ) -> float:
+        if watched:
+            return self._settings.watched_retry_s
         # A PDB that stays shut (a budget no deletion can free) is asked less often the
         # further off its deadline is: a tenth of the time left, at least the cap.
         cap = max(self._settings.retry_cap_s, remaining_s / 10)
@@ -224,6 +253,16 @@ class ClusterActions:
         except client.NotFound:
             return False
         return not member.uid or pod.metadata.uid == member.uid
+
+
+async def _until_set(event: asyncio.Event | None, timeout_s: float) -> None:
+    """Sleep ``timeout_s``, or less if ``event`` is set first."""
+    if event is None:
+        await asyncio.sleep(timeout_s)
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
 
 
 def _preconditions(member: Member) -> k8s.V1Preconditions | None:

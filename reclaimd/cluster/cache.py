@@ -1,4 +1,4 @@
-"""The informer cache: nodes, GPU pods and Kueue Workloads, indexed for a notice.
+"""The informer cache: nodes, GPU pods, Kueue Workloads and PDBs, indexed for a notice.
 
 A notice names an instance (``i-0abc``, a GCE instance name or numeric id), a provider ID, a
 node, or a Workload; within the notice's window we must find every gang with a rank on the
@@ -27,7 +27,7 @@ import logging
 import sys
 import zlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +38,7 @@ from reclaimd import kueueapi, logs
 from reclaimd.annotations import UrlPolicy
 from reclaimd.backoff import Backoff
 from reclaimd.cluster import client, gangs
+from reclaimd.cluster.pdbs import PdbIndex
 from reclaimd.cluster.watch import (
     Changed,
     Endpoint,
@@ -90,6 +91,10 @@ class CacheSettings:
     """Namespaces whose pods and Workloads are watched; empty means the whole cluster."""
 
     watch_workloads: bool = True
+    watch_pdbs: bool = True
+    """Watch PodDisruptionBudgets, so an eviction a PDB refused is tried again when the PDB
+    changes (``pdbs``); without, on a timer."""
+
     workloads: WorkloadApi = field(default_factory=WorkloadApi)
     watch: WatchSettings = field(default_factory=WatchSettings)
 
@@ -502,6 +507,7 @@ class ClusterCache:
         self._synced_event = asyncio.Event()
         self._listing = asyncio.Lock()
         self.workloads_available = False
+        self._pdbs = PdbIndex()
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -523,6 +529,7 @@ class ClusterCache:
             )
         ]
         custom = k8s.CustomObjectsApi(self._api)
+        policy = k8s.PolicyV1Api(self._api)
         # The Workload version the cluster serves (one discovery, shared by the process).
         wl = self._settings.workloads
         wl = replace(wl, version=await kueueapi.version_or(self._api, wl.version))
@@ -557,6 +564,22 @@ class ClusterCache:
                     plural=wl.plural,
                 )
             streams.append((f"pods/{ns}", pods, self._pod_applier(ns), False))
+            if self._settings.watch_pdbs:
+                pdbs = (
+                    KubeEndpoint(
+                        policy.list_namespaced_pod_disruption_budget,
+                        f"poddisruptionbudgets in {ns}",
+                        page_size=page,
+                        namespace=ns,
+                    )
+                    if ns
+                    else KubeEndpoint(
+                        policy.list_pod_disruption_budget_for_all_namespaces,
+                        "poddisruptionbudgets",
+                        page_size=page,
+                    )
+                )
+                streams.append((f"pdbs/{ns}", pdbs, self._pdb_applier(ns), False))
             if self._settings.watch_workloads:
                 streams.append((f"workloads/{ns}", workloads, self._workload_applier(ns), True))
         self._begin([_Stream(n, TakingTurns(e, self._listing), a, o) for n, e, a, o in streams])
@@ -694,6 +717,17 @@ class ClusterCache:
 
         return apply
 
+    def _pdb_applier(self, namespace: str) -> Callable[[Listed | Changed], None]:
+        def apply(event: Listed | Changed) -> None:
+            if isinstance(event, Listed):
+                self._pdbs.replace(namespace, event.objects)
+            elif event.type == "DELETED":
+                self._pdbs.drop(event.object)
+            else:
+                self._pdbs.put(event.object)
+
+        return apply
+
     def _workload_applier(self, namespace: str) -> Callable[[Listed | Changed], None]:
         def apply(event: Listed | Changed) -> None:
             if isinstance(event, Listed):
@@ -760,6 +794,19 @@ class ClusterCache:
         """Whether the GPU pod is still there (and is the same pod, when ``uid`` is given)."""
         pod = self._idx.pods.get((namespace, name))
         return pod is not None and (not uid or pod.uid == uid)
+
+    @contextlib.contextmanager
+    def budget_changes(self, namespace: str, name: str) -> Iterator[asyncio.Event | None]:
+        """An event set when a PodDisruptionBudget covering the pod changes (``pdbs``); None
+        while the PDB watch is not current (a change could be missed: retry on a timer)."""
+        states = [s for n, s in self._states.items() if n.startswith("pdbs/")]
+        if not states or any(s.broken for s in states) or not self.synced:
+            yield None
+            return
+        pod = self._idx.pods.get((namespace, name))
+        labels = (pod.decode().get("metadata") or {}).get("labels") or {} if pod else {}
+        with self._pdbs.watching(namespace, labels) as event:
+            yield event
 
     def gang(self, key: GangKey) -> Gang | None:
         pids = self._idx.by_gang.get(key)

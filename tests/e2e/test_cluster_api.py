@@ -656,6 +656,49 @@ async def test_pdb_blocks_eviction_and_each_policy_does_what_it_says(
     assert await pod_state(admin, "kept") == "present"
 
 
+async def test_a_refused_eviction_is_asked_again_when_the_cache_sees_its_pdb_change(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    """The cache's PDB watch, not a timer, brings the retry: with the timer at 60 s, the
+    eviction goes through within the test's bound only because the PDB's change woke it."""
+    (node,) = await make_nodes(admin, f"pdbwatch-{RUN}")
+    guarded = {"app": f"watched-{RUN}"}
+    policy = k8s.PolicyV1Api(admin)
+    body: Any = {
+        "metadata": {"name": "one-must-stay"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": guarded}},
+    }
+    await policy.create_namespaced_pod_disruption_budget(NS, body)
+    pod = await member(admin, "watched", node, labels=guarded)
+    await ready_and_guarded(admin, ["watched"], "one-must-stay")
+    cache = ClusterCache(as_reclaimd, settings=CacheSettings(namespaces=(NS,)))
+    await cache.start()
+    try:
+        assert await cache.wait_synced(SYNC_S)
+        limiter = RateLimiter()
+        actions = ClusterActions(
+            as_reclaimd,
+            limiter=limiter,
+            settings=ActionSettings(watched_retry_s=60.0),
+            pod_exists=cache.pod_exists,
+            budget_changes=cache.budget_changes,
+        )
+        task = asyncio.create_task(actions.evict(pod, deadline=utcnow() + timedelta(seconds=120)))
+        await eventually(lambda: limiter.by_kind["evict pod"] >= 1, "the first eviction request")
+        await asyncio.sleep(1.0)
+        assert not task.done() and limiter.by_kind["evict pod"] == 1  # refused, and waiting
+        await policy.patch_namespaced_pod_disruption_budget(
+            "one-must-stay", NS, {"spec": {"minAvailable": 0}}
+        )
+        assert await asyncio.wait_for(task, 30) is EvictResult.EVICTED
+        # The spec change may wake it before the controller has judged the PDB (one more
+        # refusal); the status the controller writes wakes it again.
+        assert limiter.by_kind["evict pod"] <= 3
+        assert await actions.wait_gone(pod, deadline=utcnow() + timedelta(seconds=60)) is not None
+    finally:
+        await cache.stop()
+
+
 async def test_storm_writes_are_served_earliest_deadline_first(
     admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
 ) -> None:

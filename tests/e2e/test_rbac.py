@@ -19,6 +19,7 @@ ALLOWED = [
     ("", "pods", "", "list"),
     ("", "pods", "eviction", "create"),
     ("", "pods", "", "delete"),
+    ("policy", "poddisruptionbudgets", "", "watch"),  # refused evictions wait for a change
     ("kueue.x-k8s.io", "workloads", "", "patch"),
     ("coordination.k8s.io", "leases", "", "create"),  # in its own namespace only
     ("coordination.k8s.io", "leases", "", "patch"),  # its holder Lease
@@ -34,6 +35,7 @@ DENIED = [
     ("", "nodes", "", "create"),
     ("", "pods", "", "patch"),
     ("", "pods", "", "create"),
+    ("policy", "poddisruptionbudgets", "", "patch"),
     ("", "pods", "exec", "create"),
     ("", "serviceaccounts", "token", "create"),
     ("rbac.authorization.k8s.io", "clusterroles", "", "escalate"),

@@ -1,0 +1,193 @@
+"""PDB selectors, the wake-up on a change, and an eviction that waits for one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiException
+
+from reclaimd.cluster.actions import ActionSettings, ClusterActions, EvictResult
+from reclaimd.cluster.pdbs import PdbIndex, selector_of
+from reclaimd.cluster.ratelimit import RateLimiter
+from reclaimd.config import EvictionPolicy
+from reclaimd.model import Member, utcnow
+
+
+def pdb(name: str, selector: Any, namespace: str = "ns") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": {"selector": selector}}
+
+
+def test_selectors_follow_label_selector_rules() -> None:
+    sel = selector_of(
+        {
+            "matchLabels": {"app": "train"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["gpu", "tpu"]},
+                {"key": "canary", "operator": "DoesNotExist"},
+                {"key": "zone", "operator": "NotIn", "values": ["c"]},
+                {"key": "job", "operator": "Exists"},
+            ],
+        }
+    )
+    assert sel is not None
+    good = {"app": "train", "tier": "gpu", "job": "j1"}
+    assert sel.matches(good)
+    assert sel.matches({**good, "zone": "a"})
+    assert not sel.matches({**good, "zone": "c"})
+    assert not sel.matches({**good, "canary": "yes"})
+    assert not sel.matches({**good, "tier": "cpu"})
+    assert not sel.matches({"app": "train", "tier": "gpu"})  # no job label
+    assert not sel.matches({**good, "app": "eval"})
+    # policy/v1: an empty selector selects every pod, a missing one none; an unknown
+    # operator (the server would refuse it) selects nothing.
+    empty = selector_of({})
+    assert empty is not None and empty.matches({})
+    assert selector_of(None) is None
+    odd = selector_of({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]})
+    assert odd is not None and not odd.matches({"a": "2"})
+
+
+def test_covering_is_per_namespace_and_follows_the_watch() -> None:
+    idx = PdbIndex()
+    idx.replace("", [pdb("a", {"matchLabels": {"app": "x"}}), pdb("none", None)])
+    idx.put(pdb("b", {"matchLabels": {"app": "x"}}, namespace="other"))
+    assert idx.covering("ns", {"app": "x"}) == ["a"]
+    assert idx.covering("other", {"app": "x"}) == ["b"]
+    idx.drop(pdb("a", {}))
+    assert idx.covering("ns", {"app": "x"}) == []
+    idx.replace("other", [])
+    assert idx.covering("other", {"app": "x"}) == [] and len(idx) == 1  # "none" is left
+
+
+async def test_a_change_wakes_only_the_pods_it_covers() -> None:
+    idx = PdbIndex()
+    idx.replace(
+        "", [pdb("a", {"matchLabels": {"app": "x"}}), pdb("b", {"matchLabels": {"app": "y"}})]
+    )
+    with idx.watching("ns", {"app": "x"}) as x, idx.watching("ns", {"app": "y"}) as y:
+        idx.put(pdb("b", {"matchLabels": {"app": "y"}}))
+        assert y.is_set() and not x.is_set()
+        idx.put(pdb("a", {"matchLabels": {"app": "x"}}))
+        assert x.is_set()
+    # A pod no known PDB covers (the cache may not have seen it yet) wakes on any change in
+    # its namespace, and on a relist; nothing stays registered after the block.
+    with idx.watching("ns", {"app": "z"}) as z, idx.watching("other", {}) as o:
+        idx.put(pdb("c", {"matchLabels": {"app": "q"}}))
+        assert z.is_set() and not o.is_set()
+        idx.replace("other", [])
+        assert o.is_set()
+    assert not idx._waiters and not idx._namespace_waiters
+
+
+# --- the eviction loop --------------------------------------------------------------------
+
+
+REFUSAL = b'{"message": "Cannot evict pod as it would violate the pod\'s disruption budget."}'
+
+
+class RefusingCore:
+    """The eviction subresource of a pod whose PDB refuses until ``opens`` is set."""
+
+    def __init__(self) -> None:
+        self.opens = asyncio.Event()
+        self.asked = asyncio.Event()
+        self.evictions = 0
+        self.deletes = 0
+
+    async def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any) -> None:
+        self.evictions += 1
+        self.asked.set()
+        if not self.opens.is_set():
+            refused = ApiException(status=429, reason="Too Many Requests")
+            refused.body = REFUSAL
+            raise refused
+
+    async def delete_namespaced_pod(self, name: str, namespace: str, **_: Any) -> None:
+        self.deletes += 1
+
+
+class Budgets:
+    """``budget_changes`` over a real ``PdbIndex``: one PDB ``guard`` covering ``app=x``."""
+
+    def __init__(self, watched: bool = True) -> None:
+        self.index = PdbIndex()
+        self.index.replace("", [pdb("guard", {"matchLabels": {"app": "x"}})])
+        self.watched = watched
+
+    @contextlib.contextmanager
+    def __call__(self, namespace: str, name: str) -> Iterator[asyncio.Event | None]:
+        if not self.watched:
+            yield None
+            return
+        with self.index.watching(namespace, {"app": "x"}) as event:
+            yield event
+
+
+@pytest.fixture
+def core() -> RefusingCore:
+    return RefusingCore()
+
+
+def actions_with(core: RefusingCore, budgets: Budgets, **settings: Any) -> ClusterActions:
+    defaults: dict[str, Any] = {"force_before_s": 0.5, "retry_base_s": 0.01, "retry_cap_s": 0.02}
+    a = ClusterActions(
+        object(),  # type: ignore[arg-type]  # the core API is replaced below
+        limiter=RateLimiter(),
+        settings=ActionSettings(**{**defaults, **settings}),
+        budget_changes=budgets,
+    )
+    a._core = core  # type: ignore[assignment]
+    return a
+
+
+MEMBER = Member(namespace="ns", name="p", uid="u1", node="n1", gpus=8)
+
+
+def deadline_in(s: float) -> datetime:
+    return utcnow() + timedelta(seconds=s)
+
+
+async def test_a_refused_eviction_is_asked_again_when_its_pdb_changes(core: RefusingCore) -> None:
+    budgets = Budgets()
+    # The timer alone would wait 60 s: only the change can bring the second request.
+    actions = actions_with(core, budgets, watched_retry_s=60.0)
+    task = asyncio.create_task(actions.evict(MEMBER, deadline=deadline_in(30)))
+    await asyncio.wait_for(core.asked.wait(), 5)
+    await asyncio.sleep(0.05)
+    assert core.evictions == 1 and not task.done()  # refused once, waiting, not polling
+    core.opens.set()
+    budgets.index.put(pdb("guard", {"matchLabels": {"app": "x"}}))  # the watch sees the change
+    assert await asyncio.wait_for(task, 5) is EvictResult.EVICTED
+    assert core.evictions == 2 and core.deletes == 0
+
+
+async def test_a_pdb_that_never_opens_costs_one_request_and_the_forced_delete(
+    core: RefusingCore,
+) -> None:
+    actions = actions_with(core, Budgets(), watched_retry_s=60.0, force_before_s=0.5)
+    result = await actions.evict(MEMBER, deadline=deadline_in(1.5))
+    assert result is EvictResult.FORCED
+    # The first request, and one last try where the policy gives up; then the delete.
+    assert core.evictions == 2 and core.deletes == 1
+
+
+async def test_without_a_watch_a_refused_eviction_is_retried_on_the_timer(
+    core: RefusingCore,
+) -> None:
+    actions = actions_with(core, Budgets(watched=False), force_before_s=0.5)
+    result = await actions.evict(MEMBER, deadline=deadline_in(1.5))
+    assert result is EvictResult.FORCED
+    assert core.evictions > 5  # every few tens of milliseconds (the backoff above)
+
+
+async def test_respect_pdb_waits_for_the_change_until_the_deadline(core: RefusingCore) -> None:
+    actions = actions_with(core, Budgets(), watched_retry_s=60.0)
+    result = await actions.evict(
+        MEMBER, deadline=deadline_in(0.6), policy=EvictionPolicy.RESPECT_PDB
+    )
+    assert result is EvictResult.BLOCKED and core.deletes == 0 and core.evictions == 2
