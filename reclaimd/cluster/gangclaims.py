@@ -143,9 +143,10 @@ class GangClaims:
         name = lease_name(gang)
         body = {"metadata": {"annotations": {ACKS_ANNOTATION: gangrecord.acks_json(acks)}}}
         try:
+            # The drain waits for this write: it sorts with the claims, ahead of evictions.
             await self._limiter.call(
                 f"record acks lease/{name}",
-                notice.deadline,
+                claim_order(notice),
                 lambda: self._coord.patch_namespaced_lease(
                     name, self.namespace, body, **MERGE_PATCH
                 ),
