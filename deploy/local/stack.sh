@@ -196,7 +196,8 @@ comp_cmd() {
             --node-lease-duration-seconds=40
             --cidr=10.244.0.0/16 --node-ip=10.0.0.1
             --server-address=127.0.0.1:16247
-            --config="$KWOK_DIR/stages.yaml")
+            --config="$KWOK_DIR/stages.yaml" --config="$LOCAL_DIR/kwok-options.yaml"
+            -v=WARN)  # at INFO it logs every pod patch: a storm's CPU went to its log
         ;;
     kafka)
         CMD=(java -Xms128m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20
