@@ -1,6 +1,9 @@
 """EventBridge -> SQS transport (boto3).
 
-Long-polls batches of up to 10 and handles a batch's messages concurrently (bounded). A message
+Long-polls batches of up to 10 and handles a batch's messages concurrently (bounded). A receive
+loop polls again as soon as it has handed a batch on, not after the batch is admitted: in a
+storm ingest is then bound by SQS, not by the claim writes' latency, and at most
+``concurrency`` messages are received and not yet settled. A message
 is deleted only after every notice in it is admitted (claimed, or known as a duplicate); a parse
 error or a non-notice is deleted and counted, since redelivery cannot fix it; anything transient
 leaves the message in the queue and shortens its visibility so it comes back within seconds,
@@ -49,6 +52,8 @@ class SqsSource:
             thread_name_prefix="sqs",
         )
         self._limit = asyncio.Semaphore(settings.concurrency)
+        self._unsettled = 0  # messages received and not yet deleted or left for redelivery
+        self._room = asyncio.Condition()
 
     async def _call(self, fn: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -59,15 +64,19 @@ class SqsSource:
         try:
             async with asyncio.TaskGroup() as tg:
                 for i in range(self.settings.receivers):
-                    tg.create_task(self._receive_loop(), name=f"sqs-receive-{i}")
+                    tg.create_task(self._receive_loop(tg), name=f"sqs-receive-{i}")
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _receive_loop(self) -> None:
+    async def _receive_loop(self, batches: asyncio.TaskGroup) -> None:
         backoff = Backoff(1.0, MAX_BACKOFF_S)
         while True:
             try:
-                await self.poll_once()
+                await self._wait_for_room()
+                messages = await self._receive()
+                if messages:
+                    self._unsettled += len(messages)
+                    batches.create_task(self._settle(messages), name="sqs-settle")
                 backoff.reset()
             except asyncio.CancelledError:
                 raise
@@ -77,6 +86,20 @@ class SqsSource:
                 await backoff.sleep()
 
     async def poll_once(self) -> int:
+        """One receive, its messages settled (admitted, then deleted) before it returns."""
+        messages = await self._receive()
+        self._unsettled += len(messages)
+        await self._settle(messages)
+        return len(messages)
+
+    async def _wait_for_room(self) -> None:
+        """Receive no more than can be admitted at once: a message waiting here for a slot
+        would not have its visibility extended, and a peer would get it."""
+        limit = max(self.settings.concurrency - self.settings.batch_size, 0)
+        async with self._room:
+            await self._room.wait_for(lambda: self._unsettled <= limit)
+
+    async def _receive(self) -> list[dict[str, Any]]:
         reply = await self._call(
             self.client.receive_message,
             QueueUrl=self.settings.queue_url,
@@ -85,13 +108,29 @@ class SqsSource:
             VisibilityTimeout=self.settings.visibility_timeout_s,
             MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
         )
-        messages = reply.get("Messages", [])
-        if messages:
-            settled = await asyncio.gather(*(self._bounded(m) for m in messages))
+        messages: list[dict[str, Any]] = reply.get("Messages", [])
+        return messages
+
+    async def _settle(self, messages: list[dict[str, Any]]) -> None:
+        """Admit a batch's messages, then delete the admitted ones in one request."""
+        try:
+            settled = await asyncio.gather(
+                *(self._bounded(m) for m in messages), return_exceptions=True
+            )
+            for outcome in settled:
+                if isinstance(outcome, BaseException):
+                    # Left in the queue: it comes back when its visibility ends.
+                    self.counters.transport_errors += 1
+                    logs.event(
+                        log, "sqs message failed", logging.WARNING, error=str(outcome)[:200]
+                    )
             # One DeleteMessageBatch for the batch received together: a storm's deletes are a
             # tenth of the requests (SQS bills them, and a slow endpoint serves them).
-            await self._delete([m for m, ok in zip(messages, settled, strict=True) if ok])
-        return len(messages)
+            await self._delete([m for m, ok in zip(messages, settled, strict=True) if ok is True])
+        finally:
+            self._unsettled -= len(messages)
+            async with self._room:
+                self._room.notify_all()
 
     async def _bounded(self, message: dict[str, Any]) -> bool:
         async with self._limit:
