@@ -271,6 +271,15 @@ class _Refused(Exception):
 class _Progress:
     saving: bool = False  # a 202 was seen: the rank is working on it
     last_error: str = ""
+    polls: int = 0  # status polls answered
+    answered_at: float | None = None  # loop time of the last answer (the POST's or a poll's)
+
+    def describe(self, end: float) -> str:
+        """What a post-mortem needs of a rank still saving at the end: a rank that answered
+        "saving" until the end, or one whose answers stopped coming (a busy rank, a lost
+        connection)."""
+        since = "" if self.answered_at is None else f", the last {end - self.answered_at:.1f}s"
+        return f"{self.polls} poll(s) answered{since} before the end"
 
 
 async def _signal_member(
@@ -340,7 +349,7 @@ async def _signal_member(
         waited = f"{end - start:.1f}s"
         if progress.saving:
             last = f"; last poll: {progress.last_error}" if progress.last_error else ""
-            return miss(f"still saving after {waited}{last}")
+            return miss(f"still saving after {waited} ({progress.describe(end)}){last}")
         return miss(f"no reply within {waited}")
     except _Refused as e:
         return miss(str(e))
@@ -385,6 +394,7 @@ async def _exchange(
         raise _Refused(f"checkpoint request answered HTTP {status}{_detail(reply)}")
     poll = _status_url(URL(url), location, reply)
     progress.saving = True
+    progress.answered_at = asyncio.get_running_loop().time()
     while True:
         await asyncio.sleep(poll_interval_s)
         try:
@@ -397,6 +407,8 @@ async def _exchange(
             # A busy trainer may drop a poll; the budget, not one failure, decides.
             progress.last_error = _describe(e)
             continue
+        progress.polls += 1
+        progress.answered_at = asyncio.get_running_loop().time()
         if status == 200:
             return _parse_saved(reply)
         if status != 202:
