@@ -947,6 +947,8 @@ class Drill:
                         saved=s.saved,
                         durable=s.durable,
                         checkpoint_time=s.checkpoint_time,
+                        answered_at=trainer.server.answered.get(nid),
+                        answers_known=True,
                     )
                     for nid, s in trainer.saves.items()
                 }

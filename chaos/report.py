@@ -46,12 +46,21 @@ class Save:
     saved: bool
     durable: bool
     checkpoint_time: datetime | None
+    # When the trainer first answered the finished save (a 200 to the request or to a status
+    # poll); None: never. ``answers_known`` says the trainer recorded it.
+    answered_at: datetime | None = None
+    answers_known: bool = False
 
     def counted(self) -> bool | None:
-        """Did reclaimd get a durable ack in time? ``None`` when it was too close to call."""
-        if not (self.saved and self.durable) or self.finished_at is None:
+        """Did reclaimd get a durable ack in time? ``None`` when it was too close to call.
+
+        An ack is an answer: a save that finished while its trainer could not answer (a
+        drill's trainers share one busy process) is one reclaimd could not have counted, so
+        the time judged is when the trainer answered it, where the trainer recorded that."""
+        done_at = self.answered_at if self.answers_known else self.finished_at
+        if not (self.saved and self.durable) or done_at is None:
             return False
-        slack = (self.deadline - self.finished_at).total_seconds()
+        slack = (self.deadline - done_at).total_seconds()
         if slack > ACK_MARGIN_S:
             return True
         if slack < -ACK_MARGIN_S:

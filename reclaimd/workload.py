@@ -163,6 +163,9 @@ class CheckpointServer:
         self.sync_window_s = sync_window_s
         self._keep_results = keep_results
         self._saves: dict[str, asyncio.Task[CheckpointResult]] = {}
+        # When each notice's result was first answered (a 200 on the POST or a status poll):
+        # what a caller could have learned, and when (drills judge acks by it).
+        self.answered: dict[str, datetime] = {}
         self._save_count = 0
         self.requests: deque[CheckpointRequest] = deque(maxlen=keep_requests)
         self._runner: web.AppRunner | None = None
@@ -314,6 +317,7 @@ class CheckpointServer:
             return _error(
                 500, f"on_checkpoint returned {type(result).__name__}, not CheckpointResult"
             )
+        self.answered.setdefault(notice_id, utcnow())
         return web.json_response(result.to_json())
 
     def _forget_old(self) -> None:
@@ -321,6 +325,7 @@ class CheckpointServer:
         finished = [k for k, t in self._saves.items() if t.done()]
         for key in finished[: max(0, len(self._saves) - self._keep_results)]:
             del self._saves[key]
+            self.answered.pop(key, None)
 
 
 def _report(task: asyncio.Task[CheckpointResult]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -592,6 +593,20 @@ def test_leftover_messages_and_open_claims_fail() -> None:
         ),
     )  # fmt: skip
     assert failing(v) == {"transport drained", "every claim done"}
+
+
+def test_an_ack_counts_when_the_trainer_answered_it_not_when_it_finished() -> None:
+    finished_early = save(1, 5, deadline=60)
+
+    def answered(at: float | None) -> report.Save:
+        when = None if at is None else t(at)
+        return replace(finished_early, answered_at=when, answers_known=True)
+
+    assert finished_early.counted() is True  # no record of answers: judged by the finish
+    assert answered(6).counted() is True
+    assert answered(59.5).counted() is None  # answered too close to the end to call
+    assert answered(62).counted() is False  # reclaimd could only learn it after its end
+    assert answered(None).counted() is False  # never answered while reclaimd asked
 
 
 def test_opted_out_checks_are_shown_not_counted() -> None:

@@ -125,9 +125,13 @@ async def test_a_long_save_answers_202_and_its_status_url(session: aiohttp.Clien
         assert (await get(session, poll))[0] == 202
         save.release.set()
         await asyncio.sleep(0)  # let the save finish
+        assert "gce-1/x" not in server.answered  # nothing answered done yet
         status, reply = await get(session, poll)
         assert status == 200 and reply["step"] == 42
         assert save.calls == 1
+        first = server.answered["gce-1/x"]
+        assert (await get(session, poll))[0] == 200
+        assert server.answered["gce-1/x"] == first  # the first answer is the one kept
 
 
 async def test_duplicate_posts_share_one_save(session: aiohttp.ClientSession) -> None:
