@@ -71,8 +71,10 @@ def test_every_shipped_scenario_is_accounted_for() -> None:
     # scenarios with faults: tests/e2e/test_fault_drills.py accounts for them
     shipped = {stem for stem, s in loaded.items() if not s.faults}
     named = {loaded[s].name for s in shipped}
-    # the full storm runs in make demo, the 1,000-node one in make bench-storm
-    assert shipped == set(PASSING) | {"spot-az-storm", "spot-az-storm-1000"}
+    # the full storm runs in make demo, the 1,000-node ones in make bench-storm and
+    # make bench-storm-1000
+    benches = {"spot-az-storm-1000", "spot-storm-1000-notices"}
+    assert shipped == set(PASSING) | {"spot-az-storm"} | benches
     assert len(named) == len(shipped)  # scenario names are unique too
 
 
