@@ -180,13 +180,17 @@ class ClusterActions:
                 remaining = give_up_at - self._clock().timestamp()
                 if remaining <= 0:
                     break
-                # Never sleep past the point of giving up; one last try happens right there.
+                # Never sleep past the point of giving up; one last try happens right there,
+                # unless the watch saw no PDB of the pod change since this refusal (it would
+                # be refused again, and in a storm every forced delete is due at once).
                 delay = self._retry_delay(attempt, hint_s, remaining, watched=changed is not None)
-                await _until_set(changed, min(delay, remaining))
+                woke = await _until_set(changed, min(delay, remaining))
+                if changed is not None and not woke and self._clock().timestamp() >= give_up_at:
+                    break
         if policy is EvictionPolicy.RESPECT_PDB:
             log.warning("%s: blocked until the deadline (respect-pdb)", what)
             return EvictResult.BLOCKED
-        return await self._force_delete(member, deadline, what)
+        return await self._force_delete(member, give_up, deadline, what)
 
     def _watch_budgets(self, member: Member) -> AbstractContextManager[asyncio.Event | None]:
         if self._budget_changes is None:
@@ -205,13 +209,16 @@ class ClusterActions:
         delay = random.uniform(ceiling / 2, ceiling)
         return max(delay, min(hint_s or 0.0, self._settings.retry_cap_s))
 
-    async def _force_delete(self, member: Member, deadline: datetime, what: str) -> EvictResult:
+    async def _force_delete(
+        self, member: Member, due: datetime, deadline: datetime, what: str
+    ) -> EvictResult:
         left = int(max(0.0, deadline.timestamp() - self._clock().timestamp()))
         grace = min(self._settings.delete_grace_s, left)
         try:
+            # Due now, not at the deadline: it goes before evictions that can still wait.
             await self._limiter.call(
                 what,
-                deadline,
+                due,
                 lambda: self._core.delete_namespaced_pod(
                     member.name,
                     member.namespace,
@@ -220,6 +227,7 @@ class ClusterActions:
                         grace_period_seconds=grace, preconditions=_preconditions(member)
                     ),
                 ),
+                retry_until=deadline,
             )
         except (client.NotFound, client.Conflict):
             return EvictResult.GONE
@@ -255,14 +263,15 @@ class ClusterActions:
         return not member.uid or pod.metadata.uid == member.uid
 
 
-async def _until_set(event: asyncio.Event | None, timeout_s: float) -> None:
-    """Sleep ``timeout_s``, or less if ``event`` is set first."""
+async def _until_set(event: asyncio.Event | None, timeout_s: float) -> bool:
+    """Sleep ``timeout_s``, or less if ``event`` is set first; whether it was."""
     if event is None:
         await asyncio.sleep(timeout_s)
-        return
+        return False
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
             await event.wait()
+    return event.is_set()
 
 
 def _preconditions(member: Member) -> k8s.V1Preconditions | None:

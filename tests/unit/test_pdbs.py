@@ -172,8 +172,9 @@ async def test_a_pdb_that_never_opens_costs_one_request_and_the_forced_delete(
     actions = actions_with(core, Budgets(), watched_retry_s=60.0, force_before_s=0.5)
     result = await actions.evict(MEMBER, deadline=deadline_in(1.5))
     assert result is EvictResult.FORCED
-    # The first request, and one last try where the policy gives up; then the delete.
-    assert core.evictions == 2 and core.deletes == 1
+    # One request: with no change seen since, no last try where the policy gives up (it
+    # would be refused again); then the delete.
+    assert core.evictions == 1 and core.deletes == 1
 
 
 async def test_without_a_watch_a_refused_eviction_is_retried_on_the_timer(
@@ -185,9 +186,21 @@ async def test_without_a_watch_a_refused_eviction_is_retried_on_the_timer(
     assert core.evictions > 5  # every few tens of milliseconds (the backoff above)
 
 
+async def test_a_change_just_before_the_end_still_gets_its_try(core: RefusingCore) -> None:
+    budgets = Budgets()
+    actions = actions_with(core, budgets, watched_retry_s=60.0, force_before_s=0.5)
+    task = asyncio.create_task(actions.evict(MEMBER, deadline=deadline_in(1.2)))
+    await asyncio.wait_for(core.asked.wait(), 5)
+    await asyncio.sleep(0.5)  # shortly before the policy gives up
+    core.opens.set()
+    budgets.index.put(pdb("guard", {"matchLabels": {"app": "x"}}))
+    assert await task is EvictResult.EVICTED
+    assert core.evictions == 2 and core.deletes == 0
+
+
 async def test_respect_pdb_waits_for_the_change_until_the_deadline(core: RefusingCore) -> None:
     actions = actions_with(core, Budgets(), watched_retry_s=60.0)
     result = await actions.evict(
         MEMBER, deadline=deadline_in(0.6), policy=EvictionPolicy.RESPECT_PDB
     )
-    assert result is EvictResult.BLOCKED and core.deletes == 0 and core.evictions == 2
+    assert result is EvictResult.BLOCKED and core.deletes == 0 and core.evictions == 1
