@@ -47,6 +47,7 @@ HOLDERS_ANNOTATION: Final = "reclaimd.io/ledger-holders"
 MAX_EVENT_BYTES: Final = 200 * 1024
 # Nothing waits on an adoption or a deletion: served after every notice's write.
 LAST: Final = timedelta(days=1)
+AFTER_DRAINS: Final = timedelta(seconds=60)
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -200,11 +201,14 @@ class LedgerLog:
             ),
             (self.holder,),
         )
+        # After the evictions due by the same deadline: a storm's drains make the deadlines,
+        # this only how soon the event is published (it is in the outbox already).
+        order = deadline + AFTER_DRAINS if deadline is not None else None
         # Conflict: recorded before (by us, or adopted since: the publisher checks the holder).
         with contextlib.suppress(client.Conflict):
             await self._limiter.call(
                 f"create lease/{name}",
-                deadline,
+                order,
                 lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
                 retry_until=now + timedelta(seconds=self._write_s),
             )
