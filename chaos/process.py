@@ -56,6 +56,9 @@ class DaemonProcess:
             if self.proc.returncode is not None:
                 raise RuntimeError(f"reclaimd exited {self.proc.returncode}: {self.tail()}")
             if asyncio.get_running_loop().time() > end:
+                # Not left behind: an orphan would watch the cluster through every later run.
+                self.proc.kill()
+                await self.proc.wait()
                 raise TimeoutError(f"reclaimd not running after {timeout_s}s: {self.tail()}")
             await asyncio.sleep(0.1)
 
@@ -77,7 +80,8 @@ class DaemonProcess:
                     doc = json.loads(line)
                 except ValueError:
                     return {}
-                return {k: doc[k] for k in ("kube_writes", "peak_rss_mb") if k in doc}
+                keep = ("kube_writes", "kube_budget", "peak_rss_mb")
+                return {k: doc[k] for k in keep if k in doc}
         return {}
 
     def tail(self, lines: int = 5) -> str:

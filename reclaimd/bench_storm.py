@@ -205,10 +205,12 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
     all_cordoned_s = (max(cordons) - min(sent)).total_seconds() if cordons and sent else None
     writes: dict[str, int] = {}
     rss: dict[str, float | None] = {}
+    budget: dict[str, Any] = {}
     for name, stats in (drill.get("daemons") or {}).items():
         for kind, count in (stats.get("kube_writes") or {}).items():
             writes[kind] = writes.get(kind, 0) + int(count)
         rss[name] = stats.get("peak_rss_mb")
+        budget[name] = stats.get("kube_budget") or {}
     gangs = drill.get("gangs") or []
     charged = [g for g in gangs if g.get("ledger_events")]
     pods = sum(int(g.get("ranks") or 0) for g in charged)
@@ -251,6 +253,9 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
         "gangs_charged": len(charged),
         "ranks_of_charged_gangs": pods,
         "peak_rss_mb": rss,
+        # Per replica: writes that waited for the budget, pushed back by the server (429 from
+        # priority and fairness, 5xx), retried; reads; the rate the budget ended at.
+        "write_budget": budget,
         "verdict_ok": drill.get("ok"),
         "failed_checks": [c["name"] for c in drill.get("checks", []) if not c["ok"]],
     }
@@ -295,6 +300,9 @@ def table(result: dict[str, Any]) -> str:
         f" {s['ranks_of_charged_gangs']} pods)"
     )
     lines.append("peak RSS MB: " + ", ".join(f"{k} {v}" for k, v in s["peak_rss_mb"].items()))
+    for name, b in sorted((s.get("write_budget") or {}).items()):
+        if b:
+            lines.append(f"write budget {name}: " + ", ".join(f"{k} {v}" for k, v in b.items()))
     if "cache" in result:
         lines.append(f"cache: {json.dumps(result['cache'])}")
     lines.append(

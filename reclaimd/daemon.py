@@ -492,6 +492,7 @@ def _stopped(daemon: Daemon) -> None:
         log,
         "reclaimd stopped",
         kube_writes=dict(limiter.by_kind) if limiter is not None else {},
+        kube_budget=limiter.tally() if limiter is not None else {},
         peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         **extra,
     )

@@ -462,6 +462,8 @@ class Runbook:
                     else:
                         outcome = "left-to-scheduler"  # Kueue deletes the pods itself
                     span.set_attribute("reclaimd.eviction", outcome)
+                    # When the API server answered: the rest of the span is the pod going.
+                    span.add_event("reclaimd.evict.answered", {"reclaimd.eviction": outcome})
                     report.evictions[f"{member.namespace}/{member.name}"] = outcome
                     self.narrator.evicted(member, outcome)
                 if outcome in KEPT_RUNNING:

@@ -113,6 +113,17 @@ class RateLimiter:
         self.reads = 0  # read attempts (outside the budget)
         self.retried = 0  # attempts that failed transiently and were tried again
 
+    def tally(self) -> dict[str, float]:
+        """How the budget fared (a storm's post-mortem): writes that waited, were pushed back
+        by the server or retried, reads, and the rate it ended at."""
+        return {
+            "throttled": self.throttled,
+            "pushed_back": self.pushed_back,
+            "retried": self.retried,
+            "reads": self.reads,
+            "rate": round(self.rate, 1),
+        }
+
     @property
     def waiting(self) -> int:
         return sum(1 for *_, fut in self._waiters if not fut.done())
