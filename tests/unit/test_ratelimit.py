@@ -26,19 +26,23 @@ async def test_burst_is_served_at_once() -> None:
 
 
 async def test_queued_writes_are_served_earliest_deadline_first() -> None:
-    limiter = RateLimiter(RateSettings(qps=200.0, burst=1))
-    await limiter.acquire()  # the bucket is empty: everyone below queues
+    # One write in flight at a time, and the test holds it: everyone below queues whatever
+    # the machine's speed (a token bucket would refill under a slow test and serve early).
+    limiter = RateLimiter(RateSettings(qps=1000.0, burst=100, max_in_flight=1))
+    await limiter.acquire()
     served: list[str] = []
 
     async def write(name: str, deadline: datetime | None) -> None:
         await limiter.acquire(deadline)
         served.append(name)
+        limiter.release()
 
     tasks = [asyncio.create_task(write(n, d)) for n, d in
              [("late", at(110)), ("none", None), ("soon", at(20)), ("mid", at(60)),
               ("soon-too", at(20))]]
-    await asyncio.sleep(0)  # every task queues before the first refill
+    await asyncio.sleep(0)  # every task queues behind the write in flight
     assert limiter.waiting == 5
+    limiter.release()
     await asyncio.gather(*tasks)
     # Ties keep arrival order; a write without a deadline goes last.
     assert served == ["soon", "soon-too", "mid", "late", "none"]
