@@ -388,6 +388,7 @@ class Runbook:
             if self.records is not None:
                 await self.records.acked(flight.gang, notice, acks)
             stopped = await self.drain(notice, flight, report)
+            flight.stopped(stopped.at)
             if not await self.progress.still_ours(admitted):
                 # Paused past our Lease: a peer took the notice over and charges the gang.
                 raise ClaimLost(f"notice {notice.id} was taken over while this process paused")
@@ -397,7 +398,8 @@ class Runbook:
 
     async def follow(self, notice: Notice, flight: GangFlight, report: Report) -> None:
         """A joined gang: its owner drains and charges it; this notice's node is drained when
-        the owner is done, so the notice waits for that (a cheap await, no worker held)."""
+        the owner's drain is over, so the notice waits for that (a cheap await, no worker
+        held), not for the charge after it."""
         deadline = notice.deadline or utcnow() + timedelta(seconds=120)
         with self.tracer.start_as_current_span(
             "reclaimd.drain",
@@ -405,10 +407,11 @@ class Runbook:
         ) as span:
             left = (deadline - utcnow()).total_seconds()
             try:
-                await asyncio.wait_for(flight.settled.wait(), max(0.0, left) + 5.0)
+                await asyncio.wait_for(flight.drained.wait(), max(0.0, left) + 5.0)
             except TimeoutError:
                 span.set_status(trace.StatusCode.ERROR, "the owner did not finish in time")
-        report.mark("drained", max(utcnow(), report.times.get("drained", utcnow())))
+        at = flight.drained_at or utcnow()
+        report.mark("drained", max(at, report.times.get("drained", at)))
 
     async def checkpoint(
         self, notice: Notice, gang: Gang, flight: GangFlight | None, report: Report

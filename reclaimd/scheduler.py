@@ -118,6 +118,8 @@ class GangFlight:
     joined: list[str] = field(default_factory=list)  # notice ids
     cut: asyncio.Event = field(default_factory=asyncio.Event)  # end the checkpoint wait now
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # drained and charged
+    drained: asyncio.Event = field(default_factory=asyncio.Event)  # its pods gone (or given up)
+    drained_at: datetime | None = None  # when the owner's drain stopped
     decided: asyncio.Future[bool] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )  # the Lease's answer: does the owner charge it?
@@ -148,10 +150,17 @@ class GangFlight:
         delay = max(0.0, (end - utcnow()).total_seconds())
         self._timer = asyncio.get_running_loop().call_later(delay, self.cut.set)
 
+    def stopped(self, at: datetime) -> None:
+        """The owner's drain is over: a notice that joined is drained, whatever the charge."""
+        self.drained_at = at
+        self.drained.set()
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self.settled.set()  # whatever happened, nobody waits for it any longer
+        # Whatever happened, nobody waits for it any longer.
+        self.drained.set()
+        self.settled.set()
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,28 @@ async def test_second_notice_for_same_gang_charges_nothing_twice() -> None:
     assert world.log.count("signal g") == 1
 
 
+async def test_a_joined_notice_is_drained_with_the_owners_drain_not_its_charge() -> None:
+    world = World()
+    charging = asyncio.Event()  # the owner's ledger write hangs until set
+    record = world.record
+
+    async def slow_record(w: RestartWaste) -> None:
+        if w.gang.key == GANG.key:
+            await charging.wait()
+        await record(w)
+
+    world.record = slow_record  # type: ignore[method-assign]
+    rb = runbook(world)
+    a = asyncio.create_task(rb.handle(admitted(spot("a", "i-1"))))
+    await asyncio.sleep(0)  # a owns the gang before b looks
+    b = await asyncio.wait_for(rb.handle(admitted(spot("b", "i-2"))), 5)
+    assert b.joined_gangs == [GANG.key] and not a.done()  # b is done, a still charging
+    assert b.deadline_met and "drained" in b.times
+    charging.set()
+    await a
+    assert sorted(w.gang.key.name for w in world.recorded) == ["g", "solo"]
+
+
 async def test_checkpoint_only_neither_cordons_nor_drains() -> None:
     world = World()
     rb = runbook(world)
