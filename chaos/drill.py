@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from .inject import ImdsMock
     from .process import DaemonProcess
     from .stack import StackEnv
-    from .trainers import ScriptedTrainer
+    from .trainers import SaveRecord, ScriptedTrainer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
@@ -939,19 +939,7 @@ class Drill:
             pod = f"{g.name}-{r.rank}"
             trainer = self.built.trainers.get(pod)
             saves = (
-                {
-                    nid: report.Save(
-                        received_at=s.received_at,
-                        deadline=s.deadline,
-                        finished_at=s.finished_at,
-                        saved=s.saved,
-                        durable=s.durable,
-                        checkpoint_time=s.checkpoint_time,
-                        answered_at=trainer.server.answered.get(nid),
-                        answers_known=True,
-                    )
-                    for nid, s in trainer.saves.items()
-                }
+                {nid: _save_facts(trainer, nid, s) for nid, s in trainer.saves.items()}
                 if trainer is not None
                 else {}
             )
@@ -1190,3 +1178,25 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _save_facts(trainer: ScriptedTrainer, notice_id: str, s: SaveRecord) -> report.Save:
+    """One save as the judge sees it: answered when the trainer first answered it done, by
+    the deadline of the latest request for it before that answer (a replica that took a
+    notice over asks the rank again, with a deadline of its own)."""
+    answered = trainer.server.answered.get(notice_id)
+    asked = [
+        r.deadline
+        for r in trainer.requests
+        if r.notice_id == notice_id and (answered is None or r.received_at <= answered)
+    ]
+    return report.Save(
+        received_at=s.received_at,
+        deadline=max([s.deadline, *asked]),
+        finished_at=s.finished_at,
+        saved=s.saved,
+        durable=s.durable,
+        checkpoint_time=s.checkpoint_time,
+        answered_at=answered,
+        answers_known=True,
+    )
