@@ -215,7 +215,10 @@ comp_cmd() {
         ;;
     imds-mock)
         # IMDSv2 only, as hardened nodes run it: reclaimd must fetch a session token first.
-        CMD=("$AEMM_DIR/ec2-metadata-mock" --hostname 127.0.0.1 --port 11338 --imdsv2)
+        # The rebalance recommendation keeps one noticeTime, as EC2's does (the mock's own
+        # default is the time of each request: a new notice every second).
+        CMD=(env "AEMM_SPOT_REBALANCE_REC_TIME=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+            "$AEMM_DIR/ec2-metadata-mock" --hostname 127.0.0.1 --port 11338 --imdsv2)
         ;;
     otelcol)
         CMD=("$OTELCOL_BIN" --config="$OTELCOL_STATE/config.yaml")
@@ -233,6 +236,7 @@ comp_match() {
     kafka) echo "$STACK_DIR/kafka/server.properties" ;;
     moto) echo "$MOTO_SERVER -H 127.0.0.1 -p 15000" ;;
     pubsub-emulator) echo "cloud-pubsub-emulator" ;;
+    imds-mock) echo "$AEMM_DIR/ec2-metadata-mock" ;; # started through env(1)
     *)
         comp_cmd "$1"
         echo "${CMD[0]}"
