@@ -59,7 +59,7 @@ bench-storm: stack-up
 # table and checks as bench-storm (out/bench-storm-1000.json).
 .PHONY: bench-storm-1000
 bench-storm-1000: stack-up
-	$(BIN)/python -m reclaimd.bench_storm --scenario chaos/scenarios/spot-storm-1000-notices.yaml --out out/bench-storm-1000.json --drill-json out/bench-storm-1000-drill.json $(BENCH_STORM_ARGS)
+	$(BIN)/python -m reclaimd.bench_storm --scenario chaos/scenarios/spot-storm-1000-notices.yaml --calibrate-messages 1000 --out out/bench-storm-1000.json --drill-json out/bench-storm-1000-drill.json $(BENCH_STORM_ARGS)
 
 # The informer cache's RSS with 5,000 nodes and 50,000 pods (10,000 GPU) created straight in
 # the apiserver, deleted afterwards: out/bench-cache.json. BENCH_CACHE_ARGS="--nodes 500 ...".

@@ -106,6 +106,70 @@ async def _patch_rate(core: Any, names: list[str], c: int, seconds: float) -> di
     return {"concurrency": c, "writes_per_s": round(rate, 1), "writes": done, "errors": errors}
 
 
+def calibrate_sqs(stack: stackenv.StackEnv, *, messages: int, receivers: int) -> dict[str, Any]:
+    """The other physical limit of a storm's intake: what the stack's SQS endpoint takes.
+    ``messages`` sent in batches of 10, then received (10 at a time) and deleted by
+    ``receivers`` loops at once, reclaimd's shape (2 replicas x 4 receive loops)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    stack.export()
+    sqs = boto3.client("sqs", endpoint_url=stack.aws_endpoint, region_name="us-east-2")
+    url = sqs.create_queue(QueueName=f"calib-{uuid.uuid4().hex[:6]}")["QueueUrl"]
+    try:
+        batches = [
+            [{"Id": str(j), "MessageBody": f"calibrate {i + j}"} for j in range(10)]
+            for i in range(0, messages, 10)
+        ]
+        started = time.monotonic()
+        with ThreadPoolExecutor(receivers) as pool:
+            list(pool.map(lambda b: sqs.send_message_batch(QueueUrl=url, Entries=b), batches))
+        sent_s = time.monotonic() - started
+        total = 10 * len(batches)
+        received = 0
+        lock = threading.Lock()
+
+        def receive_loop() -> None:
+            nonlocal received
+            while True:
+                with lock:
+                    if received >= total:
+                        return
+                got = sqs.receive_message(
+                    QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=60
+                ).get("Messages", [])
+                if got:
+                    sqs.delete_message_batch(
+                        QueueUrl=url,
+                        Entries=[
+                            {"Id": str(k), "ReceiptHandle": m["ReceiptHandle"]}
+                            for k, m in enumerate(got)
+                        ],
+                    )
+                with lock:
+                    received += len(got)
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(receivers) as pool:
+            for f in [pool.submit(receive_loop) for _ in range(receivers)]:
+                f.result()
+        received_s = time.monotonic() - started
+    finally:
+        with contextlib.suppress(Exception):
+            sqs.delete_queue(QueueUrl=url)
+    rate = total / received_s if received_s else None
+    print(f"bench-storm: calibrate SQS: {rate:.0f} received+deleted/s", file=sys.stderr, flush=True)
+    return {
+        "messages": total,
+        "receivers": receivers,
+        "send_s": round(sent_s, 2),
+        "received_per_s": round(rate, 1) if rate else None,
+        "all_received_s": round(received_s, 2),
+    }
+
+
 # --- 2. the storm ---------------------------------------------------------------------------
 
 
@@ -275,6 +339,11 @@ def table(result: dict[str, Any]) -> str:
         f"minimum given the notices' arrivals {s.get('physical_min_given_arrivals_s')} s:"
         f" {s.get('ratio_to_min_given_arrivals')}x",
     ]
+    if q := c.get("sqs"):
+        lines.append(
+            f"SQS endpoint: {q['messages']} messages received+deleted by {q['receivers']} loops"
+            f" in {q['all_received_s']} s ({q['received_per_s']}/s): the intake's own minimum"
+        )
     for key, label in (
         ("notice_to_cordoned_s", "sent -> cordoned"),
         ("notice_to_all_asked_s", "sent -> all ranks asked"),
@@ -316,6 +385,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     calibration = await calibrate(
         stack, nodes=args.calibrate_nodes, concurrencies=args.concurrency, seconds=args.seconds
     )
+    calibration["sqs"] = await asyncio.to_thread(
+        calibrate_sqs, stack, messages=args.calibrate_messages, receivers=8
+    )
     drill = await storm(stack, args.scenario)
     result: dict[str, Any] = {
         "benchmark": "storm",
@@ -355,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibrate-nodes", type=int, default=200)
     p.add_argument("--concurrency", type=_concurrencies, default=[1, 8, 32, 64, 128])
     p.add_argument("--seconds", type=float, default=3.0, help="per calibration concurrency")
+    p.add_argument(
+        "--calibrate-messages", type=int, default=300, help="SQS messages (the storm's notices)"
+    )
     p.add_argument("--cache", action="store_true", help="also the cache RSS bench (slow)")
     p.add_argument("--out", type=Path, default=Path("out/bench-storm.json"))
     p.add_argument("--drill-json", type=Path, default=Path("out/bench-storm-drill.json"))
