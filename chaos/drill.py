@@ -1167,18 +1167,6 @@ def describe_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m reclaimd.chaos.drill run SCENARIO`` (what ``reclaimd drill`` calls)."""
-    parser = argparse.ArgumentParser(prog="reclaimd")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 def _save_facts(trainer: ScriptedTrainer, notice_id: str, s: SaveRecord) -> report.Save:
     """One save as the judge sees it: answered when the trainer first answered it done, by
@@ -1200,3 +1188,17 @@ def _save_facts(trainer: ScriptedTrainer, notice_id: str, s: SaveRecord) -> repo
         answered_at=answered,
         answers_known=True,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m reclaimd.chaos.drill run SCENARIO`` (what ``reclaimd drill`` calls)."""
+    parser = argparse.ArgumentParser(prog="reclaimd")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -600,11 +600,14 @@ async def ready_and_guarded(admin: k8s.ApiClient, pods: list[str], pdb: str) -> 
             and budget.status.disruptions_allowed == 0
         )
 
-    async with asyncio.timeout(60):
-        await refresh()
-        while not all(state.values()):
-            await asyncio.sleep(0.2)
+    try:
+        async with asyncio.timeout(60):
             await refresh()
+            while not all(state.values()):
+                await asyncio.sleep(0.2)
+                await refresh()
+    except TimeoutError:
+        pytest.fail(f"pods not running and guarded within 60 s: {state}", pytrace=False)
 
 
 async def test_evict_without_pdb_and_wait_gone(
@@ -666,7 +669,7 @@ async def test_a_refused_eviction_is_asked_again_when_the_cache_sees_its_pdb_cha
     policy = k8s.PolicyV1Api(admin)
     body: Any = {
         "metadata": {"name": "one-must-stay"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": guarded}},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": guarded}},
     }
     await policy.create_namespaced_pod_disruption_budget(NS, body)
     pod = await member(admin, "watched", node, labels=guarded)
@@ -688,7 +691,7 @@ async def test_a_refused_eviction_is_asked_again_when_the_cache_sees_its_pdb_cha
         await asyncio.sleep(1.0)
         assert not task.done() and limiter.by_kind["evict pod"] == 1  # refused, and waiting
         await policy.patch_namespaced_pod_disruption_budget(
-            "one-must-stay", NS, {"spec": {"minAvailable": 0}}
+            "one-must-stay", NS, {"spec": {"maxUnavailable": None, "minAvailable": 0}}
         )
         assert await asyncio.wait_for(task, 30) is EvictResult.EVICTED
         # The spec change may wake it before the controller has judged the PDB (one more
