@@ -24,7 +24,8 @@ Three parts, in the order data flows:
   is stale, fences that holder's transactional id, reads the topic (``read_committed``) for
   what already made it, and publishes the rest. Exactly once, replays included: a row whose
   transaction outcome is unknown (a crash between commit and mark, a fence) is looked up on
-  the topic before it is sent again, and a row a peer adopted is left to the peer. Consumers
+  the topic before it is sent again, and a row whose record a peer holds waits for it: published
+  once the record is gone, adopted (and published here) if that peer dies first. Consumers
   must read with ``isolation.level=read_committed`` (an aborted transaction's records stay
   in the log); ``EventId`` still identifies each event.
 """
@@ -383,7 +384,8 @@ def settle(
 ) -> tuple[list[Row], list[Row], list[Row]]:
     """Split rows about to be published into (ours, in doubt, given away).
 
-    Given away: a peer adopted the cluster record, so it publishes the event. In doubt: a
+    Given away: a peer holds the cluster record (it recorded the event first, or adopted it),
+    so it publishes the event; the row waits (``Cluster.PEER``) until then. In doubt: a
     transaction carrying the row was begun before (it may have committed), or the row's record
     is gone or its write had no answer (a peer may have published and deleted it); the topic
     decides. ``records`` is ``None`` when no row needed the cluster (it was not read).
@@ -626,9 +628,12 @@ class LedgerWriter:
                 rows = [r for r in rows if not _in_cluster(r)]
         ours, doubt, gone = settle(rows, records, self.holder)
         if gone:
-            await self._outbox.mark_sent([r.id for r in gone])
+            # Left to the peer that holds the record, not marked sent: if that peer is dead,
+            # the recovery pass adopts the record and this row is published after all.
+            for r in gone:
+                await self._outbox.set_cluster(r.id, Cluster.PEER)
             self.given_away += len(gone)
-            log_event(log, "ledger events adopted by a peer", count=len(gone))
+            log_event(log, "ledger events held by a peer", count=len(gone))
         if doubt:
             found = await self._committed({r.id for r in doubt}, min(r.created_at for r in doubt))
             if found:
@@ -806,9 +811,14 @@ class LedgerWriter:
         delete the rest. Returns how many records were taken over."""
         if self._cluster is None or self._alive is None or not self.bootstrap_servers:
             return 0
+        # Before the records are listed: a row left to a peer whose record is not in a later
+        # listing was published by that peer (records are deleted only once on the topic).
+        left_to_peers = await self._outbox.peers()
+        records = await self._cluster.pending()
+        await self._settle_left(left_to_peers, {r.event_id: r for r in records})
         orphans: list[PendingEvent] = []
         verdict: dict[str, bool] = {}
-        for rec in await self._cluster.pending():
+        for rec in records:
             if rec.holder == self.holder:
                 got = await self._outbox.get(rec.event_id)
                 if got is None:
@@ -837,19 +847,14 @@ class LedgerWriter:
         found = await self._committed(
             {rec.event_id for rec in taken}, min(rec.recorded_at.timestamp() for rec in taken)
         )
+        # The topic, read after every earlier holder was fenced, is the only truth here: an
+        # event it lacks is published from the record, whatever this outbox said of it.
+        await self._outbox.mark_sent(sorted(found))
         for rec in taken:
             if rec.event_id in found:
                 self._forget([rec.event_id])
-                continue
-            new = await self._outbox.put(
-                rec.event_id, rec.key, rec.value, rec.headers, Cluster.HELD
-            )
-            if not new:
-                got = await self._outbox.get(rec.event_id)
-                if got is not None and got[1]:
-                    self._forget([rec.event_id])  # we published it (before a lost deletion)
-                else:
-                    await self._outbox.set_cluster(rec.event_id, Cluster.HELD)
+            else:
+                await self._outbox.adopt(rec.event_id, rec.key, rec.value, rec.headers)
         self.adopted += len(taken)
         self.found_published += len(found)
         self._wake.set()
@@ -861,6 +866,18 @@ class LedgerWriter:
             holders=sorted({h for rec in taken for h in rec.holders}),
         )
         return len(taken)
+
+    async def _settle_left(self, ids: list[str], records: Mapping[str, PendingEvent]) -> None:
+        """Rows left to a peer: published once the record is gone; ours again if we hold it."""
+        gone = [i for i in ids if i not in records]
+        if gone:
+            await self._outbox.mark_sent(gone)
+            await self._notify()
+        for i in ids:
+            rec = records.get(i)
+            if rec is not None and rec.holder == self.holder:
+                await self._outbox.set_cluster(i, Cluster.HELD)
+                self._wake.set()
 
     # --- waiting -------------------------------------------------------------------------
 

@@ -62,7 +62,12 @@ class Cluster:
     PENDING = "pending"  # being recorded right now: not publishable yet
     HELD = "held"  # recorded, held by this writer
     UNKNOWN = "unknown"  # the record's write had no answer (or the process died during it)
-    ALL = frozenset({NONE, PENDING, HELD, UNKNOWN})
+    # A peer holds the record (it recorded the same event first, or adopted ours): the row
+    # waits, unsent and outside ``depth``, until the record is gone (the peer published it)
+    # or this writer adopts it. Never "sent" on the peer's word: a dead peer publishes nothing.
+    PEER = "peer"
+    ALL = frozenset({NONE, PENDING, HELD, UNKNOWN, PEER})
+    WAITING = frozenset({PENDING, PEER})  # not publishable by this writer now
 
 
 T = TypeVar("T")
@@ -99,7 +104,7 @@ def _row(r: Any) -> Row:
 
 
 class Outbox:
-    """The table and its four operations. Opening an existing file resumes its rows."""
+    """The table and its operations. Opening an existing file resumes its rows."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -118,8 +123,10 @@ class Outbox:
         self._db.execute(
             "UPDATE outbox SET cluster = ? WHERE cluster = ?", (Cluster.UNKNOWN, Cluster.PENDING)
         )
-        (n,) = self._db.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()
-        self._unsent = int(n)
+        (n,) = self._db.execute(
+            "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND cluster != ?", (Cluster.PEER,)
+        ).fetchone()
+        self._unsent = int(n)  # ours to publish: a peer's rows are its to publish
 
     def put(
         self,
@@ -139,7 +146,7 @@ class Outbox:
                 (id, key, value, _encode_headers(headers), time.time(), cluster),
             )
             new = cur.rowcount == 1
-            self._unsent += new
+            self._unsent += new and cluster != Cluster.PEER
         return new
 
     def pending(self, limit: int = 100) -> list[Row]:
@@ -147,10 +154,19 @@ class Outbox:
         with self._lock:
             rows = self._db.execute(
                 f"SELECT {_ROW} FROM outbox "
-                "WHERE sent_at IS NULL AND cluster != ? ORDER BY seq LIMIT ?",
-                (Cluster.PENDING, limit),
+                "WHERE sent_at IS NULL AND cluster NOT IN (?, ?) ORDER BY seq LIMIT ?",
+                (Cluster.PENDING, Cluster.PEER, limit),
             ).fetchall()
         return [_row(r) for r in rows]
+
+    def peers(self) -> list[str]:
+        """The unsent rows a peer holds the record of (``Cluster.PEER``), oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM outbox WHERE sent_at IS NULL AND cluster = ? ORDER BY seq",
+                (Cluster.PEER,),
+            ).fetchall()
+        return [str(r[0]) for r in rows]
 
     def get(self, id: str) -> tuple[Row, bool] | None:
         """The row of ``id`` and whether it was sent; ``None`` if this outbox never had it."""
@@ -164,7 +180,45 @@ class Outbox:
         if cluster not in Cluster.ALL:
             raise ValueError(f"outbox: unknown cluster state {cluster!r}")
         with self._lock:
+            r = self._db.execute(
+                "SELECT cluster FROM outbox WHERE id = ? AND sent_at IS NULL", (id,)
+            ).fetchone()
             self._db.execute("UPDATE outbox SET cluster = ? WHERE id = ?", (cluster, id))
+            if r is not None:  # an unsent row moving into or out of a peer's hands
+                self._unsent += (r[0] == Cluster.PEER) - (cluster == Cluster.PEER)
+
+    def adopt(
+        self, id: str, key: bytes | None, value: bytes, headers: Iterable[tuple[str, bytes]]
+    ) -> None:
+        """The event of a cluster record this writer adopted, not on the topic: publish it
+        (``HELD``), as the record has it, whatever this outbox held under the id before (a
+        copy left to the peer, or marked sent). The record's copy is the one that was decided
+        first; a second charge computed here for the same id must not replace it."""
+        hs = _encode_headers(headers)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                r = self._db.execute(
+                    "SELECT cluster, sent_at FROM outbox WHERE id = ?", (id,)
+                ).fetchone()
+                if r is None:
+                    self._db.execute(
+                        "INSERT INTO outbox (id, key, value, headers, created_at, cluster) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (id, key, value, hs, time.time(), Cluster.HELD),
+                    )
+                else:
+                    self._db.execute(
+                        "UPDATE outbox SET key = ?, value = ?, headers = ?, cluster = ?, "
+                        "sent_at = NULL WHERE id = ?",
+                        (key, value, hs, Cluster.HELD, id),
+                    )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            counted = r is not None and r[1] is None and r[0] != Cluster.PEER
+            self._unsent += not counted
 
     def mark_tried(self, ids: Sequence[str]) -> None:
         """A transaction carrying these rows begins: until it is known to have committed or
@@ -193,10 +247,18 @@ class Outbox:
             try:
                 changed = sum(
                     self._db.execute(
-                        "UPDATE outbox SET sent_at = ? WHERE id = ? AND sent_at IS NULL", (now, i)
+                        "UPDATE outbox SET sent_at = ? WHERE id = ? AND sent_at IS NULL "
+                        "AND cluster != ?",
+                        (now, i, Cluster.PEER),
                     ).rowcount
                     for i in ids
                 )
+                # A peer's row, settled (the peer published it): not in ``depth``.
+                for i in ids:
+                    self._db.execute(
+                        "UPDATE outbox SET sent_at = ? WHERE id = ? AND sent_at IS NULL",
+                        (now, i),
+                    )
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -260,6 +322,15 @@ class AsyncOutbox:
 
     async def set_cluster(self, id: str, cluster: str) -> None:
         await self._run(lambda: self._outbox.set_cluster(id, cluster))
+
+    async def adopt(
+        self, id: str, key: bytes | None, value: bytes, headers: Iterable[tuple[str, bytes]]
+    ) -> None:
+        hs = tuple(headers)
+        await self._run(lambda: self._outbox.adopt(id, key, value, hs))
+
+    async def peers(self) -> list[str]:
+        return await self._run(self._outbox.peers)
 
     async def mark_tried(self, ids: Sequence[str]) -> None:
         ids = tuple(ids)

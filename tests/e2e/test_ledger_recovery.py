@@ -296,3 +296,78 @@ async def test_a_replica_restarted_on_a_fresh_disk_under_its_name_recovers_its_o
     assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=2)) == Counter(
         {e.event_id: 1 for e in events}
     )
+
+
+async def test_a_survivor_that_charged_the_same_gangs_still_publishes_a_dead_peer_s_events(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """The survivor of a kill takes the notices over and records the same events (same ids)
+    before it adopts the dead holder's records: its own copies must wait for the records, not
+    be marked sent on the word of a peer that will never publish them."""
+    topic = await new_topic(stack.kafka_bootstrap)
+    events = [waste(f"aws-dead-{i}", f"gang-{i}") for i in range(3)]
+    limiter = RateLimiter()
+    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
+    await record_all(a, events)  # recorded in the cluster, never published: then A dies
+    await a.close()
+
+    a_alive = True  # until B's holder view catches up with the death
+
+    async def alive(h: str) -> bool:
+        return h == log_b.holder or a_alive
+
+    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    async with writer(stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, alive) as b:
+        await record_all(b, events)  # the survivor's second charge of the same gangs
+
+        async def left() -> bool:
+            return b.given_away == 3
+
+        await until(left, "B left the events to the holder of their records")
+        assert b.published == 0 and b.depth() == 0
+        a_alive = False
+
+        async def done() -> bool:
+            return b.published == 3 and b.depth() == 0 and not await log_b.pending()
+
+        await until(done, "B adopted A's records and published them")
+        assert b.adopted == 3
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=3)) == Counter(
+        {e.event_id: 1 for e in events}
+    )
+
+
+async def test_rows_left_to_a_live_peer_are_settled_when_it_publishes(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    topic = await new_topic(stack.kafka_bootstrap)
+    events = [waste(f"aws-both-{i}", f"gang-{i}") for i in range(2)]
+    limiter = RateLimiter()
+    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
+    a.start()
+    await record_all(a, events)
+
+    async def alive(_h: str) -> bool:
+        return True
+
+    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    async with writer(stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, alive) as b:
+        await record_all(b, events)
+
+        async def left() -> bool:
+            return b.given_away == 2
+
+        await until(left, "B left the events to A")
+        a.bootstrap_servers = stack.kafka_bootstrap  # A's way to Kafka heals: A publishes
+
+        async def settled() -> bool:
+            return a.published == 2 and (await b._outbox.peers()) == []
+
+        await until(settled, "A published and B settled the rows it had left to A")
+        assert b.published == 0 and b.adopted == 0
+    await a.close()
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=2)) == Counter(
+        {e.event_id: 1 for e in events}
+    )

@@ -156,3 +156,47 @@ def test_a_file_from_before_the_cluster_columns_opens_and_keeps_its_rows(tmp_pat
         ("old", Cluster.NONE, False, 1.0)
     ]
     assert box.depth() == 1
+
+
+def test_a_row_left_to_a_peer_waits_outside_depth_until_settled(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+    box.put("mine", None, b"v", (), Cluster.HELD)
+    box.put("theirs", None, b"v", (), Cluster.PENDING)
+    box.set_cluster("theirs", Cluster.PEER)  # a peer held the record: it publishes
+    assert [r.id for r in box.pending()] == ["mine"]
+    assert box.peers() == ["theirs"]
+    assert box.depth() == 1
+    # The peer published it (its record is gone): settled, and depth does not move again.
+    assert box.mark_sent(["theirs"]) == 0
+    got = box.get("theirs")
+    assert got is not None and got[1] is True
+    assert box.peers() == [] and box.depth() == 1
+
+
+def test_a_peer_row_stays_outside_depth_after_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite"
+    box = Outbox(path)
+    box.put("theirs", None, b"v", (), Cluster.PEER)
+    box.put("mine", None, b"v", (), Cluster.NONE)
+    assert box.depth() == 1
+    box.close()
+    again = Outbox(path)
+    assert again.depth() == 1 and again.peers() == ["theirs"]
+
+
+@pytest.mark.parametrize("before", ["peer", "sent", "absent"])
+def test_adopting_a_record_publishes_the_record_s_copy(tmp_path: Path, before: str) -> None:
+    """Whatever this outbox held under the id (a copy left to a dead peer, a copy marked sent
+    on a peer's word, nothing), the adopted record's event is what gets published."""
+    box = Outbox(tmp_path / "o.sqlite")
+    if before != "absent":
+        box.put("e1", b"k", b"our-second-charge", (), Cluster.PEER)
+    if before == "sent":
+        box.mark_sent(["e1"])
+    box.adopt("e1", b"k", b"the-dead-peer-s-charge", H)
+    assert [(r.id, r.value, r.cluster, r.headers) for r in box.pending()] == [
+        ("e1", b"the-dead-peer-s-charge", Cluster.HELD, H)
+    ]
+    assert box.depth() == 1 and box.peers() == []
+    box.adopt("e1", b"k", b"the-dead-peer-s-charge", H)  # a second pass: no change
+    assert box.depth() == 1
