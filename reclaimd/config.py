@@ -17,7 +17,14 @@ from types import MappingProxyType
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from reclaimd.annotations import UrlPolicy
 from reclaimd.model import Windows
@@ -62,7 +69,9 @@ class SqsSettings(_Strict):
     # once is not faster: in a 1,000-notice bench, 512 missed more deadlines than 64 (every
     # admitted notice's writes compete for the same API server).
     concurrency: int = Field(64, ge=1, le=1000)
-    visibility_timeout_s: int = Field(30, ge=5, le=43200)
+    # Short, and extended every third of it while a message is unsettled: a replica that dies
+    # holding a message hands it to a peer after this long, not after SQS's 30 s default.
+    visibility_timeout_s: int = Field(10, ge=5, le=43200)
 
 
 class ImdsSettings(_Strict):
@@ -79,6 +88,10 @@ class PubSubSettings(_Strict):
     project: str = ""
     subscription: str = ""  # the subscription id, not its full path
     max_messages: int = Field(100, ge=1)  # flow control: leased, unacked messages at most
+    # The stream ack deadline and each lease extension (FlowControl's min and max): how long
+    # a dead replica's messages stay leased. Pub/Sub allows 10..600; the client's 60 s default
+    # is twice the GCE window.
+    lease_extension_s: int = Field(10, ge=10, le=600)
     endpoint: str | None = None  # None: PUBSUB_EMULATOR_HOST or the real service
 
 
@@ -105,6 +118,18 @@ class KafkaNoticeSettings(_Strict):
     bootstrap: str = ""
     topic: str = "reclaimd.notices"
     group_id: str = "reclaimd"
+    # A replica silent this long loses its partitions to a peer (brokers bound it by
+    # group.min/max.session.timeout.ms, 6 s .. 30 min by default). A stopping one leaves the
+    # group at once, and a peer hears of it at its next heartbeat: hence 1 s, not 3 s.
+    session_timeout_ms: int = Field(10_000, ge=1_000, le=1_800_000)
+    heartbeat_interval_ms: int = Field(1_000, ge=100)
+
+    @model_validator(mode="after")
+    def _heartbeat_within_session(self) -> KafkaNoticeSettings:
+        # Kafka's advice, a third at most: two lost heartbeats do not end the session.
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms: at most a third of session_timeout_ms")
+        return self
 
 
 class PolicySettings(_Strict):
@@ -226,6 +251,21 @@ class CheckpointConfig(_Strict):
         return UrlPolicy.parse(self.allowed_hosts, require_pod_ip=self.require_pod_ip)
 
 
+class PeerProbeConfig(_Strict):
+    """The peers' death detector (``cluster.probe``): each replica listens on ``host:port``
+    and names that address in its holder Lease; the others connect to it every ``every_s``.
+    Refused = dead now (its claims are taken over at once); anything else waits for
+    ``claim_stale_s``. The chart opens the port to the other replicas only."""
+
+    enabled: bool = True
+    host: str = ""  # where to listen; empty: every interface
+    port: int = Field(0, ge=0, le=65535)  # 0: any free one (the chart fixes 9465)
+    # The address peers dial; empty: $POD_IP (the chart sets it), else 127.0.0.1.
+    advertise: str = ""
+    every_s: float = Field(0.5, gt=0, le=60)
+    timeout_s: float = Field(0.5, gt=0, le=60)
+
+
 class IntakeConfig(_Strict):
     memory: int = Field(50_000, ge=100, le=10_000_000)  # notice ids remembered as seen
 
@@ -289,6 +329,7 @@ class Settings(_Strict):
     tracing: TracingSettings = TracingSettings()
     cache: CacheConfig = CacheConfig()
     claims: ClaimsConfig = ClaimsConfig()
+    peer_probe: PeerProbeConfig = PeerProbeConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     intake: IntakeConfig = IntakeConfig()
     metrics_port: int = Field(9464, ge=0, le=65535)

@@ -47,6 +47,7 @@ from reclaimd.cluster import (
     gangclaims,
     holders,
     ledgerlog,
+    probe,
     ratelimit,
     watch,
 )
@@ -58,7 +59,8 @@ from reclaimd.scheduler import GangOwners, Scheduler
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 20.0
+STOP_GRACE_S = 20.0  # alone (no live peer): notices in flight may finish this long
+HAND_BACK_S = 3.0  # transports returning their messages, runbooks unwinding
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class _Parts:
     limiter: ratelimit.RateLimiter
     metrics: metrics.Metrics
     gang_leases: gangclaims.GangClaims | None = None
+    probe: probe.Listener | None = None  # our probe port: refused there = we are gone
     meter: meter.Meter | None = None
     events: events.EventRecorder | None = None
     dry_run: dryrun.WouldParts | None = None  # set: nothing is written, signalled or evicted
@@ -106,8 +109,21 @@ class Daemon:
                 url_policy=s.checkpoint.url_policy(),
             ),
         )
+        pp = s.peer_probe
+        listener = (
+            probe.Listener(pp.host, pp.port, pp.advertise) if pp.enabled and not s.dry_run else None
+        )
+        group = s.peer_group or f"{s.lease_namespace}/{s.cluster_name}"
         alive = holders.HolderLeases(
-            api, s.lease_namespace, s.holder, lease_s=s.claim_stale_s, limiter=limiter
+            api,
+            s.lease_namespace,
+            s.holder,
+            group=group,
+            lease_s=s.claim_stale_s,
+            limiter=limiter,
+            probe_address=_address_of(listener),
+            probe_every_s=pp.every_s,
+            probe_timeout_s=pp.timeout_s,
         )
         store = claims.ClaimStore(
             api,
@@ -117,7 +133,8 @@ class Daemon:
                 lease_s=s.claim_stale_s, max_conflicts=s.claims.max_conflicts
             ),
             liveness=alive.renewed,
-            group=s.peer_group or f"{s.lease_namespace}/{s.cluster_name}",
+            death=alive.dead,
+            group=group,
         )
         writer = actions.ClusterActions(
             api,
@@ -254,6 +271,7 @@ class Daemon:
             limiter,
             observed,
             gang_leases=gang_leases if would is None else None,
+            probe=listener,
             meter=None
             if would is not None
             else self._meter(api, view, ledger_writer.policy, limiter, alive),
@@ -349,11 +367,7 @@ class Daemon:
                     f"cluster cache did not sync within {s.cache_sync_timeout_s:.0f} s"
                 )
             async with asyncio.TaskGroup() as tg:
-                # Our Lease first: the claims we write are live only while it is renewed
-                # (a failure is retried by its task and shows in /readyz).
-                if not s.dry_run:
-                    with contextlib.suppress(client.KubeError):
-                        await parts.holders.renew()
+                await self._announce(parts)
                 background = [
                     tg.create_task(view.run(), name="cache"),  # restarts a dead or stuck watch
                     tg.create_task(ledger_writer.run(), name="ledger"),
@@ -370,32 +384,8 @@ class Daemon:
                         if parts.events is not None
                         else []
                     ),
-                    tg.create_task(scheduler.run(), name="scheduler"),
-                    # A dry run holds no Lease and resumes nothing: it has claimed nothing.
-                    *(
-                        []
-                        if s.dry_run
-                        else [
-                            tg.create_task(parts.holders.run(), name="holder-lease"),
-                            *(
-                                [tg.create_task(parts.gang_leases.run_sweeps(), name="gang-sweep")]
-                                if parts.gang_leases is not None
-                                else []
-                            ),
-                            tg.create_task(
-                                claimlog.Resumer(
-                                    parts.store,
-                                    view,
-                                    resume=parts.intake.resume,
-                                    in_flight=scheduler.running,
-                                    renewed=parts.holders.renewed,
-                                    lease_s=s.claim_stale_s,
-                                ).run(),
-                                name="resume",
-                            ),
-                        ]
-                    ),
                 ]
+                acting = self._acting(tg, parts)
                 sources = [
                     tg.create_task(source.run(), name=f"source-{name}")
                     for name, source in sources_by_name.items()
@@ -410,20 +400,15 @@ class Daemon:
                 if ready is not None:
                     ready.set()
                 await self._stopping.wait()
-                # Take no new notices; give those in flight a grace period, then flush the
-                # ledger. Whatever is cut short keeps its claim and is resumed by a peer.
-                for task in sources:
-                    task.cancel()
-                logs.event(log, "stopping", in_flight=scheduler.depth)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(STOP_GRACE_S):
-                        await scheduler.wait_idle()
+                await self._hand_over(parts, sources, acting)
                 await ledger_writer.flush(timeout_s=5.0)
                 if parts.meter is not None:
                     await parts.meter.writer.flush(timeout_s=2.0)
                 for task in background:
                     task.cancel()
         finally:
+            if parts.probe is not None:
+                await parts.probe.close()
             await serving.aclose()
             await session.close()
             with contextlib.suppress(Exception):
@@ -435,10 +420,79 @@ class Daemon:
             await api.close()
             provider.shutdown()
 
+    async def _announce(self, parts: _Parts) -> None:
+        """Our Lease first: the claims we write are live only while it is renewed (a failure
+        is retried by its task and shows in /readyz); it names our probe port, open by then."""
+        if parts.probe is not None:
+            await parts.probe.start()
+        if not self.settings.dry_run:
+            with contextlib.suppress(client.KubeError):
+                await parts.holders.renew()
+
+    def _acting(self, tg: asyncio.TaskGroup, parts: _Parts) -> list[asyncio.Task[None]]:
+        """What acts on claims: stopped first on SIGTERM, before the claims are handed over
+        (a peer must never act beside us on the same claim)."""
+        s, tasks = self.settings, [tg.create_task(parts.scheduler.run(), name="scheduler")]
+        if s.dry_run:
+            return tasks  # a dry run holds no Lease and resumes nothing: it claimed nothing
+        tasks.append(tg.create_task(parts.holders.run(), name="holder-lease"))
+        if parts.probe is not None:
+            tasks.append(tg.create_task(parts.holders.run_probes(), name="peer-probe"))
+        if parts.gang_leases is not None:
+            tasks.append(tg.create_task(parts.gang_leases.run_sweeps(), name="gang-sweep"))
+        resumer = claimlog.Resumer(
+            parts.store,
+            parts.view,
+            resume=parts.intake.resume,
+            in_flight=parts.scheduler.running,
+            renewed=parts.holders.renewed,
+            lease_s=s.claim_stale_s,
+            dead=parts.holders.dead,
+            wake=parts.holders.deaths,
+        )
+        tasks.append(tg.create_task(resumer.run(), name="resume"))
+        return tasks
+
+    async def _hand_over(
+        self, parts: _Parts, sources: list[asyncio.Task[None]], acting: list[asyncio.Task[None]]
+    ) -> None:
+        """SIGTERM: take no new notices (each transport hands back what it had not settled),
+        then, with a live peer, stop acting and hand every claim over at once (the peer runs
+        them from their durable records, as after a crash); alone, finish what is in flight
+        within the grace first. Either way our claims are released before we exit."""
+        for task in sources:
+            task.cancel()
+        await _settle(sources, HAND_BACK_S)
+        peer = parts.holders.peer_alive()
+        logs.event(log, "stopping", in_flight=parts.scheduler.depth, hand_over=peer)
+        if not peer:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STOP_GRACE_S):
+                    await parts.scheduler.wait_idle()
+        for task in acting:
+            task.cancel()
+        await _settle(acting, HAND_BACK_S)
+        if parts.probe is not None:
+            await parts.probe.close()  # refused from now on: peers take our claims over now
+        if not self.settings.dry_run:
+            with contextlib.suppress(client.KubeError):
+                await parts.holders.release()
+
     def _sources(self, intake: Intake, api: Any) -> dict[str, registry.Source]:
         """One transport per enabled entry of the source registry (``reclaimd.sources``)."""
         wiring = registry.Wiring(self.settings, intake.admit, self.settings.windows, api)
         return {e.name: e.build(e, wiring) for e in registry.enabled(self.settings)}
+
+
+def _address_of(listener: probe.Listener | None) -> Callable[[], str]:
+    """Our probe address as the Lease should name it (known once the listener started)."""
+    return (lambda: listener.address) if listener is not None else str
+
+
+async def _settle(tasks: list[asyncio.Task[None]], limit_s: float) -> None:
+    """Wait (bounded) for cancelled tasks to unwind; a straggler does not hold the stop."""
+    if tasks:
+        await asyncio.wait(tasks, timeout=limit_s)
 
 
 def _bind_gauges(parts: _Parts, running: Mapping[str, registry.Source]) -> metrics.Metrics:

@@ -13,6 +13,7 @@ or a dead peer's, and hands it back to the intake.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -116,6 +117,9 @@ class Resumer:
     renewed: claims.Liveness
     lease_s: float
     alive: Callable[[str], Awaitable[bool]] | None = None  # a fresh read of a holder's Lease
+    dead: claims.Death = claims.never_dead  # known dead now: no need to wait out its Lease
+    # Set when a peer is found dead (``HolderLeases.deaths``): the scan runs at once.
+    wake: asyncio.Event | None = None
     # Between scans. The scan reads the cache and two LISTs, so it can run often: a hung
     # peer's claims are taken over this soon after its Lease runs out, not half a Lease later.
     interval_s: float = 3.0
@@ -124,11 +128,18 @@ class Resumer:
         """Resume at start, then keep looking: a peer that dies mid-storm leaves claims
         whose messages are already acked, and only this scan finds them."""
         while True:
+            if self.wake is not None:
+                self.wake.clear()  # before the scan: a death during it scans again
             try:
                 await self.once()
             except Exception as e:
                 logs.event(log, "resume scan failed", logging.WARNING, error=str(e)[:200])
-            await asyncio.sleep(min(self.interval_s, self.lease_s / 2))
+            pause = min(self.interval_s, self.lease_s / 2)
+            if self.wake is None:
+                await asyncio.sleep(pause)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), pause)
 
     async def once(self) -> int:
         """One scan; the number resumed. Node claims come from the cache, Workload claims
@@ -147,9 +158,10 @@ class Resumer:
             if notice.deadline is not None and notice.deadline < now:
                 continue
             if claim.holder != self.store.holder:
-                if not claim.stale(now, self.lease_s, self.renewed(claim.holder)):
+                dead = self.dead(claim.holder)
+                if not claim.stale(now, self.lease_s, self.renewed(claim.holder), dead):
                     continue
-                if self.alive is not None and await self.alive(claim.holder):
+                if not dead and self.alive is not None and await self.alive(claim.holder):
                     continue  # it renewed after all: still its own
             node = claim.target.name if isinstance(claim.target, claims.NodeObj) else None
             if await self.resume(notice, node) is Admission.RESUMED:

@@ -170,17 +170,25 @@ class Claim:
         except (KeyError, ValueError) as e:
             raise ParseError(f"{target.describe()}: claim is missing or has a bad {e}") from e
 
-    def stale(self, now: datetime, lease_s: float, renewed: datetime | None = None) -> bool:
-        """Neither the claim nor its holder's Lease (``renewed``) was written for ``lease_s``."""
+    def stale(
+        self, now: datetime, lease_s: float, renewed: datetime | None = None, dead: bool = False
+    ) -> bool:
+        """Neither the claim nor its holder's Lease (``renewed``) was written for ``lease_s``,
+        or the holder is known dead (``dead``: its process refused a probe, or it handed its
+        claims over on SIGTERM): then no Lease need run out first."""
+        if dead:
+            return True
         last = self.heartbeat_at if renewed is None else max(self.heartbeat_at, renewed)
         return now - last > timedelta(seconds=lease_s)
 
-    def open(self, now: datetime, lease_s: float, renewed: datetime | None = None) -> bool:
+    def open(
+        self, now: datetime, lease_s: float, renewed: datetime | None = None, dead: bool = False
+    ) -> bool:
         """Still to be acted on: not finished, and not past its deadline with no live holder."""
         if self.phase.terminal:
             return False
         expired = self.deadline is not None and self.deadline <= now
-        return not (expired and self.stale(now, lease_s, renewed))
+        return not (expired and self.stale(now, lease_s, renewed, dead))
 
 
 class ClaimStatus(StrEnum):
@@ -221,9 +229,16 @@ def _no_later(a: datetime | None, b: datetime | None) -> bool:
 Liveness = Callable[[str], datetime | None]
 """The last renewal seen of a holder's Lease; None when none was seen."""
 
+Death = Callable[[str], bool]
+"""Whether a holder is known dead now, before its Lease runs out (``holders.HolderLeases``)."""
+
 
 def _never_renewed(_holder: str) -> datetime | None:
     return None
+
+
+def never_dead(_holder: str) -> bool:
+    return False
 
 
 def decide(
@@ -234,9 +249,11 @@ def decide(
     lease_s: float,
     *,
     renewed: datetime | None = None,
+    dead: bool = False,
 ) -> ClaimStatus:
     """What a claim attempt means, given what is on the object (see the module doc);
-    ``renewed`` is the last renewal of the existing claim's holder."""
+    ``renewed`` is the last renewal of the existing claim's holder, ``dead`` whether it is
+    known dead."""
     if existing is None:
         return ClaimStatus.CLAIMED
     if existing.notice_id == notice.id:
@@ -244,10 +261,10 @@ def decide(
             return ClaimStatus.DUPLICATE
         if existing.holder == holder:
             return ClaimStatus.ALREADY_OURS
-        if existing.stale(now, lease_s, renewed):
+        if existing.stale(now, lease_s, renewed, dead):
             return ClaimStatus.TAKEN_OVER
         return ClaimStatus.DUPLICATE
-    if not existing.open(now, lease_s, renewed):
+    if not existing.open(now, lease_s, renewed, dead):
         return ClaimStatus.CLAIMED
     if _no_later(existing.deadline, notice.deadline):
         return ClaimStatus.SUPERSEDED
@@ -300,6 +317,7 @@ class ClaimStore:
         settings: ClaimSettings = ClaimSettings(),
         clock: Callable[[], datetime] = utcnow,
         liveness: Liveness = _never_renewed,
+        death: Death = never_dead,
         group: str = "",
     ) -> None:
         if not holder:
@@ -313,6 +331,7 @@ class ClaimStore:
         self._settings = settings
         self._clock = clock
         self._liveness = liveness
+        self._death = death
 
     # --- public -------------------------------------------------------------------------
 
@@ -336,7 +355,8 @@ class ClaimStore:
             now = self._clock()
             lease_s = self._settings.lease_s
             renewed = self._liveness(existing.holder) if existing is not None else None
-            status = decide(existing, notice, self.holder, now, lease_s, renewed=renewed)
+            dead = existing is not None and self._death(existing.holder)
+            status = decide(existing, notice, self.holder, now, lease_s, renewed=renewed, dead=dead)
             if status in (ClaimStatus.DUPLICATE, ClaimStatus.SUPERSEDED):
                 return ClaimResult(status, existing)
             if status is ClaimStatus.CLAIMED:
@@ -353,7 +373,7 @@ class ClaimStore:
                     group=self.group,
                     facts=frozen_map(
                         {"supersedes": existing.notice_id}
-                        if existing is not None and existing.open(now, lease_s, renewed)
+                        if existing is not None and existing.open(now, lease_s, renewed, dead)
                         else {}
                     ),
                 )

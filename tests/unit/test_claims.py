@@ -123,3 +123,15 @@ def test_claims_are_served_as_if_due_when_issued_but_far_changes_wait() -> None:
     assert far.deadline is not None
     assert claim_order(far) == far.deadline - timedelta(seconds=120)
     assert claim_order(notice("n3", None)) is None
+
+
+def test_a_claim_of_a_holder_known_dead_is_taken_over_at_once() -> None:
+    """A fresh claim (written a second ago, its holder's Lease renewed a second ago) of a
+    holder that refused our probe: taken over now, not a Lease later."""
+    fresh = claim("n1", heartbeat_age_s=1.0)
+    renewed = NOW - timedelta(seconds=1)
+    n = notice("n1", 120)
+    assert decide(fresh, n, "a", NOW, LEASE_S, renewed=renewed) is ClaimStatus.DUPLICATE
+    assert decide(fresh, n, "a", NOW, LEASE_S, renewed=renewed, dead=True) is (
+        ClaimStatus.TAKEN_OVER
+    )

@@ -1,9 +1,18 @@
 """Our holder Lease: fresh, and whether it lapsed (a peer may have taken our claims over)."""
 
-from datetime import timedelta
+import asyncio
+from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any, cast
 
-from reclaimd.cluster.holders import HolderLeases
+from reclaimd.cluster import probe
+from reclaimd.cluster.holders import (
+    GROUP_ANNOTATION,
+    HOLDER_ANNOTATION,
+    PROBE_ANNOTATION,
+    HolderLeases,
+)
+from reclaimd.cluster.probe import Listener
 from reclaimd.model import utcnow
 
 
@@ -34,3 +43,81 @@ async def test_a_renewal_after_a_gap_past_the_lease_marks_a_lapse() -> None:
     assert h.fresh()  # renewed again...
     assert not h.unbroken_since(claimed)  # ...but a peer may have taken that claim over
     assert h.unbroken_since(utcnow() + timedelta(seconds=1))  # a claim made after is safe
+
+
+class Listing:
+    """The LIST of holder Leases a replica reads, as the API server would answer it."""
+
+    def __init__(self, leases: list[Any]) -> None:
+        self.leases = leases
+
+    async def read(self, what: str, deadline: Any, call: Any, **kw: Any) -> Any:
+        return SimpleNamespace(items=self.leases)
+
+
+def holder_lease(holder: str, renewed: datetime, probe: str, group: str = "g") -> Any:
+    return SimpleNamespace(
+        metadata=SimpleNamespace(
+            name=f"l-{holder}",
+            annotations={
+                HOLDER_ANNOTATION: holder,
+                PROBE_ANNOTATION: probe,
+                GROUP_ANNOTATION: group,
+            },
+        ),
+        spec=SimpleNamespace(renew_time=renewed),
+    )
+
+
+async def test_a_peer_that_refuses_its_probe_is_dead_until_it_renews_again() -> None:
+    closed = Listener("127.0.0.1", 0)
+    await closed.start()
+    address = closed.address
+    await closed.close()  # nothing listens there now: a SIGKILLed process
+    live = Listener("127.0.0.1", 0)
+    await live.start()
+    now = utcnow()
+    listing = Listing(
+        [
+            holder_lease("gone", now, address),
+            holder_lease("up", now, live.address),
+            holder_lease("other-deployment", now, live.address, group="h"),
+        ]
+    )
+    h = HolderLeases(
+        cast(Any, None),
+        "reclaimd",
+        "me",
+        lease_s=10.0,
+        limiter=cast(Any, listing),
+        probe_every_s=0.05,
+        group="g",
+    )
+    await h.refresh()
+    assert h.peer_alive()
+    probing = asyncio.create_task(h.run_probes())
+    try:
+        async with asyncio.timeout(5):
+            await h.deaths.wait()
+        assert h.dead("gone") and not h.dead("up") and not h.dead("me")
+        assert not await h.alive("gone")  # no read needed: known dead
+        # The same holder name back (a container restart) renews: alive again.
+        listing.leases[0] = holder_lease("gone", now + timedelta(seconds=2), address)
+        await h.refresh()
+        assert not h.dead("gone")
+    finally:
+        probing.cancel()
+        await live.close()
+
+
+async def test_only_a_refused_connection_counts_as_death() -> None:
+    live = Listener("127.0.0.1", 0)
+    await live.start()
+    address = live.address
+    try:
+        assert await probe.probe(address, 0.5) is probe.Verdict.UNKNOWN
+    finally:
+        await live.close()
+    assert live.address == ""  # a closed listener advertises nothing
+    assert await probe.probe(address, 0.5) is probe.Verdict.DEAD
+    assert await probe.probe("not-an-address", 0.5) is probe.Verdict.UNKNOWN
