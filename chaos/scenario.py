@@ -408,16 +408,26 @@ class FaultKind(StrEnum):
     KILL = "kill"  # SIGKILL a replica; with restart_after_s it comes back on the same disk
     PAUSE = "pause"  # SIGSTOP a replica for for_s, then SIGCONT (a hung process)
     FRESH_DISK = "fresh_disk"  # SIGKILL, then a new replica with an empty state dir
+    TERM = "term"  # SIGTERM (a graceful stop); with restart_after_s a successor (rolling upgrade)
+    PARTITION = "partition"  # the replica cut off from the apiserver for for_s (only from it)
     STOP_KAFKA = "stop_kafka"  # the broker down for for_s
     RESTART_APISERVER = "restart_apiserver"  # kube-apiserver only: etcd keeps its data
     RESTART_MOTO = "restart_moto"  # loses every queue: the drill recreates the run's
     RESTART_PUBSUB = "restart_pubsub"  # loses every topic: the drill recreates the run's
 
 
-REPLICA_FAULTS = frozenset({FaultKind.KILL, FaultKind.PAUSE, FaultKind.FRESH_DISK})
+REPLICA_FAULTS = frozenset(
+    {FaultKind.KILL, FaultKind.PAUSE, FaultKind.FRESH_DISK, FaultKind.TERM, FaultKind.PARTITION}
+)
 STACK_FAULTS = frozenset(set(FaultKind) - REPLICA_FAULTS)
 # Faults on the shared stack disturb everyone's tests: a short outage only.
 MAX_STACK_OUTAGE_S = 30.0
+# A SIGTERMed replica gets this long to exit before it is SIGKILLed, as the kubelet would:
+# the shipped manifest's terminationGracePeriodSeconds (deploy/kubernetes/reclaimd.yaml).
+TERM_GRACE_S = 60.0
+
+
+_GONE = {FaultKind.KILL: "killed", FaultKind.TERM: "stopped"}
 
 
 class Fault(_Strict):
@@ -425,10 +435,12 @@ class Fault(_Strict):
 
     kind: FaultKind
     at_s: float = Field(ge=0, le=3600)
-    replica: int | None = Field(None, ge=0, le=3)  # kill, pause, fresh_disk: reclaimd-<i>
-    for_s: float | None = Field(None, gt=0, le=600)  # pause, stop_kafka
-    # kill: none means killed for good; fresh_disk: the new replica starts after this (1 s)
+    replica: int | None = Field(None, ge=0, le=3)  # replica faults: reclaimd-<i>
+    for_s: float | None = Field(None, gt=0, le=600)  # pause, partition, stop_kafka
+    # kill: none means killed for good; fresh_disk: the new replica starts after this (1 s);
+    # term: a successor (a new holder on a fresh disk) starts this long after the SIGTERM
     restart_after_s: float | None = Field(None, ge=0, le=600)
+    grace_s: float | None = Field(None, gt=0, le=600)  # term: time to exit (TERM_GRACE_S)
 
     @model_validator(mode="after")
     def _fits_kind(self) -> Fault:
@@ -437,13 +449,16 @@ class Fault(_Strict):
             raise ValueError(f"{k.value} needs replica (the index of a central reclaimd)")
         if k not in REPLICA_FAULTS and self.replica is not None:
             raise ValueError(f"{k.value} is a stack fault: it takes no replica")
-        needs_for = k in (FaultKind.PAUSE, FaultKind.STOP_KAFKA)
+        needs_for = k in (FaultKind.PAUSE, FaultKind.PARTITION, FaultKind.STOP_KAFKA)
         if needs_for and self.for_s is None:
             raise ValueError(f"{k.value} needs for_s (how long)")
         if not needs_for and self.for_s is not None:
             raise ValueError(f"{k.value} takes no for_s")
-        if self.restart_after_s is not None and k not in (FaultKind.KILL, FaultKind.FRESH_DISK):
+        restarts = (FaultKind.KILL, FaultKind.FRESH_DISK, FaultKind.TERM)
+        if self.restart_after_s is not None and k not in restarts:
             raise ValueError(f"{k.value} takes no restart_after_s")
+        if self.grace_s is not None and k is not FaultKind.TERM:
+            raise ValueError(f"{k.value} takes no grace_s (only term has a grace period)")
         if k is FaultKind.STOP_KAFKA and (self.for_s or 0.0) > MAX_STACK_OUTAGE_S:
             raise ValueError(f"for_s: at most {MAX_STACK_OUTAGE_S:g}s on the shared stack")
         return self
@@ -455,10 +470,26 @@ class Fault(_Strict):
 
     @property
     def restart_s(self) -> float | None:
-        """When the replica comes back, after the kill (None: never)."""
+        """When the replica (or its successor) comes back, after the fault (None: never)."""
         if self.kind is FaultKind.FRESH_DISK:
             return 1.0 if self.restart_after_s is None else self.restart_after_s
         return self.restart_after_s
+
+    @property
+    def the_grace_s(self) -> float:
+        return TERM_GRACE_S if self.grace_s is None else self.grace_s
+
+    @property
+    def for_good(self) -> bool:
+        """The replica is gone for good: killed or stopped with nothing coming back."""
+        return self.kind in (FaultKind.KILL, FaultKind.TERM) and self.restart_after_s is None
+
+    @property
+    def span_s(self) -> float:
+        """How long the replica is out (inf: for good): no other fault on it meanwhile."""
+        if self.for_good:
+            return math.inf
+        return (self.for_s or 0.0) + (self.restart_s or 0.0)
 
 
 class Scenario(_Strict):
@@ -490,27 +521,36 @@ class Scenario(_Strict):
         replicas = self.reclaimd.replicas
         sources = {n.source for n in self.notices}
         busy: list[tuple[float, float, int]] = []  # a replica's fault spans (start, end, i)
+        gone: set[int] = set()  # replicas killed or stopped for good
         for i, f in enumerate(self.faults):
             where = f"faults[{i}]"
             if f.replica is not None and f.replica >= replicas:
                 raise ValueError(
                     f"{where}.replica: {f.replica}, but reclaimd.replicas is {replicas}"
                 )
-            if f.kind is FaultKind.KILL and f.restart_after_s is None and replicas < 2:
+            if f.for_good and replicas < 2:
                 raise ValueError(
-                    f"{where}: the only replica killed for good leaves nobody to finish;"
-                    " give restart_after_s or reclaimd.replicas >= 2"
+                    f"{where}: the only replica {_GONE[f.kind]} for good leaves nobody to"
+                    " finish; give restart_after_s or reclaimd.replicas >= 2"
                 )
             if f.kind is FaultKind.RESTART_PUBSUB and Source.GKE_PUBSUB not in sources:
                 raise ValueError(f"{where}: restart_pubsub needs gke-pubsub notices")
             if f.kind is FaultKind.RESTART_MOTO and Source.EC2_SQS not in sources:
                 raise ValueError(f"{where}: restart_moto needs ec2-sqs notices")
             if f.replica is not None:
-                end = f.at_s + (f.for_s or 0.0) + (f.restart_s or 0.0)
+                end = f.at_s + f.span_s
                 for start0, end0, j in busy:
                     if j == f.replica and f.at_s <= end0 and start0 <= end:
-                        raise ValueError(f"{where}: overlaps another fault on reclaimd-{j}")
+                        after = " (gone for good before it)" if math.isinf(end0) else ""
+                        raise ValueError(f"{where}: overlaps another fault on reclaimd-{j}{after}")
                 busy.append((f.at_s, end, f.replica))
+                if f.for_good:
+                    gone.add(f.replica)
+        if replicas > 1 and len(gone) == replicas:
+            raise ValueError(
+                f"faults: every replica ({replicas}) is killed or stopped for good, nobody is"
+                " left to finish; give one of them restart_after_s"
+            )
 
 
 # --- loading ---------------------------------------------------------------------------------

@@ -631,3 +631,109 @@ def test_yaml_round_trip_of_the_base_document() -> None:
     # the docs show scenarios as YAML; the same document as YAML text must parse the same
     text = yaml.safe_dump(base())
     assert scenario.parse(yaml.safe_load(text)) == scenario.parse(base())
+
+
+# --- faults: term, partition, several at once on both replicas -----------------------------------
+
+
+def _faulted(*faults: dict[str, Any], replicas: int = 2) -> scenario.Scenario:
+    return scenario.parse({**base(), "reclaimd": {"replicas": replicas}, "faults": list(faults)})
+
+
+def test_term_and_partition_load() -> None:
+    s = _faulted(
+        {"kind": "term", "replica": 0, "at_s": 3, "restart_after_s": 2},
+        {"kind": "partition", "replica": 1, "at_s": 4, "for_s": 25},
+        {"kind": "term", "replica": 1, "at_s": 40, "grace_s": 10},
+    )
+    term, cut, stop = s.faults
+    assert (term.restart_s, term.the_grace_s, term.for_good) == (2, scenario.TERM_GRACE_S, False)
+    assert (cut.span_s, cut.for_good) == (25, False) and cut.label == "partition reclaimd-1@4s"
+    assert stop.for_good and stop.the_grace_s == 10
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ({"kind": "partition", "replica": 0, "at_s": 1}, "partition needs for_s"),
+        ({"kind": "partition", "at_s": 1, "for_s": 5}, "partition needs replica"),
+        ({"kind": "term", "replica": 0, "at_s": 1, "for_s": 5}, "term takes no for_s"),
+        (
+            {"kind": "partition", "replica": 0, "at_s": 1, "for_s": 5, "restart_after_s": 1},
+            "partition takes no restart_after_s",
+        ),
+        ({"kind": "kill", "replica": 0, "at_s": 1, "grace_s": 5}, "kill takes no grace_s"),
+        ({"kind": "term", "replica": 0, "at_s": 1, "grace_s": 0}, "greater than 0"),
+    ],
+)
+def test_bad_term_and_partition_faults_are_one_line(fault: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        _faulted(fault)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_several_faults_at_once_on_both_replicas_validate() -> None:
+    s = _faulted(
+        {"kind": "pause", "replica": 0, "at_s": 2, "for_s": 25},
+        {"kind": "partition", "replica": 1, "at_s": 3, "for_s": 10},
+        {"kind": "kill", "replica": 1, "at_s": 20, "restart_after_s": 3},
+        {"kind": "stop_kafka", "at_s": 4, "for_s": 5},
+        {"kind": "term", "replica": 0, "at_s": 40, "restart_after_s": 0},
+    )
+    assert len(s.faults) == 5
+    assert scenario.plan(s, run_id="unit").notices
+
+
+@pytest.mark.parametrize(
+    ("faults", "message"),
+    [
+        # every replica gone for good: nobody finishes
+        (
+            [{"kind": "kill", "replica": 0, "at_s": 1}, {"kind": "term", "replica": 1, "at_s": 5}],
+            "every replica (2) is killed or stopped for good",
+        ),
+        (
+            [{"kind": "term", "replica": 0, "at_s": 1}, {"kind": "kill", "replica": 1, "at_s": 9}],
+            "every replica (2) is killed or stopped for good",
+        ),
+        # nothing can happen to a replica after it is gone for good
+        (
+            [
+                {"kind": "kill", "replica": 0, "at_s": 1},
+                {"kind": "pause", "replica": 0, "at_s": 30, "for_s": 5},
+            ],
+            "overlaps another fault on reclaimd-0 (gone for good before it)",
+        ),
+        (
+            [
+                {"kind": "partition", "replica": 1, "at_s": 10, "for_s": 5},
+                {"kind": "term", "replica": 1, "at_s": 2},
+            ],
+            "overlaps another fault on reclaimd-1",
+        ),
+        (
+            [
+                {"kind": "partition", "replica": 0, "at_s": 1, "for_s": 10},
+                {"kind": "term", "replica": 0, "at_s": 5, "restart_after_s": 1},
+            ],
+            "overlaps another fault on reclaimd-0",
+        ),
+    ],
+)
+def test_fault_combinations_that_cannot_run_are_refused(
+    faults: list[dict[str, Any]], message: str
+) -> None:
+    with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _faulted(*faults)
+
+
+def test_the_only_replica_stopped_for_good_is_refused_but_a_rolling_upgrade_is_not() -> None:
+    with pytest.raises(ScenarioError, match="the only replica stopped for good"):
+        _faulted({"kind": "term", "replica": 0, "at_s": 1}, replicas=1)
+    upgrade = _faulted({"kind": "term", "replica": 0, "at_s": 1, "restart_after_s": 0}, replicas=1)
+    assert not upgrade.faults[0].for_good
+    # one replica for good, the other back: someone is left
+    _faulted(
+        {"kind": "kill", "replica": 0, "at_s": 1},
+        {"kind": "kill", "replica": 1, "at_s": 2, "restart_after_s": 2},
+    )
