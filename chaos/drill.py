@@ -76,6 +76,7 @@ SPAWN_LIMIT = 2  # reclaimd processes started at once: each import costs a core-
 CLAIM_POLL_S = 0.5  # how often the drill reads the claims (a takeover is timed from them)
 SEND_RETRY_S = 60.0  # a send into a transport that is down is retried this long (a real
 # producer retries too; the fault drills take moto and the Pub/Sub emulator down for seconds)
+LATE_READ_S = 10.0  # after giving up and stopping reclaimd, the ledger is read this much longer
 
 
 class Progress:
@@ -119,8 +120,18 @@ class Drill:
         *,
         progress: Progress | None = None,
         run_id: str = "",
+        apiserver_proxy: bool | None = None,
     ) -> None:
         self.plan: Plan = plan_scenario(scenario, run_id=run_id or uuid.uuid4().hex[:8])
+        # Each central replica reaches the apiserver through a proxy of its own when a fault
+        # cuts one off (None: only then; True or False to measure what the proxy costs).
+        self.proxied = (
+            any(f.kind is FaultKind.PARTITION for f in scenario.faults)
+            if apiserver_proxy is None
+            else apiserver_proxy
+        )
+        self._proxies: list[Any] = []  # netproxy.ProxyProcess by central replica slot
+        self.gave_up: report.GaveUp | None = None
         self.stack = stack
         self.say = progress or Progress()
         self.built = _Built()
@@ -173,6 +184,11 @@ class Drill:
                 try:
                     await self._inject(h)
                     await self._wait(h, reader)
+                    # Stopped while the ledger is still read: an event its outbox flushes as
+                    # it stops is seen (late, after a give-up; a duplicate, otherwise).
+                    await self._stop_reclaimd(h)
+                    if self.gave_up is not None:
+                        await self._read_late(reader)
                 finally:
                     for task in (reader, poller):
                         task.cancel()
@@ -374,10 +390,13 @@ class Drill:
 
     # --- reclaimd ---------------------------------------------------------------------------
 
-    def _central_overrides(self, h: Harness, name: str) -> dict[str, Any]:
+    def _central_overrides(self, h: Harness, name: str, slot: int) -> dict[str, Any]:
         s = self.sources
         o: dict[str, Any] = dict(self.scenario.reclaimd.as_settings())
         o["tracing"] = {"span_file": str(h.workdir / f"spans-{name}.jsonl")}
+        if self._proxies:
+            # the replica's apiserver is its proxy (a fresh disk or a successor: the same one)
+            o["kube"] = {"kubeconfig": str(self._proxy_kubeconfig(h, slot))}
         if any(f.replica is None for f in self.scenario.faults):
             # /readyz on a port of its own: the drill samples it during a stack fault
             o["metrics_port"] = self._ports.setdefault(name, _free_port())
@@ -398,12 +417,50 @@ class Drill:
             o["kueue"] = {"enabled": True, "namespaces": [h.namespace]}
         return o
 
+    async def _start_proxies(self) -> None:
+        """One apiserver proxy per central replica (``chaos.netproxy``), each its own process."""
+        from urllib.parse import urlsplit
+
+        from .netproxy import ProxyProcess
+
+        server = urlsplit(_kubeconfig_server(Path(self.stack.reclaimd_kubeconfig)))
+        upstream = (server.hostname or "127.0.0.1", server.port or 443)
+        for _ in range(self.scenario.reclaimd.replicas):
+            proxy = ProxyProcess(upstream)
+            self._proxies.append(proxy)  # stopped by the teardown, started or not
+            await proxy.start()
+        ports = ", ".join(str(p.port) for p in self._proxies)
+        self.say(f"apiserver proxies: one per replica on 127.0.0.1 ({ports})")
+
+    def _proxy_kubeconfig(self, h: Harness, slot: int) -> Path:
+        """reclaimd's kubeconfig with the server replaced by replica ``slot``'s proxy (the
+        apiserver's certificate names 127.0.0.1: any port on it verifies)."""
+        import yaml
+
+        path = h.workdir / f"reclaimd-{slot}.kubeconfig"
+        if not path.exists():
+            doc = yaml.safe_load(Path(self.stack.reclaimd_kubeconfig).read_text())
+            for cluster in doc.get("clusters") or []:
+                cluster["cluster"]["server"] = f"https://{self._proxies[slot].address}"
+            path.write_text(yaml.safe_dump(doc))
+            path.chmod(0o600)
+        return path
+
+    async def _partition(self, slot: int, cut: bool) -> int:
+        proxy = self._proxies[slot]
+        if cut:
+            return int(await proxy.cut())
+        await proxy.heal()
+        return 0
+
     async def _start_reclaimd(self, h: Harness) -> None:
+        if self.proxied:
+            await self._start_proxies()
         gate = asyncio.Semaphore(SPAWN_LIMIT)
         starts: list[tuple[str, dict[str, Any]]] = []
         for i in range(self.scenario.reclaimd.replicas):
             name = f"reclaimd-{i}"
-            starts.append((name, self._central_overrides(h, name)))
+            starts.append((name, self._central_overrides(h, name, i)))
         base = dict(self.scenario.reclaimd.as_settings())
 
         def per_node(name: str, source: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -641,7 +698,7 @@ class Drill:
         async def replace(i: int) -> DaemonProcess:
             # A new pod on a new node: its own holder name, no outbox, a new span file.
             name = f"reclaimd-{i}-fresh{sum(1 for f in self.faults) + 1}"
-            d = await h.start_daemon(name, **self._central_overrides(h, name))
+            d = await h.start_daemon(name, **self._central_overrides(h, name, i))
             self.replicas[i] = d
             return d
 
@@ -660,6 +717,7 @@ class Drill:
             after_restart=lambda kind: self._after_restart(h, kind),
             say=self.say,
             readyz=self._readyz if self._ports else None,
+            partition=self._partition if self._proxies else None,
         )
 
     async def _readyz(self) -> dict[str, int]:
@@ -820,12 +878,37 @@ class Drill:
                 break
             await asyncio.sleep(1.0)
         else:
-            open_ = sum(1 for k in keys if claims.get(k) != "done")
+            open_ = {k: claims.get(k, "") for k in sorted(keys) if claims.get(k) != "done"}
+            charged = {report.gang_of(e) for e in self.events}
+            self.gave_up = report.GaveUp(
+                at=utcnow(),
+                timeout_s=expect.timeout_s,
+                events=len(charged & charging),
+                events_wanted=len(charging),
+                open_claims=open_,
+            )
             self.say(
-                f"gave up after {expect.timeout_s:g}s: {len(self.events)}/{len(charging)} events,"
-                f" {open_} claim(s) not done"
+                f"gave up after {expect.timeout_s:g}s: {len(charged & charging)}/{len(charging)}"
+                f" events, {len(open_)} claim(s) not done"
             )
         await asyncio.sleep(expect.settle_s)  # a duplicate would arrive now
+
+    async def _stop_reclaimd(self, h: Harness) -> None:
+        """SIGTERM every reclaimd at once (the tracer flushes its spans, the outbox its events)."""
+        await asyncio.gather(*(d.stop() for d in h.daemons))
+
+    async def _read_late(self, reader: asyncio.Task[None]) -> None:
+        """After a give-up: read the ledger ``LATE_READ_S`` more (or until every gang is
+        charged), so that an event that was only late is not judged lost."""
+        charging = {g for n in self.sent if n.response != "checkpoint_only" for g in n.gangs}
+        loop = asyncio.get_running_loop()
+        end = loop.time() + LATE_READ_S
+        while loop.time() < end and not reader.done():
+            if {report.gang_of(e) for e in self.events} >= charging:
+                break
+            await asyncio.sleep(0.5)
+        late = [a for a in self.arrivals if self.gave_up and a.received_at > self.gave_up.at]
+        self.say(f"after giving up: {len(late)} ledger event(s) more")
 
     async def _claims(self, h: Harness) -> dict[str, str]:
         """Claim phase on every drill node, and on every Workload of the run's namespace (the
@@ -870,8 +953,7 @@ class Drill:
 
         from reclaimd import postmortem
 
-        for d in h.daemons:
-            await d.stop()  # SIGTERM: the tracer flushes its last spans
+        await self._stop_reclaimd(h)  # done already, unless the wait failed
         assert h.api is not None
         claims = await _retrying(lambda: self._claims(h))
         pods = await k8s.CoreV1Api(h.api).list_namespaced_pod(h.namespace)
@@ -882,8 +964,13 @@ class Drill:
             and (p.status is None or p.status.phase not in ("Succeeded", "Failed"))
         }
         spans: list[dict[str, Any]] = []
+        holder_of = {_span_file(d): yaml_holder(d) for d in h.daemons}
+        by_holder: dict[str, list[dict[str, Any]]] = {}
         for path in sorted(h.workdir.glob("spans-*.jsonl")):  # one per reclaimd process
-            spans.extend(postmortem.read_spans(path))
+            mine = list(postmortem.read_spans(path))
+            spans.extend(mine)
+            if path in holder_of:
+                by_holder.setdefault(holder_of[path], []).extend(mine)
         sqs_used = any(n.source is Source.EC2_SQS for n in self.plan.notices) or any(
             g.source is Source.EC2_SQS for g in self.plan.garbage
         )
@@ -912,6 +999,8 @@ class Drill:
                 garbage_sent=self.garbage_sent,
                 claim_history=self.claim_history,
                 arrivals=self.arrivals,
+                gave_up=self.gave_up,
+                spans_by_holder=by_holder,
             ),
             faults=[
                 report.FaultFacts(
@@ -925,6 +1014,11 @@ class Drill:
                     resent=f.resent,
                     error=f.error,
                     readiness=tuple(f.readiness),
+                    exited_at=f.exited_at,
+                    exit_code=f.exit_code,
+                    grace_s=f.grace_s,
+                    sigkilled=f.sigkilled,
+                    connections_cut=f.connections_cut,
                 )
                 for f in sorted(self.faults, key=lambda f: f.started_at)
             ],
@@ -982,6 +1076,8 @@ class Drill:
             await self._producer.stop()
         if self._publisher is not None:
             await asyncio.to_thread(self._pubsub_cleanup)
+        for proxy in self._proxies:
+            await proxy.stop()
         if h.api is not None:
             with contextlib.suppress(Exception):
                 await fleet.delete_namespace(h.api, h.namespace)
@@ -1038,6 +1134,23 @@ async def _retrying(call: Callable[[], Awaitable[T]], limit_s: float = SEND_RETR
             await asyncio.sleep(0.5)
 
 
+def _span_file(d: DaemonProcess) -> Path:
+    """Where a drill daemon writes its spans (from its config file)."""
+    import yaml
+
+    doc = yaml.safe_load(d.config_path.read_text())
+    tracing = doc.get("tracing") if isinstance(doc, dict) else None
+    return Path(str((tracing or {}).get("span_file", "")))
+
+
+def _kubeconfig_server(path: Path) -> str:
+    """The server URL of a kubeconfig's first cluster."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    return str(doc["clusters"][0]["cluster"]["server"])
+
+
 def yaml_holder(d: DaemonProcess) -> str:
     """The holder name a drill daemon runs as (from its config file)."""
     import yaml
@@ -1068,12 +1181,14 @@ async def run_drill(
     stack: StackEnv | None = None,
     progress: Progress | None = None,
     run_id: str = "",
+    apiserver_proxy: bool | None = None,
 ) -> report.Verdict:
-    """Run ``scenario`` on the local stack and return its verdict (the e2e tests' entry)."""
+    """Run ``scenario`` on the local stack and return its verdict (the e2e tests' entry).
+    ``apiserver_proxy``: each replica through a proxy of its own (None: when a fault needs it)."""
     from . import stack as stackenv
 
     env = stack or stackenv.load()
-    drill = Drill(scenario, env, progress=progress, run_id=run_id)
+    drill = Drill(scenario, env, progress=progress, run_id=run_id, apiserver_proxy=apiserver_proxy)
     return await drill.run()
 
 
@@ -1111,6 +1226,13 @@ def add_parser(sub: Any) -> None:
         "--timeline", action="store_true", help="print the slowest notice's post-mortem timeline"
     )
     r.add_argument("--svg", metavar="FILE", help="write the slowest notice's post-mortem picture")
+    r.add_argument(
+        "--apiserver-proxy",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="each replica reaches the apiserver through a proxy of its own: auto (only when"
+        " a partition fault needs it), on, off (to measure what it costs)",
+    )
     r.set_defaults(func=cmd_drill)
     c = drills.add_parser("check", help="validate a scenario and print its plan (no stack)")
     c.add_argument("scenario")
@@ -1126,8 +1248,15 @@ def cmd_drill(args: argparse.Namespace) -> int:
         if args.drill_command == "check":
             print(describe_plan(plan_scenario(scenario, run_id="check")))
             return EXIT_OK
+        proxy = {"auto": None, "on": True, "off": False}[getattr(args, "apiserver_proxy", "auto")]
+        if proxy is False and any(f.kind is FaultKind.PARTITION for f in scenario.faults):
+            raise ScenarioError("--apiserver-proxy off: a partition fault needs the proxy")
         verdict = asyncio.run(
-            run_drill(scenario, progress=Progress(quiet=bool(getattr(args, "quiet", False))))
+            run_drill(
+                scenario,
+                progress=Progress(quiet=bool(getattr(args, "quiet", False))),
+                apiserver_proxy=proxy,
+            )
         )
     except (ScenarioError, stackenv.StackNotRunning) as e:
         print(f"reclaimd drill: {e}", file=sys.stderr)
@@ -1167,7 +1296,6 @@ def describe_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-
 def _save_facts(trainer: ScriptedTrainer, notice_id: str, s: SaveRecord) -> report.Save:
     """One save as the judge sees it: answered when the trainer first answered it done, by
     the deadline of the latest request for it before that answer (a replica that took a
@@ -1201,4 +1329,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

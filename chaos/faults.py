@@ -9,7 +9,14 @@ Replica faults act on the drill's own ``reclaimd run`` processes:
   leases run out);
 - ``fresh_disk``: SIGKILL, then a replacement with an empty state dir after ``restart_after_s``
   (a new pod on a new node: a new holder name, no outbox, a new span file). The old span file
-  stays readable to the judge, as spans already exported to a collector would be.
+  stays readable to the judge, as spans already exported to a collector would be;
+- ``term``: SIGTERM, a graceful stop, with ``grace_s`` (the manifest's 60 s) to exit before a
+  SIGKILL, as the kubelet gives; with ``restart_after_s`` a successor on a fresh disk (a new
+  holder) starts that long after the SIGTERM, while the old one may still be stopping: a
+  rolling upgrade. When it exited and with what status is recorded: a replica that needed the
+  SIGKILL, or exited non-zero, is a finding of the verdict;
+- ``partition``: the replica's apiserver connections (through its own ``chaos.netproxy``)
+  stop for ``for_s``, then flow again; it still reaches Kafka, SQS and the trainers.
 
 Stack faults go through ``deploy/local/stack.sh stop|start|restart COMPONENT``, which waits
 until the component answers its readiness check again:
@@ -77,6 +84,13 @@ class FaultRecord:
     held: dict[str, str] = field(default_factory=dict)  # claim key -> notice id, open, its own
     resent: int = 0  # notices sent again after a restart_moto / restart_pubsub
     error: str = ""
+    # kill, fresh_disk, term: when the process was gone and its exit status (negative: the
+    # signal); term: it was still running after its grace and had to be SIGKILLed
+    exited_at: datetime | None = None
+    exit_code: int | None = None
+    grace_s: float | None = None
+    sigkilled: bool = False
+    connections_cut: int = 0  # partition: the replica's apiserver connections open at the cut
     readiness: list[tuple[datetime, str, int]] = field(default_factory=list)  # when, who, HTTP
 
     @property
@@ -130,6 +144,8 @@ class FaultHooks:
     say: Callable[[str], None]
     # the live replicas' /readyz status by name (0: no answer); {} when none serves it
     readyz: Callable[[], Awaitable[Mapping[str, int]]] | None = None
+    # cut (True) or heal (False) replica i's apiserver proxy; the connections open at a cut
+    partition: Callable[[int, bool], Awaitable[int]] | None = None
 
 
 async def apply(fault: Fault, stack: StackEnv, hooks: FaultHooks) -> FaultRecord:
@@ -154,6 +170,24 @@ async def _replica_fault(fault: Fault, hooks: FaultHooks) -> FaultRecord:
     rec = FaultRecord(fault, started_at=utcnow(), holder=holder, held=held)
     kind = fault.kind
     try:
+        if kind is FaultKind.TERM:
+            await _term(fault, d, hooks, rec)
+            return rec
+        if kind is FaultKind.PARTITION:
+            if hooks.partition is None:
+                raise FaultError("no apiserver proxy in front of this replica")
+            rec.connections_cut = await hooks.partition(fault.replica, True)
+            hooks.say(
+                f"fault {fault.label}: {d.name} cut off from the apiserver"
+                f" ({len(held)} open claim(s), {rec.connections_cut} connection(s) held)"
+            )
+            try:
+                await asyncio.sleep(fault.for_s or 0.0)
+            finally:
+                await hooks.partition(fault.replica, False)
+            rec.ended_at, rec.successor = utcnow(), holder
+            hooks.say(f"fault {fault.label}: {d.name} reaches the apiserver again")
+            return rec
         if kind is FaultKind.PAUSE:
             d.pause()
             hooks.say(f"fault {fault.label}: SIGSTOP {d.name} ({len(held)} open claim(s))")
@@ -163,6 +197,7 @@ async def _replica_fault(fault: Fault, hooks: FaultHooks) -> FaultRecord:
             hooks.say(f"fault {fault.label}: SIGCONT {d.name}")
             return rec
         await d.crash()
+        rec.exited_at, rec.exit_code = utcnow(), d.returncode
         hooks.say(f"fault {fault.label}: SIGKILL {d.name} ({len(held)} open claim(s))")
         restart = fault.restart_s
         if restart is None:
@@ -181,6 +216,46 @@ async def _replica_fault(fault: Fault, hooks: FaultHooks) -> FaultRecord:
         rec.error = f"{type(e).__name__}: {e}"
         hooks.say(f"fault {fault.label}: {rec.error}")
     return rec
+
+
+async def _term(fault: Fault, d: DaemonProcess, hooks: FaultHooks, rec: FaultRecord) -> None:
+    """SIGTERM; the successor (if any) after ``restart_after_s`` while the old one stops; the
+    old one's exit within its grace, or a SIGKILL after it."""
+    assert fault.replica is not None
+    grace = rec.grace_s = fault.the_grace_s
+    d.terminate()
+    hooks.say(
+        f"fault {fault.label}: SIGTERM {d.name} ({len(rec.held)} open claim(s), {grace:g}s grace)"
+    )
+
+    async def exit_() -> None:
+        try:
+            code = await asyncio.wait_for(d.wait(), grace)
+        except TimeoutError:
+            rec.sigkilled = True
+            hooks.say(f"fault {fault.label}: {d.name} running {grace:g}s after SIGTERM: SIGKILL")
+            await d.crash()
+            code = d.returncode
+        rec.exited_at, rec.exit_code = utcnow(), code
+        took = (rec.exited_at - rec.started_at).total_seconds()
+        hooks.say(f"fault {fault.label}: {d.name} exited {code} {took:.1f}s after SIGTERM")
+
+    async def successor() -> None:
+        restart = fault.restart_s
+        if restart is None:
+            return  # stopped for good: nobody takes its place
+        await asyncio.sleep(restart)
+        assert fault.replica is not None
+        new = await hooks.replace(fault.replica)
+        rec.successor = hooks.holder_of(new)
+        rec.ended_at = utcnow()
+        hooks.say(f"fault {fault.label}: successor {new.name} up on a fresh disk")
+
+    results = await asyncio.gather(exit_(), successor(), return_exceptions=True)
+    errors = [f"{type(e).__name__}: {e}" for e in results if isinstance(e, BaseException)]
+    if errors:
+        rec.error = "; ".join(errors)
+        hooks.say(f"fault {fault.label}: {rec.error}")
 
 
 async def _sample_readiness(rec: FaultRecord, hooks: FaultHooks) -> None:

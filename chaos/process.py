@@ -99,6 +99,20 @@ class DaemonProcess:
             self.proc.kill()
             return await self.proc.wait()
 
+    def terminate(self) -> None:
+        """SIGTERM and return at once (a ``term`` fault times the exit itself)."""
+        if self.paused:
+            self.resume()
+        self._signal(signal.SIGTERM)
+
+    async def wait(self) -> int | None:
+        """Until the process is gone; its exit status (negative: the signal that ended it)."""
+        return None if self.proc is None else await self.proc.wait()
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.returncode
+
     def kill(self) -> None:
         """SIGKILL: a crash, for the resume tests."""
         if self.proc is not None and self.proc.returncode is None:

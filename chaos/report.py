@@ -148,6 +148,34 @@ class FaultFacts:
     error: str = ""
     # /readyz of the live replicas sampled around a stack fault: when, replica, HTTP status
     readiness: Sequence[tuple[datetime, str, int]] = ()
+    # kill, fresh_disk, term: when the process was gone and its exit status (negative: the
+    # signal); term: its grace, and whether it outlived it (then SIGKILLed)
+    exited_at: datetime | None = None
+    exit_code: int | None = None
+    grace_s: float | None = None
+    sigkilled: bool = False
+    connections_cut: int = 0  # partition: apiserver connections open at the cut
+
+    @property
+    def presumed_dead_until(self) -> datetime | None:
+        """A replica fault's holder may be taken over until then (None: from the fault on,
+        for good: killed or stopped for good, or replaced by a new holder)."""
+        if not self.holder:
+            return None
+        if self.ended_at is None or self.successor != self.holder:
+            return None
+        return self.ended_at
+
+
+@dataclass(frozen=True)
+class GaveUp:
+    """The drill stopped waiting (``expect.timeout_s``) with work not done."""
+
+    at: datetime
+    timeout_s: float
+    events: int  # ledger events read by then
+    events_wanted: int  # gangs that had to be charged
+    open_claims: Mapping[str, str] = field(default_factory=dict)  # claim key -> its phase
 
 
 @dataclass(frozen=True)
@@ -159,6 +187,9 @@ class Observed:
     garbage_sent: int = 0
     claim_history: Mapping[str, Sequence[ClaimSeen]] = field(default_factory=dict)
     arrivals: Sequence[Arrival] = ()
+    gave_up: GaveUp | None = None  # None: everything was done within the drill's timeout
+    # each reclaimd process's own spans, by its holder name (who did what, and when)
+    spans_by_holder: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -231,6 +262,28 @@ class Takeover:
 
 
 @dataclass(frozen=True)
+class HolderChange:
+    """A claim rewritten by another holder for the same notice: a takeover.
+
+    ``fault`` names the fault that had the old holder presumed dead then (killed, stopped,
+    paused, cut off, not back yet); "" means it had none: a takeover of a live holder.
+    ``fenced`` lists what the old holder still did for the notice after it (the steps it began,
+    by span name, and its own claim writes), which fencing must make harmless or stop."""
+
+    key: str
+    notice_id: str
+    old: str
+    new: str
+    at: datetime
+    fault: str = ""
+    fenced: tuple[str, ...] = ()
+
+    @property
+    def of_live_holder(self) -> bool:
+        return not self.fault
+
+
+@dataclass(frozen=True)
 class Readiness:
     """What the live replicas' ``/readyz`` said around one stack fault."""
 
@@ -276,18 +329,34 @@ class FaultRow:
         f = self.facts
         return None if f.ended_at is None else (f.ended_at - f.started_at).total_seconds()
 
+    @property
+    def exit_s(self) -> float | None:
+        """From the fault to the process gone (kill, fresh_disk, term)."""
+        f = self.facts
+        return None if f.exited_at is None else (f.exited_at - f.started_at).total_seconds()
+
 
 @dataclass(frozen=True)
 class Summary:
     """The closing table's row: what the drill cost in all."""
 
     notices: int
-    lost: int  # gangs that had to be charged and were not
+    lost: int  # gangs that had to be charged and were not, with nothing left pending
     doubled: int  # gangs charged more than once
     deadlines_missed: int  # notices late
     max_takeover_s: float | None
     ledger_delay_p50_s: float | None
     ledger_delay_max_s: float | None
+    # gangs charged only after the drill gave up waiting, or with their claim still open then
+    late: int = 0
+    gave_up: bool = False
+    over_charged: int = 0  # gangs the ledger charged more GPU-seconds than the ground truth
+    under_charged: int = 0
+    takeovers: int = 0  # claims of a faulted replica taken over by another
+    takeover_p50_s: float | None = None
+    takeover_p99_s: float | None = None
+    live_takeovers: int = 0  # claims taken from a holder that had no fault then
+    fenced_actions: int = 0  # steps an old holder began for a notice after its takeover
 
 
 @dataclass(frozen=True)
@@ -299,6 +368,10 @@ class Verdict:
     gangs: tuple[GangRow, ...]
     faults: tuple[FaultRow, ...] = ()
     summary: Summary | None = None
+    holder_changes: tuple[HolderChange, ...] = ()
+    gave_up: GaveUp | None = None
+    late_gangs: tuple[str, ...] = ()  # charged after the drill gave up
+    pending_gangs: tuple[str, ...] = ()  # not charged, claim still open when it gave up
     garbage_sent: int = 0
     span_files: tuple[str, ...] = ()  # where reclaimd's traces are, for `reclaimd postmortem`
     daemons: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # name, what it said as it stopped
@@ -373,6 +446,25 @@ def evaluate(
                 _few(broken, 2) if broken else f"{len(faults)} fault(s), each over as planned",
             )
         )
+    terms = [f for f in faults if f.kind == "term"]
+    if terms:
+        checks.append(_graceful_check(terms))
+    late, pending = late_and_pending(expected, events_by_gang, notices, observed)
+    checks.insert(0, _waited_check(observed.gave_up, late, pending))
+    if late or pending:  # the ledger check says which missing ones were not lost
+        checks[1] = _with_late(checks[1], late, pending)
+    changes = holder_changes(observed.claim_history, faults, observed.spans_by_holder)
+    summary = _summary(rows.values(), expected, events_by_gang, fault_rows, observed.arrivals)
+    summary = dataclasses.replace(
+        summary,
+        lost=len(expected - set(events_by_gang) - set(pending)),
+        late=len(late) + len(pending),
+        gave_up=observed.gave_up is not None,
+        over_charged=sum(1 for r in gang_rows if _off(r, expect.gpu_seconds_tolerance) > 0),
+        under_charged=sum(1 for r in gang_rows if _off(r, expect.gpu_seconds_tolerance) < 0),
+        live_takeovers=sum(1 for c in changes if c.of_live_holder),
+        fenced_actions=sum(len(c.fenced) for c in changes),
+    )
     return Verdict(
         scenario=scenario,
         run_id=run_id,
@@ -380,9 +472,168 @@ def evaluate(
         notices=tuple(rows.values()),
         gangs=gang_rows,
         faults=fault_rows,
-        summary=_summary(rows.values(), expected, events_by_gang, fault_rows, observed.arrivals),
+        summary=summary,
         garbage_sent=observed.garbage_sent,
+        holder_changes=changes,
+        gave_up=observed.gave_up,
+        late_gangs=tuple(late),
+        pending_gangs=tuple(pending),
     )
+
+
+# --- late, pending, lost ---------------------------------------------------------------------
+
+
+def late_and_pending(
+    expected: set[str],
+    events: Mapping[str, Sequence[Mapping[str, Any]]],
+    notices: Sequence[NoticeFacts],
+    observed: Observed,
+) -> tuple[list[str], list[str]]:
+    """Gangs not charged in time that are not lost: ``late``, charged only after the drill gave
+    up waiting (an event read while reclaimd stopped, its outbox flushed); ``pending``, never
+    charged but with a claim of theirs still open when the drill gave up (work under way, cut
+    off by the drill's timeout, not abandoned). A missing gang that is neither is lost."""
+    g = observed.gave_up
+    if g is None:
+        return [], []
+    first_read: dict[str, datetime] = {}
+    for a in observed.arrivals:
+        if a.gang not in first_read or a.received_at < first_read[a.gang]:
+            first_read[a.gang] = a.received_at
+    late = sorted(
+        (name for name in expected & set(events) if first_read.get(name, g.at) > g.at),
+        key=natural,
+    )
+    open_keys = {k for k, phase in g.open_claims.items() if phase != "done"}
+    pending = sorted(
+        (
+            name
+            for name in expected - set(events)
+            if any(n.claim_key in open_keys for n in notices if name in n.gangs)
+        ),
+        key=natural,
+    )
+    return late, pending
+
+
+def _waited_check(g: GaveUp | None, late: Sequence[str], pending: Sequence[str]) -> Check:
+    if g is None:
+        return Check("drill waited to the end", True, "every event and claim done in time")
+    open_ = [f"{k} {phase or 'no claim'}" for k, phase in sorted(g.open_claims.items())]
+    parts = [
+        f"gave up after {g.timeout_s:g}s: {g.events}/{g.events_wanted} event(s)",
+        f"{len(open_)} claim(s) not done ({_few(open_, 3)})" if open_ else "every claim done",
+    ]
+    if late:
+        parts.append(f"charged after it (late, not lost): {_few(late)}")
+    if pending:
+        parts.append(f"still pending then (late, not lost): {_few(pending)}")
+    return Check("drill waited to the end", False, "; ".join(parts))
+
+
+def _with_late(check: Check, late: Sequence[str], pending: Sequence[str]) -> Check:
+    notes = []
+    if late:
+        notes.append(f"late (charged after the drill gave up): {_few(late)}")
+    if pending:
+        notes.append(f"pending when it gave up, not lost: {_few(pending)}")
+    return dataclasses.replace(check, detail=f"{check.detail}; {'; '.join(notes)}")
+
+
+def _graceful_check(terms: Sequence[FaultFacts]) -> Check:
+    """A SIGTERMed replica exits by itself, with status 0, within its grace."""
+    bad, good = [], []
+    for f in terms:
+        took = None if f.exited_at is None else (f.exited_at - f.started_at).total_seconds()
+        grace = f"grace {f.grace_s:g}s" if f.grace_s is not None else "no grace"
+        if f.sigkilled:
+            bad.append(f"{f.label}: still running after its {grace}, SIGKILLed")
+        elif took is None:
+            bad.append(f"{f.label}: no exit seen")
+        elif f.exit_code != 0:
+            bad.append(f"{f.label}: exited {f.exit_code} after {took:.1f}s")
+        else:
+            good.append(f"{f.label} {took:.1f}s ({grace})")
+    return Check(
+        "SIGTERMed replicas exited within their grace",
+        not bad,
+        _few(bad, 2) if bad else f"exited 0: {_few(good, 3)}",
+    )
+
+
+# --- takeovers: of whom, and what the old holder did after -----------------------------------
+
+LIVE_SLACK_S = 3.0  # a takeover this soon after the holder came back was decided before
+ACTION_SPANS = frozenset(
+    {
+        "reclaimd.claim",
+        "reclaimd.cordon",
+        "reclaimd.checkpoint.rank",
+        "reclaimd.evict",
+        "reclaimd.ledger",
+    }
+)
+
+
+def holder_changes(
+    history: Mapping[str, Sequence[ClaimSeen]],
+    faults: Sequence[FaultFacts],
+    spans_by_holder: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> tuple[HolderChange, ...]:
+    """Every takeover the claim poller saw (a version of a claim, open, for the same notice,
+    by a holder other than the previous version's), whether the old holder was presumed dead
+    then (a replica fault on it, from its start until it was back, plus ``LIVE_SLACK_S``; for
+    good when it never came back under that name), and what it still did after."""
+    by_holder = {h: index_traces(spans) for h, spans in spans_by_holder.items()}
+    out: list[HolderChange] = []
+    for key, versions in sorted(history.items()):
+        for i in range(1, len(versions)):
+            prev, cur = versions[i - 1], versions[i]
+            if (
+                cur.notice_id != prev.notice_id
+                or not prev.holder
+                or not cur.holder
+                or cur.holder == prev.holder
+                or prev.phase == "done"
+            ):
+                continue
+            at = cur.heartbeat_at or cur.seen_at
+            fault = _presumed_dead(prev.holder, at, faults)
+            fenced = _fenced(prev.holder, cur.notice_id, at, by_holder, versions[i + 1 :])
+            out.append(HolderChange(key, cur.notice_id, prev.holder, cur.holder, at, fault, fenced))
+    return tuple(out)
+
+
+def _presumed_dead(holder: str, at: datetime, faults: Sequence[FaultFacts]) -> str:
+    """The label of the fault that had ``holder`` down (or cut off) at ``at``; "" for none."""
+    slack = timedelta(seconds=LIVE_SLACK_S)
+    for f in faults:
+        if f.holder != holder or at < f.started_at:
+            continue
+        until = f.presumed_dead_until
+        if until is None or at <= until + slack:
+            return f.label
+    return ""
+
+
+def _fenced(
+    holder: str,
+    notice_id: str,
+    at: datetime,
+    by_holder: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
+    later: Sequence[ClaimSeen],
+) -> tuple[str, ...]:
+    start = int(at.timestamp() * 1e9)
+    steps = sorted(
+        (s["start_ns"], str(s["name"]).removeprefix("reclaimd."))
+        for s in by_holder.get(holder, {}).get(notice_id, ())
+        if s["name"] in ACTION_SPANS and int(s["start_ns"]) > start
+    )
+    writes = [
+        "claim write" for seen in later if seen.holder == holder and seen.notice_id == notice_id
+    ]
+    return tuple(name for _, name in steps) + tuple(writes)
 
 
 # --- what each fault cost --------------------------------------------------------------------
@@ -496,6 +747,7 @@ def _summary(
 ) -> Summary:
     rows = list(rows)
     takeovers = [t for f in faults if (t := f.max_takeover_s) is not None]
+    each = [t.after_s for f in faults for t in f.taken_over if t.after_s is not None]
     delays = [d for a in arrivals if (d := a.delay_s) is not None]
     return Summary(
         notices=len(rows),
@@ -505,6 +757,9 @@ def _summary(
         max_takeover_s=max(takeovers) if takeovers else None,
         ledger_delay_p50_s=round(statistics.median(delays), 3) if delays else None,
         ledger_delay_max_s=round(max(delays), 3) if delays else None,
+        takeovers=len(each),
+        takeover_p50_s=round(_pct(each, 50), 3) if each else None,
+        takeover_p99_s=round(_pct(each, 99), 3) if each else None,
     )
 
 
@@ -630,6 +885,20 @@ def _asked(g: GangFacts, notice_id: str) -> tuple[int, int]:
     if g.scope == "leader" and opted:
         opted = [next((r for r in opted if r.leader), min(opted, key=lambda r: r.rank))]
     return sum(1 for r in opted if notice_id in r.saves), len(opted)
+
+
+def _off(row: GangRow, tolerance: float) -> int:
+    """+1 charged more than the ground truth, -1 less, 0 within it (or not charged)."""
+    if row.ledger_gpu_s is None or row.expected_gpu_s is None:
+        return 0
+    low, high = row.expected_gpu_s
+    return (
+        1
+        if row.ledger_gpu_s > high + tolerance
+        else -1
+        if row.ledger_gpu_s < low - tolerance
+        else 0
+    )
 
 
 def _within(row: GangRow, tolerance: float) -> bool:
@@ -1014,6 +1283,20 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
                 f"  {f.facts.successor or '-'}"
                 + (f"  ERROR {f.facts.error}" if f.facts.error else "")
             )
+            if f.facts.kind == "term":
+                exit_ = (
+                    "no exit seen"
+                    if f.exit_s is None
+                    else f"exited {f.facts.exit_code} {f.exit_s:.2f}s after SIGTERM"
+                )
+                killed = ", SIGKILLed after its grace" if f.facts.sigkilled else ""
+                grace = f" (grace {f.facts.grace_s:g}s)" if f.facts.grace_s is not None else ""
+                lines.append(f"    exit: {exit_}{grace}{killed}")
+            if f.facts.kind == "partition":
+                lines.append(
+                    f"    partition: {f.facts.connections_cut} apiserver connection(s) held at"
+                    " the cut"
+                )
             if (ready := f.readiness) is not None:
                 lines.append(
                     f"    /readyz: {ready.unready}/{ready.replicas} replica(s) answered not-ready"
@@ -1021,13 +1304,30 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
                     f" {_opt(ready.ready_again_s)} after the outage"
                     f" ({_opt(ready.ready_after_fault_s)} after the fault, {ready.samples} samples)"
                 )
+    if v.holder_changes:
+        lines += ["", "takeovers (claims rewritten by another holder):"]
+        for change in v.holder_changes[: None if all_rows else SHOWN]:
+            why = f"presumed dead ({change.fault})" if change.fault else "LIVE HOLDER (no fault)"
+            did = ", ".join(change.fenced)
+            fenced = f"; after it the old holder did: {did}" if did else ""
+            lines.append(
+                f"  {change.key[:40]:<40} {change.old} -> {change.new} at {_iso(change.at)}:"
+                f" {why}{fenced}"
+            )
+        if not all_rows and len(v.holder_changes) > SHOWN:
+            lines.append(f"  ... {len(v.holder_changes) - SHOWN} more in the JSON report")
     if v.summary is not None:
         u = v.summary
         lines += [
             "",
-            f"summary: {u.notices} notices, {u.lost} gang(s) lost, {u.doubled} doubled,"
-            f" {u.deadlines_missed} deadline(s) missed, takeover max {_opt(u.max_takeover_s)},"
-            f" ledger delay p50 {_opt(u.ledger_delay_p50_s)} max {_opt(u.ledger_delay_max_s)}",
+            f"summary: {u.notices} notices, {u.lost} gang(s) lost, {u.late} late,"
+            f" {u.doubled} doubled, {u.over_charged} over-charged, {u.under_charged}"
+            f" under-charged, {u.deadlines_missed} deadline(s) missed,"
+            f" takeover p50 {_opt(u.takeover_p50_s)} p99 {_opt(u.takeover_p99_s)}"
+            f" max {_opt(u.max_takeover_s)} ({u.takeovers}), {u.live_takeovers} takeover(s) of"
+            f" a live holder, {u.fenced_actions} action(s) by a fenced holder,"
+            f" ledger delay p50 {_opt(u.ledger_delay_p50_s)} max {_opt(u.ledger_delay_max_s)}"
+            + (" (the drill GAVE UP waiting)" if u.gave_up else ""),
         ]
     lines += ["", "checks:"]
     for c in v.checks:
@@ -1060,6 +1360,12 @@ def _fault_json(f: FaultRow) -> dict[str, Any]:
         "successor": f.facts.successor or None,
         "resent": f.facts.resent,
         "error": f.facts.error or None,
+        "exited_at": _iso(f.facts.exited_at),
+        "exit_s": _r(f.exit_s),
+        "exit_code": f.facts.exit_code,
+        "grace_s": f.facts.grace_s,
+        "sigkilled": f.facts.sigkilled,
+        "connections_cut": f.facts.connections_cut,
         "claims_held": len(f.takeovers),
         "taken_over": len(f.taken_over),
         "resumed_by_itself": len(f.resumed),
@@ -1105,6 +1411,30 @@ def to_json(v: Verdict) -> dict[str, Any]:
         "slowest_notice": slowest.facts.notice_id if slowest else None,
         "summary": dataclasses.asdict(v.summary) if v.summary is not None else None,
         "faults": [_fault_json(f) for f in v.faults],
+        "gave_up": None
+        if (g := v.gave_up) is None
+        else {
+            "at": _iso(g.at),
+            "timeout_s": g.timeout_s,
+            "events": g.events,
+            "events_wanted": g.events_wanted,
+            "open_claims": dict(g.open_claims),
+        },
+        "late_gangs": list(v.late_gangs),
+        "pending_gangs": list(v.pending_gangs),
+        "holder_changes": [
+            {
+                "claim": c.key,
+                "notice_id": c.notice_id,
+                "from": c.old,
+                "to": c.new,
+                "at": _iso(c.at),
+                "presumed_dead_by": c.fault or None,
+                "live_holder": c.of_live_holder,
+                "fenced_actions": list(c.fenced),
+            }
+            for c in v.holder_changes
+        ],
         "span_files": list(v.span_files),
         "garbage_sent": v.garbage_sent,
         "daemons": {name: dict(stats) for name, stats in v.daemons},
