@@ -70,6 +70,7 @@ MAX_VALUE_LEN: Final = 63  # a Kubernetes label value's limit
 _VALUE = re.compile(r"[A-Za-z0-9._-]+")
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 MAX_KEY_BYTES: Final = 200
+SWEEP_EVERY_S: Final = 600.0  # old tombstones of published events are deleted this often
 
 PURCHASE_OPTIONS: Final = ("spot", "on_demand", "reserved", "capacity_block")
 _PURCHASE_ALIASES: Final = {
@@ -362,13 +363,15 @@ class ClusterLog(Protocol):
         headers: Iterable[tuple[str, bytes]],
         *,
         deadline: datetime | None,
-    ) -> None: ...
+    ) -> bool: ...
 
-    async def pending(self) -> list[PendingEvent]: ...
+    async def records(self) -> list[PendingEvent]: ...
 
     async def adopt(self, ev: PendingEvent) -> PendingEvent | None: ...
 
-    async def delete(self, event_id: str) -> None: ...
+    async def mark_published(self, event_id: str) -> None: ...
+
+    async def sweep(self) -> int: ...
 
 
 class _ClusterUnreadable(Exception):
@@ -553,8 +556,9 @@ class LedgerWriter:
         return self._task
 
     async def run(self) -> None:
-        """Publish until ``close``; with a cluster log, also delete published events' records
-        and (given ``alive``) adopt the events of holders that are gone."""
+        """Publish until ``close``; with a cluster log, also mark published events' records
+        (tombstones, deleted hours later) and (given ``alive``) adopt the events of holders
+        that are gone."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._publish_loop(), name="ledger-publish")
             if self._cluster is not None:
@@ -622,10 +626,12 @@ class LedgerWriter:
             # Read after our producer's epoch was set: a peer adopting from here on fences
             # this producer before it looks at the topic, so no commit of ours slips past it.
             try:
-                records = {p.event_id: p for p in await self._cluster.pending()}
+                records = {p.event_id: p for p in await self._cluster.records()}
             except Exception as e:  # rows only this outbox knows need no cluster: go on
                 unreadable = e
                 rows = [r for r in rows if not _in_cluster(r)]
+        if records:
+            rows = await self._settle_published(rows, records)
         ours, doubt, gone = settle(rows, records, self.holder)
         if gone:
             # Left to the peer that holds the record, not marked sent: if that peer is dead,
@@ -641,10 +647,43 @@ class LedgerWriter:
                 self.found_published += len(found)
                 self._forget(r.id for r in doubt if r.id in found and r.cluster != Cluster.NONE)
                 log_event(log, "ledger events found on the topic", count=len(found))
-            ours.extend(r for r in doubt if r.id not in found)
+            for r in doubt:
+                if r.id in found:
+                    continue
+                missing = records is not None and _in_cluster(r) and r.id not in records
+                try:
+                    if not missing or await self._record_again(r):
+                        ours.append(r)
+                except Exception as e:  # still cut off: it waits (and the loop backs off)
+                    unreadable = e
         if gone or doubt:
             await self._notify()
         return sorted(ours, key=lambda r: r.seq), unreadable
+
+    async def _settle_published(
+        self, rows: list[Row], records: Mapping[str, PendingEvent]
+    ) -> list[Row]:
+        """Rows whose record is a tombstone are on the topic already (a peer, or an earlier
+        life of ours, published them: a charge repeated after a takeover): marked sent."""
+        done = [r.id for r in rows if (rec := records.get(r.id)) and rec.published_at]
+        if not done:
+            return rows
+        await self._outbox.mark_sent(done)
+        self.found_published += len(done)
+        log_event(log, "ledger events published before", count=len(done))
+        return [r for r in rows if r.id not in done]
+
+    async def _record_again(self, r: Row) -> bool:
+        """A row meant to have a cluster record that has none, and not on the topic: its
+        record's write had no answer (a partition), or it vanished. The record is the lock
+        on the event id, so it is written again before the event may be sent: created, the
+        row is ours; already there, a peer recorded the same event meanwhile (it took the
+        notice over while we were cut off) and the next round sees whose it is."""
+        assert self._cluster is not None
+        created = await self._cluster.put(r.id, r.key, r.value, r.headers, deadline=None)
+        if not created:
+            await self._outbox.set_cluster(r.id, Cluster.HELD)
+        return created
 
     async def _send_batch(self, producer: AIOKafkaProducer, rows: list[Row]) -> None:
         """One transaction: every row of the batch is on the topic, or none is."""
@@ -764,26 +803,28 @@ class LedgerWriter:
     # --- the cluster side: deleting and adopting records ---------------------------------
 
     def _forget(self, ids: Iterable[str]) -> None:
-        """Queue published events' cluster records for deletion (lazy: nothing waits on it)."""
+        """Queue published events' cluster records to become tombstones (lazy: nothing
+        waits on it)."""
         before = len(self._to_delete)
         self._to_delete.update(ids)
         if len(self._to_delete) > before:
             self._delete_wake.set()
 
     async def _delete_loop(self) -> None:
-        """Delete queued records until ``close``, then what is still queued (``close``'s grace
-        bounds it; a record left behind is found and deleted by a later recovery pass)."""
+        """Mark queued records published until ``close``, then what is still queued
+        (``close``'s grace bounds it; a record left behind is found by a later recovery
+        pass)."""
         assert self._cluster is not None
         while not self._closing.is_set() or self._to_delete:
             self._delete_wake.clear()
             ids, self._to_delete = sorted(self._to_delete), set()
             for event_id in ids:
                 try:
-                    await self._cluster.delete(event_id)
-                except Exception as e:  # the recovery pass deletes it later
+                    await self._cluster.mark_published(event_id)
+                except Exception as e:  # the recovery pass finds it later
                     log_event(
                         log,
-                        "ledger record not deleted",
+                        "ledger record not marked published",
                         logging.WARNING,
                         event_id=event_id,
                         error=f"{type(e).__name__}: {e}"[:200],
@@ -792,7 +833,13 @@ class LedgerWriter:
                 await self._wait_for(self._delete_wake, self._closing)
 
     async def _recover_loop(self) -> None:
+        swept_at = 0.0
         while not self._closing.is_set():
+            now = asyncio.get_running_loop().time()
+            if self._cluster is not None and now - swept_at > SWEEP_EVERY_S:
+                swept_at = now
+                with contextlib.suppress(Exception):  # the next sweep tries again
+                    await self._cluster.sweep()
             if self.bootstrap_servers:
                 try:
                     await self.recover_once()
@@ -814,8 +861,9 @@ class LedgerWriter:
         # Before the records are listed: a row left to a peer whose record is not in a later
         # listing was published by that peer (records are deleted only once on the topic).
         left_to_peers = await self._outbox.peers()
-        records = await self._cluster.pending()
-        await self._settle_left(left_to_peers, {r.event_id: r for r in records})
+        listed = await self._cluster.records()
+        await self._settle_left(left_to_peers, {r.event_id: r for r in listed})
+        records = [r for r in listed if r.published_at is None]
         orphans: list[PendingEvent] = []
         verdict: dict[str, bool] = {}
         for rec in records:
@@ -868,14 +916,15 @@ class LedgerWriter:
         return len(taken)
 
     async def _settle_left(self, ids: list[str], records: Mapping[str, PendingEvent]) -> None:
-        """Rows left to a peer: published once the record is gone; ours again if we hold it."""
-        gone = [i for i in ids if i not in records]
+        """Rows left to a peer: published once the record is gone or a tombstone; ours again
+        if we hold it."""
+        gone = [i for i in ids if i not in records or records[i].published_at is not None]
         if gone:
             await self._outbox.mark_sent(gone)
             await self._notify()
         for i in ids:
             rec = records.get(i)
-            if rec is not None and rec.holder == self.holder:
+            if rec is not None and rec.published_at is None and rec.holder == self.holder:
                 await self._outbox.set_cluster(i, Cluster.HELD)
                 self._wake.set()
 

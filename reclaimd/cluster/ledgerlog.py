@@ -3,8 +3,12 @@
 The local outbox (``reclaimd.outbox``) survives a crash but not the loss of its disk (in a
 cluster it is an emptyDir). So before the runbook's ledger call returns, the event is also
 written here: one Lease per pending event in reclaimd's namespace, named from the topic and the
-event id, holding the encoded event (an annotation) and its holder. The writer deletes it once
-Kafka acked the event; a replica whose holder Lease goes stale leaves its records behind, and a
+event id, holding the encoded event (an annotation) and its holder. Once Kafka acked the event
+the writer marks the record published (the event body goes, a tombstone stays for
+``KEEP_PUBLISHED_S``): a replica that takes the notice over later and charges the same gang
+again finds the tombstone when it records, and publishes nothing. So the record is the event
+id's lock, before and after publication. A replica whose holder Lease goes stale leaves its
+records behind, and a
 peer adopts them (a resourceVersion-preconditioned patch naming itself, so two peers cannot
 both adopt) and publishes them (``ledger.LedgerWriter``, which also makes that exactly once).
 
@@ -30,7 +34,7 @@ from typing import Any, Final, cast
 
 from kubernetes_asyncio import client as k8s
 
-from reclaimd.cluster import client
+from reclaimd.cluster import client, leases
 from reclaimd.cluster.claims import MERGE_PATCH
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import parse_time, rfc3339, utcnow
@@ -42,6 +46,9 @@ TOPIC_LABEL: Final = "reclaimd.io/ledger-topic"
 EVENT_ANNOTATION: Final = "reclaimd.io/ledger-event"
 HOLDER_ANNOTATION: Final = "reclaimd.io/holder"
 HOLDERS_ANNOTATION: Final = "reclaimd.io/ledger-holders"
+PUBLISHED_ANNOTATION: Final = "reclaimd.io/ledger-published"  # {"topic", "id", "at"}
+# A tombstone outlives every takeover of its notice (they come within one window); then it goes.
+KEEP_PUBLISHED_S: Final = 6 * 3600.0
 # The API server refuses more than 256 KiB of annotations on one object; leave room for the
 # others and for JSON escaping. An event is a few KiB (one part per node of the gang).
 MAX_EVENT_BYTES: Final = 200 * 1024
@@ -70,6 +77,7 @@ class PendingEvent:
     holder: str
     holders: tuple[str, ...]  # every holder it had, the first writer first
     resource_version: str = ""
+    published_at: datetime | None = None  # set: a tombstone (the event is on the topic)
 
 
 def record_name(topic: str, event_id: str) -> str:
@@ -115,6 +123,8 @@ def decode_event(
     resource_version: str = "",
 ) -> PendingEvent:
     """The record back from its annotations; ``ValueError`` if they are not one of ours."""
+    if PUBLISHED_ANNOTATION in annotations:
+        return _decode_tombstone(name, annotations, resource_version)
     try:
         doc = json.loads(annotations[EVENT_ANNOTATION])
         holder = annotations[HOLDER_ANNOTATION]
@@ -139,6 +149,30 @@ def decode_event(
             holder=str(holder),
             holders=tuple(holders) if holders else (str(holder),),
             resource_version=resource_version,
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"ledger record {name}: {type(e).__name__}: {e}"[:200]) from e
+
+
+def _decode_tombstone(
+    name: str, annotations: dict[str, str], resource_version: str
+) -> PendingEvent:
+    try:
+        doc = json.loads(annotations[PUBLISHED_ANNOTATION])
+        at = parse_time(str(doc["at"]))
+        holder = str(annotations.get(HOLDER_ANNOTATION, ""))
+        return PendingEvent(
+            name=name,
+            topic=str(doc["topic"]),
+            event_id=str(doc["id"]),
+            key=None,
+            value=b"",
+            headers=(),
+            recorded_at=at,
+            holder=holder,
+            holders=(holder,),
+            resource_version=resource_version,
+            published_at=at,
         )
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"ledger record {name}: {type(e).__name__}: {e}"[:200]) from e
@@ -189,9 +223,10 @@ class LedgerLog:
         headers: Iterable[tuple[str, bytes]],
         *,
         deadline: datetime | None,
-    ) -> None:
-        """Record the event, held by us; a record already there (a replay) is left as it is.
-        Raises ``TooLarge`` or ``client.KubeError`` (the event then lives in the outbox only)."""
+    ) -> bool:
+        """Record the event, held by us; a record already there (a replay, or a peer's copy)
+        is left as it is. True if this call created it. Raises ``TooLarge`` or
+        ``client.KubeError`` (the event then lives in the outbox only)."""
         now = utcnow()
         name = record_name(self.topic, event_id)
         body = self._body(
@@ -205,25 +240,35 @@ class LedgerLog:
         # this only how soon the event is published (it is in the outbox already).
         order = deadline + AFTER_DRAINS if deadline is not None else None
         # Conflict: recorded before (by us, or adopted since: the publisher checks the holder).
-        with contextlib.suppress(client.Conflict):
+        try:
             await self._limiter.call(
                 f"create lease/{name}",
                 order,
                 lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
                 retry_until=now + timedelta(seconds=self._write_s),
             )
+        except client.Conflict:
+            return False
+        return True
 
     async def pending(self) -> list[PendingEvent]:
-        """Every record of this topic, read now (a quorum read, not a cache)."""
+        """The records of events not yet published."""
+        return [r for r in await self.records() if r.published_at is None]
+
+    async def records(self) -> list[PendingEvent]:
+        """Every record of this topic, tombstones too, read now (a quorum read, not a cache)."""
+        return [ev for _, ev in await self._listed()]
+
+    async def _listed(self) -> list[tuple[Any, PendingEvent]]:
         selector = f"{EVENT_LABEL}=true,{TOPIC_LABEL}={topic_label(self.topic)}"
-        leases = await self._limiter.read(
+        found = await self._limiter.read(
             "list ledger leases",
             None,
             lambda: self._coord.list_namespaced_lease(self.namespace, label_selector=selector),
             retry_until=utcnow() + timedelta(seconds=self._write_s),
         )
-        out: list[PendingEvent] = []
-        for lease in leases.items or ():
+        out: list[tuple[Any, PendingEvent]] = []
+        for lease in found.items or ():
             meta = lease.metadata
             try:
                 ev = decode_event(meta.name, meta.annotations or {}, meta.resource_version or "")
@@ -232,7 +277,7 @@ class LedgerLog:
                 log.warning("%s", e)
                 continue
             if ev.topic == self.topic:
-                out.append(ev)
+                out.append((lease, ev))
         return out
 
     async def adopt(self, ev: PendingEvent) -> PendingEvent | None:
@@ -275,14 +320,29 @@ class LedgerLog:
             resource_version=str(rv),
         )
 
-    async def delete(self, event_id: str) -> None:
-        """Forget a published event's record (gone already: fine)."""
+    async def mark_published(self, event_id: str) -> None:
+        """The event is on the topic: its record becomes a tombstone (gone already: fine)."""
         name = record_name(self.topic, event_id)
         now = utcnow()
+        stone = json.dumps({"topic": self.topic, "id": event_id, "at": rfc3339(now)})
+        body = {"metadata": {"annotations": {PUBLISHED_ANNOTATION: stone, EVENT_ANNOTATION: None}}}
         with contextlib.suppress(client.NotFound):
             await self._limiter.call(
-                f"delete lease/{name}",
+                f"publish lease/{name}",
                 now + LAST,
-                lambda: self._coord.delete_namespaced_lease(name, self.namespace),
+                lambda: self._coord.patch_namespaced_lease(
+                    name, self.namespace, body, **MERGE_PATCH
+                ),
                 retry_until=now + timedelta(seconds=60),
             )
+
+    async def sweep(self, keep_s: float = KEEP_PUBLISHED_S) -> int:
+        """Delete the tombstones older than ``keep_s``; how many went."""
+        cutoff = utcnow() - timedelta(seconds=keep_s)
+        gone = 0
+        for lease, rec in await self._listed():
+            if rec.published_at is not None and rec.published_at < cutoff:
+                gone += await leases.delete_unchanged(
+                    self._coord, self._limiter, self.namespace, lease
+                )
+        return gone

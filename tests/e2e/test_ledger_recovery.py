@@ -103,8 +103,8 @@ class Gated(LedgerLog):
         self.reached = asyncio.Event()
         self.gate = asyncio.Event()
 
-    async def pending(self) -> list[PendingEvent]:
-        got = await super().pending()
+    async def records(self) -> list[PendingEvent]:
+        got = await super().records()
         self.reached.set()
         await self.gate.wait()
         return got
@@ -370,4 +370,60 @@ async def test_rows_left_to_a_live_peer_are_settled_when_it_publishes(
     await a.close()
     assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=2)) == Counter(
         {e.event_id: 1 for e in events}
+    )
+
+
+class CutOff(LedgerLog):
+    """A real cluster log whose first writes have no answer: a replica cut off from the API
+    server while it still reaches Kafka (a partition)."""
+
+    def __init__(self, *args: Any, fail: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fail = fail
+
+    async def put(self, *args: Any, **kwargs: Any) -> bool:
+        if self.fail > 0:
+            self.fail -= 1
+            raise TimeoutErrorRetriable("no answer from the API server")
+        return await super().put(*args, **kwargs)
+
+
+class TimeoutErrorRetriable(Exception):
+    retriable = True
+
+
+async def test_an_event_charged_again_after_it_was_published_is_not_published_twice(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """A partitioned replica's record write had no answer: it writes the record again before
+    it publishes (the record is the event id's lock). Published, the record stays as a
+    tombstone, so the peer that took the notice over and charged the same gang again
+    publishes nothing."""
+    topic = await new_topic(stack.kafka_bootstrap)
+    event = waste("aws-again")
+    limiter = RateLimiter()
+    log_a = CutOff(kube, namespace, holder("a"), topic, limiter=limiter, fail=1)
+    async with writer(stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a) as a:
+        await a.record(event)
+        assert a.cluster_write_errors == 1
+        assert await a.flush(WAIT_S) and a.published == 1
+
+        async def tombstone() -> bool:
+            recs = await log_a.records()
+            return len(recs) == 1 and recs[0].published_at is not None
+
+        await until(tombstone, "A's record written again, then marked published")
+    assert await log_a.pending() == []
+
+    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+
+    async def alive(_h: str) -> bool:
+        return False  # A is gone: B would adopt anything A left open
+
+    async with writer(stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, alive) as b:
+        await b.record(event)  # the takeover's second charge of the same gang
+        assert await b.flush(WAIT_S)
+        assert b.published == 0 and b.found_published == 1 and b.adopted == 0
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=1)) == Counter(
+        {event.event_id: 1}
     )

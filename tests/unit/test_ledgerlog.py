@@ -11,6 +11,7 @@ from reclaimd.cluster.ledgerlog import (
     HOLDER_ANNOTATION,
     HOLDERS_ANNOTATION,
     MAX_EVENT_BYTES,
+    PUBLISHED_ANNOTATION,
     TooLarge,
     decode_event,
     encode_event,
@@ -94,3 +95,22 @@ def test_a_record_that_is_not_ours_is_one_line_value_error(notes: dict[str, str]
     with pytest.raises(ValueError, match="ledger record n") as e:
         decode_event("n", notes)
     assert "\n" not in str(e.value)
+
+
+def test_a_tombstone_decodes_as_a_published_record() -> None:
+    stone = json.dumps({"topic": "t", "id": "e1", "at": "2026-03-01T12:00:00Z"})
+    ev = decode_event("n", {PUBLISHED_ANNOTATION: stone, HOLDER_ANNOTATION: "a"}, "7")
+    assert (ev.event_id, ev.topic, ev.published_at, ev.holder, ev.value) == (
+        "e1",
+        "t",
+        AT,
+        "a",
+        b"",
+    )
+    with pytest.raises(ValueError, match="ledger record n"):
+        decode_event("n", {PUBLISHED_ANNOTATION: "{}"})
+
+
+def test_a_live_record_is_not_a_tombstone() -> None:
+    text = encode_event("t", "e1", key=None, value=b"v", headers=(), recorded_at=AT)
+    assert decode_event("n", annotations(text)).published_at is None
