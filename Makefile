@@ -99,3 +99,12 @@ bench-uploads: venv
 .PHONY: bench-fuzz
 bench-fuzz: stack-up
 	$(BIN)/python -m reclaimd.bench_fuzz $(BENCH_FUZZ_ARGS)
+
+# A randomized fault campaign (chaos/campaign.py): 20 drills, each a storm with a random source
+# mix and 1-3 faults (kill, restart, fresh disk, pause, term, successor, partition, Kafka or
+# apiserver down) from a recorded seed, judged by the drills' ground-truth checks: one row per
+# run and the total; out/bench-failover.json, each run's scenario in out/failover/<seed>.yaml.
+# FAILOVER_ARGS="--runs 5 --seed 7"; a failing run reruns with "--runs 1 --seed <its seed>".
+.PHONY: bench-failover
+bench-failover: stack-up
+	$(BIN)/python -m reclaimd.chaos.campaign --out out/bench-failover.json $(FAILOVER_ARGS)

@@ -1,0 +1,131 @@
+"""bench-failover's campaign (chaos.campaign): seeds, generated scenarios, rows, exit status."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from reclaimd.chaos import campaign, scenario
+
+SEEDS = campaign.run_seeds(20261201, 60)
+
+
+def test_run_seeds_start_with_the_campaign_seed_and_are_stable() -> None:
+    seeds = campaign.run_seeds(42, 5)
+    assert seeds[0] == 42 and len(set(seeds)) == 5
+    assert campaign.run_seeds(42, 5) == seeds and campaign.run_seeds(42, 3) == seeds[:3]
+    assert campaign.run_seeds(43, 5)[1:] != seeds[1:]
+
+
+def test_a_run_is_generated_from_its_seed_alone() -> None:
+    # `--runs 1 --seed <a run's seed>` reruns that run: run 0 of a campaign seeded with it
+    seed = campaign.run_seeds(99, 4)[3]
+    again = campaign.run_seeds(seed, 1)[0]
+    assert campaign.generate(seed) == campaign.generate(again)
+    assert campaign.generate(seed) != campaign.generate(seed + 1)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:60])
+def test_every_generated_scenario_is_valid_and_in_bounds(seed: int) -> None:
+    doc = campaign.generate(seed)
+    s = scenario.parse(doc)
+    plan = scenario.plan(s, run_id="unit")
+    assert campaign.MIN_NODES <= len(plan.nodes) <= campaign.MAX_NODES
+    assert all(1 <= len(g.ranks) <= 8 for g in plan.gangs)
+    assert s.reclaimd.replicas == 2 and 1 <= len(s.faults) <= 3
+    touched = {g.name for n in plan.notices for g in plan.gangs_on(n.node or "")}
+    touched |= {n.gang for n in plan.notices if n.gang}
+    assert touched, "a run whose notices touch no gang rehearses nothing"
+    # one replica always comes back, nothing happens to a replica gone for good
+    gone = {f.replica for f in s.faults if f.for_good}
+    assert len(gone) <= 1
+    storm_end = max(n.at_s + n.spread_s for n in s.notices)
+    for f in s.faults:
+        assert f.at_s <= storm_end + 2.0  # inside the storm (or just after its last send)
+        if f.kind is scenario.FaultKind.PAUSE:
+            assert f.for_s is not None and f.for_s > campaign.CLAIM_LEASE_S
+    sources = {n.source.value for n in s.notices}
+    assert sources <= set(campaign.SOURCES)
+    assert math.isfinite(campaign.run_limit_s(doc))
+
+
+def test_the_mix_covers_every_kind_and_source() -> None:
+    docs = [campaign.generate(s) for s in SEEDS]
+    labels = {campaign._label(f).split(" ")[0].split("@")[0] for d in docs for f in d["faults"]}
+    assert labels == {
+        "kill", "kill+restart", "fresh_disk", "pause", "term", "term+successor", "partition",
+        "stop_kafka", "restart_apiserver",
+    }  # fmt: skip
+    assert {n["source"] for d in docs for n in d["notices"]} == set(campaign.SOURCES)
+    assert any(g.get("pdb_max_unavailable") is not None for d in docs for g in d["gangs"])
+    assert any(len(g.get("pools", ())) > 1 for d in docs for g in d["gangs"])  # across pools
+    both = [d for d in docs if {f.get("replica") for f in d["faults"]} >= {0, 1}]
+    assert both, "faults on both replicas at once"
+
+
+def test_kinds_and_sources_can_be_narrowed() -> None:
+    for seed in SEEDS[:20]:
+        doc = campaign.generate(seed, kinds=["partition", "pause"], sources=["ec2-sqs"])
+        assert {f["kind"] for f in doc["faults"]} <= {"partition", "pause"}
+        assert {n["source"] for n in doc["notices"]} == {"ec2-sqs"}
+
+
+def _result(**kw: Any) -> campaign.RunResult:
+    return campaign.RunResult(seed=kw.pop("seed", 7), faults="kill r0@3", **kw)
+
+
+def test_rows_and_the_total() -> None:
+    a = _result(ok=True, notices=10, takeovers=[1.0, 2.0, 3.0])
+    b = _result(seed=8, lost=1, late=2, missed=1, takeovers=[21.0], live_takeovers=1, fenced=2,
+                failed_checks=["ledger: one event per affected gang"])  # fmt: skip
+    c = _result(seed=9, aborted="no verdict in 600s")
+    assert not a.broken and b.broken and c.broken
+    assert _result(over=1).broken and _result(under=1).broken and _result(doubled=1).broken
+    assert not _result(missed=3, live_takeovers=2, late=1).broken  # figures, not failures
+    assert campaign.row(a).split()[:2] == ["7", "kill"] and "PASS" in campaign.row(a)
+    assert "FAIL: ledger" in campaign.row(b) and "ABORTED (no verdict" in campaign.row(c)
+    total = campaign.total_row([a, b, c])
+    assert total.startswith("     total  3 runs") and "1 PASS, 2 broken" in total
+    cols = campaign.HEAD.split()
+    assert cols[:3] == ["seed", "faults", "lost"] and "live" in cols and "fenced" in cols
+
+
+def test_dry_run_writes_each_scenario_for_shipping(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "bench-failover.json"
+    code = campaign.main(["--runs", "3", "--seed", "5", "--out", str(out), "--dry-run"])
+    assert code == 0
+    files = sorted((tmp_path / "failover").glob("*.yaml"))
+    assert [f.stem for f in files] == sorted(str(s) for s in campaign.run_seeds(5, 3))
+    for f in files:
+        text = f.read_text()
+        assert text.startswith(f"# python -m reclaimd.chaos.campaign --runs 1 --seed {f.stem}")
+        scenario.load(f)  # a generated run is a scenario `reclaimd drill run` takes as is
+        assert yaml.safe_load(text) == campaign.generate(int(f.stem))
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3
+
+
+def test_bad_arguments_exit_2(tmp_path: Path, capsys: Any) -> None:
+    out = str(tmp_path / "x.json")
+    assert campaign.main(["--runs", "0", "--out", out]) == 2
+    assert campaign.main(["--kinds", "kill,nuke", "--out", out, "--dry-run"]) == 2
+    assert "--kinds: nuke" in capsys.readouterr().err
+
+
+def test_the_report_has_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = campaign.parser().parse_args(["--seed", "3", "--out", str(out)])
+    campaign._write(out, args, [3, 4], [_result(seed=3, ok=True, takeovers=[1.5, 2.5])])
+    doc = json.loads(out.read_text())
+    run = doc["runs"][0]
+    assert run["rerun"] == "python -m reclaimd.chaos.campaign --runs 1 --seed 3"
+    for key in ("lost", "late", "doubled", "over_charged", "under_charged", "deadlines_missed",
+                "takeover_p50_s", "takeover_p99_s", "takeover_max_s", "live_takeovers",
+                "fenced_actions", "gave_up"):  # fmt: skip
+        assert key in run
+        assert key in doc["total"] or key == "gave_up"
+    assert doc["total"]["takeover_max_s"] == 2.5 and doc["runs_planned"] == 2
