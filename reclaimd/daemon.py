@@ -150,6 +150,7 @@ class Daemon:
             ),
             pod_exists=view.pod_exists,
             budget_changes=view.budget_changes,
+            gone_at=view.pod_gone_at,
         )
         ledger_writer = ledger.LedgerWriter(
             # A dry run keeps no outbox file and reaches no broker (its writer stays empty).

@@ -91,15 +91,18 @@ class ClusterActions:
         pod_exists: Callable[[str, str, str], bool] | None = None,
         budget_changes: BudgetChanges | None = None,
         clock: Callable[[], datetime] = utcnow,
+        gone_at: Callable[[str], datetime | None] | None = None,
     ) -> None:
         """``pod_exists``: the cache's view (cheap in a storm); without it, ask the API.
-        ``budget_changes``: the cache's PDB watch (``ClusterCache.budget_changes``)."""
+        ``budget_changes``: the cache's PDB watch (``ClusterCache.budget_changes``).
+        ``gone_at``: when the cache saw a pod (by uid) leave (``ClusterCache.pod_gone_at``)."""
         self._core = k8s.CoreV1Api(api_client)
         self._limiter = limiter
         self._settings = settings
         self._pod_exists = pod_exists
         self._budget_changes = budget_changes
         self._clock = clock
+        self._gone_at = gone_at
 
     # --- cordon and taint --------------------------------------------------------------
 
@@ -243,7 +246,9 @@ class ClusterActions:
         """When the pod was first seen gone, or None if it was still there at ``deadline``."""
         while True:
             if not await self._still_there(member):
-                return self._clock()
+                # Gone before we looked (a dead owner evicted it): charged to when it went.
+                seen = self._gone_at(member.uid) if self._gone_at is not None else None
+                return seen or self._clock()
             left = deadline.timestamp() - self._clock().timestamp()
             if left <= 0:
                 return None

@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
@@ -48,11 +49,14 @@ from reclaimd.cluster.watch import (
     WatchSettings,
     watch_objects,
 )
-from reclaimd.model import Gang, GangKey, Target, WorkloadRef
+from reclaimd.model import Gang, GangKey, Target, WorkloadRef, utcnow
 
 log = logging.getLogger(__name__)
 
 PodId = tuple[str, str]  # namespace, name
+# When pods left the cache, by uid: a successor draining a dead owner's gang finds its pods
+# gone and charges them to when they went, not to when it looked. Bounded: a storm's worth.
+MAX_GONE = 20_000
 Labeler = gangs.Labeler
 
 # Node metadata that names the cloud instance when the providerID does not (or in another
@@ -321,6 +325,7 @@ class _Indexes:
         self.by_workload_name: defaultdict[tuple[str, str], set[PodId]] = defaultdict(set)
         self.by_owner_uid: defaultdict[tuple[str, str], set[PodId]] = defaultdict(set)
         self.workloads: dict[tuple[str, str], _Workload] = {}
+        self.gone_at: dict[str, datetime] = {}  # pod uid -> when it left (oldest first)
 
     # nodes
 
@@ -376,6 +381,7 @@ class _Indexes:
 
     def _add_pod(self, pod: _Pod) -> None:
         pid = pod.pid
+        self.gone_at.pop(pod.uid, None)  # back (a relist drops and re-adds every pod)
         self.pods[pid] = pod
         self.by_gang[pod.gang].add(pid)
         if pod.node:
@@ -389,6 +395,10 @@ class _Indexes:
         pod = self.pods.pop(pid, None)
         if pod is None:
             return
+        if pod.uid:  # deleted, finished or no longer a GPU pod: stopped, as far as we know
+            self.gone_at[pod.uid] = utcnow()
+            if len(self.gone_at) > MAX_GONE:
+                del self.gone_at[next(iter(self.gone_at))]
         _discard(self.by_gang, pod.gang, pid)
         _discard(self.by_node, pod.node, pid)
         for name in pod.workload_names:
@@ -789,6 +799,10 @@ class ClusterCache:
     def node_labels(self, name: str) -> Mapping[str, str]:
         node = self._idx.nodes.get(name)
         return node.labels if node is not None else {}
+
+    def pod_gone_at(self, uid: str) -> datetime | None:
+        """When the pod with ``uid`` was seen to leave (None: never seen to, or too long ago)."""
+        return self._idx.gone_at.get(uid) if uid else None
 
     def pod_exists(self, namespace: str, name: str, uid: str = "") -> bool:
         """Whether the GPU pod is still there (and is the same pod, when ``uid`` is given)."""

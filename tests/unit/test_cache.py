@@ -24,7 +24,7 @@ from reclaimd.cluster.cache import (
     slim_pod,
 )
 from reclaimd.cluster.watch import Changed, Listed, WatchSettings
-from reclaimd.model import GangKey, Target, WorkloadRef
+from reclaimd.model import GangKey, Target, WorkloadRef, utcnow
 
 CLAIM = '{"holder":"reclaimd-0","notice":"n-1"}'
 
@@ -452,3 +452,20 @@ async def test_a_watch_that_cannot_reach_the_server_is_not_current() -> None:
         assert not view.current and "ClientConnectorError" in view.why_not_current()
     finally:
         await view.stop()
+
+
+def test_the_cache_remembers_when_each_pod_left() -> None:
+    cache = new_cache()
+    apply = cache._pod_applier("")
+    apply(listed_projected(fleet()))
+    uid = next(p.uid for p in cache._idx.pods.values() if p.pid == (NS, "train-1"))
+    assert uid and cache.pod_gone_at(uid) is None
+    apply(Changed("MODIFIED", gpu_pod("train-1", "n3", rank=1)))  # still there: not gone
+    assert cache.pod_gone_at(uid) is None
+    before = utcnow()
+    apply(Changed("DELETED", gpu_pod("train-1", "n3", rank=1)))
+    gone = cache.pod_gone_at(uid)
+    assert gone is not None and before <= gone <= utcnow()
+    apply(listed_projected(fleet()))  # a relist that has it again: back
+    assert cache.pod_gone_at(uid) is None
+    assert cache.pod_gone_at("") is None
