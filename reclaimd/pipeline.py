@@ -385,16 +385,22 @@ class Runbook:
             if recorded is not None:
                 acks = checkpoint.merge_acks(acks, recorded.acks)
                 report.acks[flight.gang.key] = acks
+            # The fence, before each step that acts for the notice: paused (or cut off) past
+            # our Lease, a peer took the notice over; it records, drains and charges the gang.
+            # Free while our Lease never lapsed; a read of the claim otherwise.
+            await self._fence(admitted)
             if self.records is not None:
                 await self.records.acked(flight.gang, notice, acks)
             stopped = await self.drain(notice, flight, report)
             flight.stopped(stopped.at)
-            if not await self.progress.still_ours(admitted):
-                # Paused past our Lease: a peer took the notice over and charges the gang.
-                raise ClaimLost(f"notice {notice.id} was taken over while this process paused")
+            await self._fence(admitted)
             await self.record(notice, flight.gang, acks, stopped, report)
         finally:
             flight.settled.set()
+
+    async def _fence(self, admitted: Admitted) -> None:
+        if not await self.progress.still_ours(admitted):
+            raise ClaimLost(f"notice {admitted.id} was taken over while this process paused")
 
     async def follow(self, notice: Notice, flight: GangFlight, report: Report) -> None:
         """A joined gang: its owner drains and charges it; this notice's node is drained when

@@ -308,3 +308,20 @@ async def test_a_process_paused_past_its_lease_charges_nothing_its_successor_cha
     with pytest.raises(ClaimLost):
         await runbook(world).handle(admitted(spot("a", "i-1")))
     assert world.recorded == []  # the successor charges the gangs, once
+    assert not [line for line in world.log if line.startswith("evict")]  # and drains them
+
+
+class PausedInTheDrain(World):
+    """Our Lease lapses while the pods go (a SIGSTOP mid-drain): the successor charges."""
+
+    async def wait_gone(self, m: Member, *, deadline: datetime) -> datetime | None:
+        self.paused_past_lease = True
+        return await super().wait_gone(m, deadline=deadline)
+
+
+async def test_a_process_paused_in_the_drain_charges_nothing() -> None:
+    world = PausedInTheDrain()
+    with pytest.raises(ClaimLost):
+        await runbook(world).handle(admitted(spot("a", "i-1")))
+    assert [line for line in world.log if line.startswith("evict")]  # it had begun to drain
+    assert world.recorded == []
