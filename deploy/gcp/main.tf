@@ -59,8 +59,15 @@ resource "google_pubsub_subscription" "reclaimd" {
   project = var.project
   name    = var.name
   topic   = google_pubsub_topic.notices.id
-  # Preemption leaves 30 s: a notice older than the minimum retention is long past its deadline.
-  ack_deadline_seconds       = 60
+  # Preemption leaves 30 s, so a message must not sit with a replica that died holding it.
+  # 10 s is Pub/Sub's minimum: it bounds how long a delivery that reclaimd never extended
+  # (the replica died first) waits before a peer gets it; 60 s was twice the window. reclaimd
+  # extends its leases in steps of the same 10 s (config.pubsub.lease_extension_s) while a
+  # claim is in flight, so the short deadline costs modacks, not redeliveries.
+  # No retry_policy on purpose: a nack (a claim to retry, a stopping replica handing back what
+  # it had not settled) is redelivered at once; a RetryPolicy would add 10 s or more.
+  ack_deadline_seconds = 10
+  # A notice older than the minimum retention is long past its deadline.
   message_retention_duration = "600s"
   expiration_policy {
     ttl = "" # never expire while reclaimd is idle (no preemptions for weeks is normal)

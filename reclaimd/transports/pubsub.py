@@ -7,6 +7,12 @@ claim. The message stays leased (the client extends its deadline) until the loop
 and ``FlowControl(max_messages)`` bounds how many are leased at a time, so a zone-wide
 preemption cannot pile up more work in memory than the daemon can claim.
 
+Leases are 10 s (``lease_extension_s``, Pub/Sub's floor), not the client's 60 s: FlowControl's
+min and max per-extension durations pin both the stream ack deadline and every lease extension
+to it. A replica that dies without a word (SIGKILL, a lost node) then holds its messages for
+about 10 s before a peer gets them, a third of the GCE window rather than twice it; the cost is
+a modack per leased message every few seconds, while the client's leaser keeps them.
+
 Settling a message (``handle`` decides, the bridge applies it):
 
 - every notice in it admitted (claimed, duplicate, superseded, dropped): ack;
@@ -21,9 +27,12 @@ share a single admission (the intake's single flight), later ones hit its memory
 
 Lifecycle: ``run()`` opens the stream and waits on its future. A stream that dies (a
 non-retryable error: subscription deleted, permission denied) is reopened with a fresh client
-after a backoff. Cancelling ``run()`` cancels the stream future, waits for the client's
-threads to stop, closes the subscriber, and cancels settlements still in flight: their
-messages are neither acked nor nacked, so their leases lapse and Pub/Sub redelivers them.
+after a backoff. Cancelling ``run()`` (the daemon's SIGTERM) first nacks every message handed
+to the loop and not yet acked or nacked, so a peer replica gets it at once instead of after
+its lease, and nacks any that arrive from then on; then it cancels the stream future (the
+client nacks what it had not handed over yet and flushes the nacks), waits for the client's
+threads to stop, closes the subscriber, and cancels the settlements still in flight. Each
+message is settled exactly once: whoever takes it out of ``_held`` acks or nacks it.
 """
 
 from __future__ import annotations
@@ -78,10 +87,16 @@ class PubSubSource:
         self.settings, self.windows, self.parser = settings, windows, parser
         self.admit = admit
         self.counters = Counters()
+        self.released = 0  # unsettled messages nacked because the source stopped
         self._factory = subscriber_factory or _default_subscriber
-        # Settlements scheduled from client threads; the set is shared with those threads.
+        # Settlements scheduled from client threads; shared with those threads, as are
+        # ``_held`` and ``_closing``, all under ``_lock``.
         self._pending: set[concurrent.futures.Future[Verdict]] = set()
-        self._pending_lock = threading.Lock()
+        self._lock = threading.Lock()
+        # Messages handed to the loop and neither acked nor nacked, by id(); a client thread
+        # adds, the loop takes. ``_closing``: the source is stopping, nack on arrival.
+        self._held: dict[int, Any] = {}
+        self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -92,7 +107,14 @@ class PubSubSource:
         from google.cloud import pubsub_v1
 
         self._loop = asyncio.get_running_loop()
-        flow = pubsub_v1.types.FlowControl(max_messages=self.settings.max_messages)
+        lease = self.settings.lease_extension_s
+        flow = pubsub_v1.types.FlowControl(
+            max_messages=self.settings.max_messages,
+            # The max sets the stream deadline and caps each extension (else the p99 of ack
+            # latency); the min keeps it from becoming 60 s under exactly-once delivery.
+            min_duration_per_lease_extension=lease,
+            max_duration_per_lease_extension=lease,
+        )
         backoff = Backoff(1.0, MAX_BACKOFF_S)
         try:
             while True:
@@ -118,6 +140,7 @@ class PubSubSource:
                 )
                 await asyncio.sleep(delay)
         finally:
+            self._release_held()  # held from a stream that died: nacked there, if it can be
             self._cancel_pending()
 
     async def _stream_once(self, flow: Any) -> None:
@@ -132,8 +155,16 @@ class PubSubSource:
                 "pubsub stream open",
                 subscription=self.settings.subscription,
                 max_messages=self.settings.max_messages,
+                lease_s=self.settings.lease_extension_s,
             )
-            await asyncio.wrap_future(future)
+            # Shielded: a cancelled wrap_future would cancel the stream future itself, and the
+            # client's shutdown would race the nacks below.
+            await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            # Before the stream closes: the client's shutdown then flushes these nacks with
+            # its own, and the server can redeliver at once.
+            self._release_held()
+            raise
         finally:
             await _shutdown(subscriber, future)
 
@@ -142,24 +173,53 @@ class PubSubSource:
     def _on_message(self, message: Any) -> None:
         """The client's callback, on one of its threads: hand over and return."""
         loop = self._loop
+        with self._lock:
+            closing = self._closing
+            if not closing:
+                self._held[id(message)] = message
         try:
-            if loop is None:
-                raise RuntimeError("no event loop yet")
+            if closing or loop is None:
+                raise RuntimeError("stopping" if closing else "no event loop yet")
             settled = asyncio.run_coroutine_threadsafe(self._settle(message), loop)
         except RuntimeError:
-            # The loop is closing: give the message back rather than hold its lease.
-            message.nack()
+            # Stopping, or the loop is closing: give the message back rather than hold it.
+            if closing or self._take(message):
+                message.nack()
             return
-        with self._pending_lock:
+        with self._lock:
             self._pending.add(settled)
         settled.add_done_callback(self._forget)
 
     def _forget(self, settled: concurrent.futures.Future[Verdict]) -> None:
-        with self._pending_lock:
+        with self._lock:
             self._pending.discard(settled)
 
+    def _take(self, message: Any) -> bool:
+        """Take ``message`` out of ``_held``: True for the one caller that is to settle it."""
+        with self._lock:
+            return self._held.pop(id(message), None) is not None
+
+    def _release_held(self) -> int:
+        """Stopping: nack every held message, and from now on each one as it arrives."""
+        with self._lock:
+            self._closing = True
+            held = list(self._held.values())
+            self._held.clear()
+        for message in held:
+            with contextlib.suppress(Exception):  # best effort: else its lease lapses
+                message.nack()
+        self.released += len(held)
+        if held:
+            logs.event(
+                log,
+                "pubsub released unsettled messages",
+                subscription=self.settings.subscription,
+                released=len(held),
+            )
+        return len(held)
+
     def _cancel_pending(self) -> None:
-        with self._pending_lock:
+        with self._lock:
             pending = list(self._pending)
         for settled in pending:
             settled.cancel()
@@ -172,13 +232,16 @@ class PubSubSource:
             self.counters.transport_errors += 1
             logs.event(log, "pubsub message failed", logging.WARNING, error=str(e)[:200])
             outcome = Verdict.NACK
+        # Not ours to settle once taken: a stopping source nacked it already.
         if outcome is Verdict.ACK:
-            message.ack()
-            self.counters.acked += 1
+            if self._take(message):
+                message.ack()
+                self.counters.acked += 1
         else:
             await asyncio.sleep(RETRY_PAUSE_S)
-            message.nack()
-            self.counters.left_for_redelivery += 1
+            if self._take(message):
+                message.nack()
+                self.counters.left_for_redelivery += 1
         return outcome
 
     # --- the decision, free of the client ----------------------------------------------------

@@ -5,12 +5,14 @@ against the emulator in tests/e2e/test_gke.py."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import json
 import threading
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from shared_fixtures import FIXTURES as SHARED
 
 from reclaimd.config import PubSubSettings
@@ -192,17 +194,48 @@ async def test_an_admission_that_raises_nacks_instead_of_holding_the_lease(
     assert src.counters.left_for_redelivery == 1
 
 
+async def _hand_over_and_wait(src: PubSubSource, message: Any, admit: Admissions) -> None:
+    """A client thread hands ``message`` over; returns once its claim is under way."""
+    src._loop = asyncio.get_running_loop()
+    await asyncio.to_thread(src._on_message, message)
+    await asyncio.wait_for(admit.called.wait(), 10)
+
+
+async def test_stopping_nacks_what_is_held_and_the_settlement_leaves_it() -> None:
+    gate = asyncio.Event()  # the claim hangs until the source stops
+    admissions = Admissions(gate=gate)
+    src = source(admissions)
+    message = Message(data(entry()))
+    await _hand_over_and_wait(src, message, admissions)
+    assert src._release_held() == 1
+    assert message.settled == ["nack"]  # a peer can have it now, not after the lease
+    gate.set()  # the claim ends after the stop: the message is not this source's to ack
+    for _ in range(200):
+        if not src._pending:
+            break
+        await asyncio.sleep(0.01)
+    assert not src._pending
+    assert message.settled == ["nack"]
+    assert (src.released, src.counters.acked) == (1, 0)
+
+
+async def test_a_message_that_arrives_while_stopping_is_nacked_unadmitted() -> None:
+    admissions = Admissions()
+    src = source(admissions)
+    src._loop = asyncio.get_running_loop()
+    assert src._release_held() == 0
+    late = Message(data(entry()))
+    await asyncio.to_thread(src._on_message, late)
+    assert late.settled == ["nack"]
+    assert admissions.seen == [] and not src._pending
+
+
 async def test_pending_settlements_are_cancelled_on_shutdown() -> None:
     gate = asyncio.Event()  # never set: the claim hangs
     admissions = Admissions(gate=gate)
     src = source(admissions)
     message = Message(data(entry()))
-    src._loop = asyncio.get_running_loop()
-    await asyncio.to_thread(src._on_message, message)
-    for _ in range(100):
-        if src._pending and admissions.called.is_set():
-            break
-        await asyncio.sleep(0.01)
+    await _hand_over_and_wait(src, message, admissions)
     assert len(src._pending) == 1
     src._cancel_pending()
     for _ in range(100):
@@ -210,4 +243,98 @@ async def test_pending_settlements_are_cancelled_on_shutdown() -> None:
             break
         await asyncio.sleep(0.01)
     assert not src._pending
-    assert message.settled == []  # neither acked nor nacked: the lease lapses, Pub/Sub redelivers
+    assert message.settled == []  # a cancelled claim settles nothing: _release_held nacks
+
+
+# --- the stream's lifecycle, with a stand-in for the client ---------------------------------
+
+
+class StreamFuture(concurrent.futures.Future[Any]):
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def cancel(self) -> bool:
+        if not self.done():  # wrap_future's chain cancels it again once done: a no-op
+            self.events.append("stream cancelled")
+        return super().cancel()
+
+
+class FakeSubscriber:
+    """What ``_stream_once`` calls on a SubscriberClient, recorded in one list of events."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        self.subscribed = threading.Event()
+        self.callback: Any = None
+        self.flow: Any = None
+
+    def subscribe(self, path: str, *, callback: Any, flow_control: Any) -> StreamFuture:
+        self.callback, self.flow = callback, flow_control
+        self.subscribed.set()
+        return StreamFuture(self.events)
+
+    def close(self) -> None:
+        self.events.append("subscriber closed")
+
+
+class LoggedMessage(Message):
+    def __init__(self, payload: bytes, events: list[str]) -> None:
+        super().__init__(payload)
+        self.events = events
+
+    def nack(self) -> None:
+        self.events.append("nack")
+        super().nack()
+
+
+async def test_cancelled_run_nacks_what_it_holds_before_closing_the_stream() -> None:
+    events: list[str] = []
+    fake = FakeSubscriber(events)
+    admissions = Admissions(gate=asyncio.Event())  # the claim never ends
+    src = PubSubSource(
+        SETTINGS, admit=admissions, windows=Windows(), subscriber_factory=lambda _: fake
+    )
+    run = asyncio.create_task(src.run())
+    assert await asyncio.to_thread(fake.subscribed.wait, 10)
+    held = LoggedMessage(data(entry()), events)
+    await asyncio.to_thread(fake.callback, held)
+    await asyncio.wait_for(admissions.called.wait(), 10)
+
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    # The nack is queued while the stream is up: the client's shutdown flushes it.
+    assert events == ["nack", "stream cancelled", "subscriber closed"]
+    assert held.settled == ["nack"]
+    assert (src.released, src.counters.acked) == (1, 0)
+    assert not src._pending
+
+
+async def test_flow_control_pins_the_leases_to_the_setting() -> None:
+    fake = FakeSubscriber([])
+    src = PubSubSource(
+        SETTINGS, admit=Admissions(), windows=Windows(), subscriber_factory=lambda _: fake
+    )
+    run = asyncio.create_task(src.run())
+    try:
+        assert await asyncio.to_thread(fake.subscribed.wait, 10)
+    finally:
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert fake.flow.max_messages == SETTINGS.max_messages
+    # both set: the stream ack deadline and every extension are 10 s, not the client's 60 s
+    assert fake.flow.min_duration_per_lease_extension == 10
+    assert fake.flow.max_duration_per_lease_extension == 10
+
+
+@pytest.mark.parametrize("seconds", [9, 601])
+def test_a_lease_outside_pubsubs_range_is_refused(seconds: int) -> None:
+    with pytest.raises(ValidationError, match="lease_extension_s"):
+        PubSubSettings(lease_extension_s=seconds)
+
+
+def test_the_lease_defaults_to_pubsubs_floor() -> None:
+    assert PubSubSettings().lease_extension_s == 10
+    assert PubSubSettings(lease_extension_s=600).lease_extension_s == 600
