@@ -12,6 +12,12 @@ seeks its partition back to that record and pauses the partition for a moment, s
 is read again shortly, while the other partitions go on. Until then nothing at or after it is
 committed, so a crash or a rebalance hands it to the next owner.
 
+Failover: each replica is a dynamic member of the group (no ``group_instance_id``: a static
+member never leaves, and its partitions would wait out its session). A replica that dies
+loses its partitions after ``session_timeout_ms``; a stopping one (the source cancelled on
+SIGTERM) stops its consumer, which sends LeaveGroup, so a peer takes its partitions at its
+next heartbeat. Nothing is committed on the way out: what was not settled is read again.
+
 A new group starts from the earliest offset: a notice produced before the group first joined
 (the first deploy, a renamed group) must still be seen. A notice handled before is cheap to
 see again: its claim on the node answers duplicate. Dedupe is by notice id: the parser
@@ -38,6 +44,7 @@ RETRY_PAUSE_S = 1.0  # a record whose claim failed is read again after this paus
 MAX_BACKOFF_S = 30.0
 POLL_TIMEOUT_MS = 1000
 MAX_RECORDS = 100
+STOP_TIMEOUT_S = 5.0  # LeaveGroup is best effort: an unreachable broker must not hold the stop
 
 
 def commit_point(offsets: Sequence[int], settled: Sequence[bool]) -> tuple[int | None, int | None]:
@@ -109,8 +116,7 @@ class KafkaNoticeSource:
         finally:
             for task in self._resumes:
                 task.cancel()
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await _stop(consumer)
 
     async def _partition(self, consumer: Any, tp: Any, records: Sequence[Any]) -> None:
         offsets, settled = [], []
@@ -162,6 +168,13 @@ class KafkaNoticeSource:
         return delivered.settled
 
 
+async def _stop(consumer: Any) -> None:
+    """Stop the consumer (LeaveGroup included), bounded; never raises but a cancellation."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(STOP_TIMEOUT_S):
+            await consumer.stop()
+
+
 def _default_consumer(settings: KafkaNoticeSettings) -> Any:
     from aiokafka import AIOKafkaConsumer
 
@@ -173,4 +186,7 @@ def _default_consumer(settings: KafkaNoticeSettings) -> Any:
         auto_offset_reset="earliest",
         # Only what a transactional producer committed: an aborted notice was never sent.
         isolation_level="read_committed",
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        # group_instance_id stays unset: see the module docstring.
     )

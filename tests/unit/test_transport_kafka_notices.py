@@ -1,0 +1,101 @@
+"""Kafka notices consumer (reclaimd/transports/kafka_notices.py): how it leaves the group. The
+consumer is a dynamic member (never ``group_instance_id``) with the configured session and
+heartbeat, and a cancelled source stops it (LeaveGroup), bounded. Against the broker:
+tests/e2e/test_kafka_notices.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from reclaimd.config import KafkaNoticeSettings
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, Windows
+from reclaimd.transports import kafka_notices
+from reclaimd.transports.kafka_notices import KafkaNoticeSource
+
+SETTINGS = KafkaNoticeSettings(enabled=True, bootstrap="127.0.0.1:1", topic="t", group_id="g")
+
+
+class FakeConsumer:
+    """start, getmany (nothing, after a poll's wait), stop: each recorded."""
+
+    def __init__(self, stop_hangs: bool = False) -> None:
+        self.calls: list[str] = []
+        self.polling = asyncio.Event()
+        self.stop_hangs = stop_hangs
+
+    async def start(self) -> None:
+        self.calls.append("start")
+
+    async def getmany(self, **kw: Any) -> dict[Any, Any]:
+        self.polling.set()
+        await asyncio.sleep(0.05)
+        return {}
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+        if self.stop_hangs:
+            await asyncio.Event().wait()
+
+
+async def never(notice: Notice) -> Admission:
+    raise AssertionError("no record was produced")
+
+
+async def cancelled(src: KafkaNoticeSource, consumer: FakeConsumer) -> None:
+    """Run ``src`` until ``consumer`` polls, then cancel it (the daemon's SIGTERM)."""
+    run = asyncio.create_task(src.run())
+    await asyncio.wait_for(consumer.polling.wait(), 10)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
+async def test_a_cancelled_source_stops_its_consumer() -> None:
+    consumer = FakeConsumer()
+    src = KafkaNoticeSource(
+        SETTINGS, admit=never, windows=Windows(), consumer_factory=lambda _: consumer
+    )
+    await cancelled(src, consumer)
+    assert consumer.calls == ["start", "stop"]  # stop() is what sends LeaveGroup
+
+
+async def test_a_stop_the_broker_never_answers_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_notices, "STOP_TIMEOUT_S", 0.1)
+    consumer = FakeConsumer(stop_hangs=True)
+    src = KafkaNoticeSource(
+        SETTINGS, admit=never, windows=Windows(), consumer_factory=lambda _: consumer
+    )
+    await asyncio.wait_for(cancelled(src, consumer), 5)
+    assert consumer.calls == ["start", "stop"]
+
+
+async def test_the_consumer_is_a_dynamic_member_with_the_configured_session() -> None:
+    settings = KafkaNoticeSettings(
+        enabled=True,
+        bootstrap="127.0.0.1:1",
+        topic="t",
+        group_id="g",
+        session_timeout_ms=30_000,
+        heartbeat_interval_ms=2_000,
+    )
+    consumer = kafka_notices._default_consumer(settings)  # builds; connects only on start()
+    assert consumer._group_instance_id is None  # a static member would never leave
+    assert consumer._session_timeout_ms == 30_000
+    assert consumer._heartbeat_interval_ms == 2_000
+    assert consumer._rebalance_timeout_ms == 30_000
+    assert consumer._enable_auto_commit is False
+
+
+def test_the_defaults_detect_a_dead_member_in_10_s_and_hear_of_a_leave_in_1_s() -> None:
+    s = KafkaNoticeSettings()
+    assert (s.session_timeout_ms, s.heartbeat_interval_ms) == (10_000, 1_000)
+
+
+def test_a_heartbeat_longer_than_a_third_of_the_session_is_refused() -> None:
+    with pytest.raises(ValidationError, match="heartbeat_interval_ms"):
+        KafkaNoticeSettings(session_timeout_ms=6_000, heartbeat_interval_ms=2_001)
