@@ -131,6 +131,7 @@ class Drill:
             else apiserver_proxy
         )
         self._proxies: list[Any] = []  # netproxy.ProxyProcess by central replica slot
+        self._replaced: dict[int, int] = {}  # central replica slot -> replacements started
         self.gave_up: report.GaveUp | None = None
         self.stack = stack
         self.say = progress or Progress()
@@ -697,7 +698,8 @@ class Drill:
 
         async def replace(i: int) -> DaemonProcess:
             # A new pod on a new node: its own holder name, no outbox, a new span file.
-            name = f"reclaimd-{i}-fresh{sum(1 for f in self.faults) + 1}"
+            self._replaced[i] = self._replaced.get(i, 0) + 1
+            name = f"reclaimd-{i}-fresh{self._replaced[i]}"
             d = await h.start_daemon(name, **self._central_overrides(h, name, i))
             self.replicas[i] = d
             return d

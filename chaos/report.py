@@ -268,7 +268,7 @@ class HolderChange:
     ``fault`` names the fault that had the old holder presumed dead then (killed, stopped,
     paused, cut off, not back yet); "" means it had none: a takeover of a live holder.
     ``fenced`` lists what the old holder still did for the notice after it (the steps it began,
-    by span name, and its own claim writes), which fencing must make harmless or stop."""
+    by span name, until it wrote the claim again), which fencing must make harmless or stop."""
 
     key: str
     notice_id: str
@@ -565,9 +565,10 @@ def _graceful_check(terms: Sequence[FaultFacts]) -> Check:
 # --- takeovers: of whom, and what the old holder did after -----------------------------------
 
 LIVE_SLACK_S = 3.0  # a takeover this soon after the holder came back was decided before
+# the steps that act on a notice's target, its ranks or the ledger (a claim write by the old
+# holder is a holder change of its own)
 ACTION_SPANS = frozenset(
     {
-        "reclaimd.claim",
         "reclaimd.cordon",
         "reclaimd.checkpoint.rank",
         "reclaimd.evict",
@@ -624,16 +625,19 @@ def _fenced(
     by_holder: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
     later: Sequence[ClaimSeen],
 ) -> tuple[str, ...]:
+    """The steps ``holder`` began for the notice after losing its claim at ``at``, until it
+    wrote the claim again (a retake: a change of its own, judged as such)."""
     start = int(at.timestamp() * 1e9)
+    back = next((v for v in later if v.holder == holder and v.notice_id == notice_id), None)
+    end = None if back is None else int((back.heartbeat_at or back.seen_at).timestamp() * 1e9)
     steps = sorted(
-        (s["start_ns"], str(s["name"]).removeprefix("reclaimd."))
+        (int(s["start_ns"]), str(s["name"]).removeprefix("reclaimd."))
         for s in by_holder.get(holder, {}).get(notice_id, ())
-        if s["name"] in ACTION_SPANS and int(s["start_ns"]) > start
+        if s["name"] in ACTION_SPANS
+        and int(s["start_ns"]) > start
+        and (end is None or int(s["start_ns"]) < end)
     )
-    writes = [
-        "claim write" for seen in later if seen.holder == holder and seen.notice_id == notice_id
-    ]
-    return tuple(name for _, name in steps) + tuple(writes)
+    return tuple(name for _, name in steps)
 
 
 # --- what each fault cost --------------------------------------------------------------------
