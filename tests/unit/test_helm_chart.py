@@ -180,7 +180,8 @@ def test_secrets_only_by_reference(tmp_path: Path) -> None:
         "secretEnvFrom": ["reclaimd-extra"],
     }
     c = only(render(tmp_path, values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert c["env"] == [
+    secret_env = [e for e in c["env"] if e["name"] != "POD_IP"]  # the downward API's, below
+    assert secret_env == [
         {
             "name": "RECLAIMD_LEDGER__BOOTSTRAP",
             "valueFrom": {"secretKeyRef": {"name": "kafka", "key": "bootstrap"}},
@@ -302,6 +303,24 @@ def test_reclaimd_egress_names_what_it_talks_to(tmp_path: Path) -> None:
     kafka = [r for r in np["spec"]["egress"] if r["ports"][0]["port"] == 9092]
     assert kafka[0]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
     assert [p["port"] for p in np["spec"]["ingress"][0]["ports"]] == ["metrics"]
+
+
+def test_the_peer_probe_port_is_open_between_the_replicas_only(tmp_path: Path) -> None:
+    docs = render(tmp_path, {})
+    np = only(docs, "NetworkPolicy", "reclaimd")
+    probe_in = [r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == "peer-probe"]
+    probe_out = [r for r in np["spec"]["egress"] if r["ports"][0]["port"] == 9465]
+    assert len(probe_in) == len(probe_out) == 1
+    for rule in (probe_in[0]["from"], probe_out[0]["to"]):
+        assert rule == [{"podSelector": {"matchLabels": rule[0]["podSelector"]["matchLabels"]}}]
+        assert rule[0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "reclaimd"
+    deploy = only(docs, "Deployment")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "peer-probe", "containerPort": 9465, "protocol": "TCP"} in container["ports"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    config = yaml.safe_load(only(docs, "ConfigMap")["data"]["config.yaml"])
+    assert config["peer_probe"]["port"] == 9465
 
 
 def test_training_namespace_policy_admits_the_checkpoint_port_only_from_reclaimd(

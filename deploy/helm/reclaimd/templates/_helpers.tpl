@@ -44,7 +44,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The settings both workloads share: the user's config over what the chart must decide. */}}
 {{- define "reclaimd.baseConfig" -}}
-{{- $chart := dict "lease_namespace" .Release.Namespace "metrics_port" (int .Values.metricsPort) "ledger" (dict "outbox_path" "/var/lib/reclaimd/outbox.sqlite") -}}
+{{- $chart := dict "lease_namespace" .Release.Namespace "metrics_port" (int .Values.metricsPort) "peer_probe" (dict "port" (int .Values.peerProbePort)) "ledger" (dict "outbox_path" "/var/lib/reclaimd/outbox.sqlite") -}}
 {{- $cfg := mustMergeOverwrite (deepCopy .Values.config) $chart -}}
 {{- toYaml $cfg -}}
 {{- end -}}
@@ -63,6 +63,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Pod spec parts both workloads share. */}}
 {{- define "reclaimd.env" -}}
+# The address the peer probe names in the holder Lease (peer_probe.advertise).
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
 {{- range $name, $ref := .Values.secretEnv }}
 - name: {{ $name }}
   valueFrom:
