@@ -20,6 +20,7 @@ expected value is a range.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -453,7 +454,12 @@ def evaluate(
     checks.insert(0, _waited_check(observed.gave_up, late, pending))
     if late or pending:  # the ledger check says which missing ones were not lost
         checks[1] = _with_late(checks[1], late, pending)
-    changes = holder_changes(observed.claim_history, faults, observed.spans_by_holder)
+    changes = holder_changes(
+        observed.claim_history,
+        faults,
+        observed.spans_by_holder,
+        claim_keys={n.notice_id: n.claim_key for n in notices if n.claim_key},
+    )
     summary = _summary(rows.values(), expected, events_by_gang, fault_rows, observed.arrivals)
     summary = dataclasses.replace(
         summary,
@@ -581,11 +587,19 @@ def holder_changes(
     history: Mapping[str, Sequence[ClaimSeen]],
     faults: Sequence[FaultFacts],
     spans_by_holder: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    claim_keys: Mapping[str, str] | None = None,
 ) -> tuple[HolderChange, ...]:
     """Every takeover the claim poller saw (a version of a claim, open, for the same notice,
     by a holder other than the previous version's), whether the old holder was presumed dead
     then (a replica fault on it, from its start until it was back, plus ``LIVE_SLACK_S``; for
-    good when it never came back under that name), and what it still did after."""
+    good when it never came back under that name), and what it still did after.
+
+    The poller reads the claims every half second and misses a takeover made and finished
+    within one read; the span files do not: a notice that two holders worked on (each a trace
+    of its own for it; a replica that loses the claim's compare-and-swap starts none) was
+    taken over when the second began its first step. Such a change the poller did not see is
+    added, named by the notice's claim key (``claim_keys``: notice id -> key)."""
     by_holder = {h: index_traces(spans) for h, spans in spans_by_holder.items()}
     out: list[HolderChange] = []
     for key, versions in sorted(history.items()):
@@ -603,7 +617,32 @@ def holder_changes(
             fault = _presumed_dead(prev.holder, at, faults)
             fenced = _fenced(prev.holder, cur.notice_id, at, by_holder, versions[i + 1 :])
             out.append(HolderChange(key, cur.notice_id, prev.holder, cur.holder, at, fault, fenced))
-    return tuple(out)
+    seen = {(c.notice_id, c.old, c.new) for c in out}
+    for notice_id, first in sorted(_first_steps(by_holder).items()):
+        ordered = sorted(first.items(), key=lambda kv: kv[1])
+        for (old, _), (new, began) in itertools.pairwise(ordered):
+            if (notice_id, old, new) in seen:
+                continue
+            at = _EPOCH + timedelta(microseconds=began // 1000)
+            fault = _presumed_dead(old, at, faults)
+            fenced = _fenced(old, notice_id, at, by_holder, ())
+            key = (claim_keys or {}).get(notice_id, notice_id)
+            out.append(HolderChange(key, notice_id, old, new, at, fault, fenced))
+    return tuple(sorted(out, key=lambda c: (c.key, c.at)))
+
+
+def _first_steps(
+    by_holder: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
+) -> dict[str, dict[str, int]]:
+    """Notice id -> holder -> when it began its first step for the notice (ns), for notices
+    more than one holder worked on."""
+    first: dict[str, dict[str, int]] = {}
+    for holder, traces in by_holder.items():
+        for notice_id, spans in traces.items():
+            starts = [int(s["start_ns"]) for s in spans if s["name"] != ROOT]
+            if starts:
+                first.setdefault(notice_id, {})[holder] = min(starts)
+    return {n: f for n, f in first.items() if len(f) > 1}
 
 
 def _presumed_dead(holder: str, at: datetime, faults: Sequence[FaultFacts]) -> str:

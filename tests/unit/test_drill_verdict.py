@@ -4,7 +4,7 @@ chaos.drill ``_save_facts``, chaos.report, chaos.faults with fake processes)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -265,6 +265,39 @@ def test_a_replaced_holder_stays_presumed_dead() -> None:
     history = {"n1": [_seen(1, "r0", "A", 1), _seen(90, "r0-next", "A", 89)]}
     (c,) = _evaluate(faults_=[term], history=history).holder_changes
     assert not c.of_live_holder
+
+
+def _trace(trace: str, notice: str, *steps: tuple[str, float]) -> list[dict[str, Any]]:
+    root = {"trace_id": trace, "name": "reclaimd.notice", "start_ns": _ns(0.5),
+            "end_ns": _ns(20), "attributes": {"reclaimd.notice.id": notice}}  # fmt: skip
+    return [root] + [
+        {
+            "trace_id": trace,
+            "name": name,
+            "start_ns": _ns(at),
+            "end_ns": _ns(at + 0.1),
+            "attributes": {},
+        }
+        for name, at in steps
+    ]
+
+
+def test_a_takeover_too_quick_for_the_poller_is_found_in_the_span_files() -> None:
+    # r1 took A over 0.3 s after r0 claimed it (between two reads of the claims); both worked
+    # on it, each in a trace of its own; B was only r0's
+    r0 = _trace("t0", "A", ("reclaimd.claim", 1.0), ("reclaimd.evict", 1.5), ("reclaimd.ledger", 4))
+    r0 += _trace("t2", "B", ("reclaimd.claim", 1.0))
+    r1 = _trace("t1", "A", ("reclaimd.checkpoint.rank", 1.3), ("reclaimd.evict", 2.0))
+    notices = [_notice("a", "ga", "node-a")]
+    notices = [replace(notices[0], notice_id="A")]
+    v = _evaluate(by_holder={"r0": r0, "r1": r1}, notices=notices, gangs=[_gang("ga")])
+    (c,) = v.holder_changes
+    assert (c.key, c.old, c.new, c.of_live_holder) == ("node-a", "r0", "r1", True)
+    assert c.at == _at(1.3) and c.fenced == ("evict", "ledger")
+    # seen by the poller too: reported once
+    history = {"node-a": [_seen(1, "r0", "A", 1), _seen(1.6, "r1", "A", 1.3)]}
+    v = _evaluate(by_holder={"r0": r0, "r1": r1}, history=history)
+    assert len(v.holder_changes) == 1
 
 
 def test_not_takeovers_a_new_notice_a_done_claim_or_the_same_holder() -> None:
