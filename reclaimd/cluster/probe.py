@@ -44,7 +44,10 @@ class Listener:
         return f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(_hang_up, self.host or None, self.port)
+        # One socket, of the advertised address's family: a wildcard bind makes one per family,
+        # each on a port of its own with port 0, and peers would dial one nothing listens on.
+        host = self.host or ("::" if ":" in self.advertise else "0.0.0.0")
+        self._server = await asyncio.start_server(_hang_up, host, self.port)
 
     async def close(self) -> None:
         server, self._server = self._server, None

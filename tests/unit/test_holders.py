@@ -121,3 +121,15 @@ async def test_only_a_refused_connection_counts_as_death() -> None:
     assert live.address == ""  # a closed listener advertises nothing
     assert await probe.probe(address, 0.5) is probe.Verdict.DEAD
     assert await probe.probe("not-an-address", 0.5) is probe.Verdict.UNKNOWN
+
+
+async def test_a_wildcard_listener_is_probed_at_the_port_it_advertises() -> None:
+    """A bind on every interface with port 0 must not advertise a port only one address
+    family holds (a live replica probed DEAD at the other one's)."""
+    for _ in range(10):
+        live = Listener("", 0, "127.0.0.1")
+        await live.start()
+        try:
+            assert await probe.probe(live.address, 0.5) is probe.Verdict.UNKNOWN
+        finally:
+            await live.close()
