@@ -216,11 +216,21 @@ class GangOwners:
                 self.release(flight)
             raise failure  # the notice fails and is resumed; its claim stays open
         joined: list[GangFlight] = []
+        again: list[Gang] = []
         for flight in theirs:
             if await asyncio.shield(flight.decided):
                 flight.join(notice, nodes)
                 joined.append(flight)
-            skipped.append(flight.gang.key)
+                skipped.append(flight.gang.key)
+            else:
+                # That notice did not get the Lease: perhaps this one holds it (a resumed
+                # owner that came second in this process). Ask the Lease for it too.
+                again.append(flight.gang)
+        if again:
+            more = await self.take(again, notice, nodes)
+            owned += more.owned
+            joined += more.joined
+            skipped += more.skipped
         return Taken(owned, joined, skipped)
 
     def release(self, flight: GangFlight) -> None:

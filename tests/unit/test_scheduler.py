@@ -177,3 +177,29 @@ async def test_early_warning_is_due_at_once_and_sorts_after_imminent_deadlines()
     await q.put(notice("spot", 120))
     assert (await asyncio.wait_for(q.get(), 1)).id == "spot"
     assert (await asyncio.wait_for(q.get(), 1)).id == "rebalance"
+
+
+class ExistingLease:
+    """The gang's Lease names ``owner`` already (a paused or killed owner's notice)."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    async def acquire(self, g: Gang, n: Notice) -> bool:
+        await asyncio.sleep(0.02)  # create, 409, read: a few round trips
+        return n.id == self.owner
+
+
+async def test_the_lease_owner_charges_a_gang_another_notice_of_this_process_asked_for_first() -> (
+    None
+):
+    """Both notices resumed by one scan; the one that does not own the Lease reaches the gang
+    first: the owner must not wait for it and then skip the gang (nobody would charge it)."""
+    g = gang("llm", "u0", "u1")
+    owners = GangOwners(ExistingLease(owner="n1"))
+    first = asyncio.create_task(owners.take([g], notice("n2", 120).notice, ["node-u1"]))
+    await asyncio.sleep(0.005)
+    second = asyncio.create_task(owners.take([g], notice("n1", 120).notice, ["node-u0"]))
+    by_n2, by_n1 = await first, await second
+    assert by_n2.owned == [] and by_n2.skipped == [g.key]
+    assert [f.gang.key for f in by_n1.owned] == [g.key] and by_n1.skipped == []
