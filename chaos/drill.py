@@ -882,12 +882,21 @@ class Drill:
         else:
             open_ = {k: claims.get(k, "") for k in sorted(keys) if claims.get(k) != "done"}
             charged = {report.gang_of(e) for e in self.events}
+            holders: dict[str, str] = {}
+            with contextlib.suppress(Exception):  # the apiserver may be the thing that is down
+                docs = await self._claim_docs(h)
+                holders = {k: str(docs.get(k, {}).get("holder", "")) for k in open_}
             self.gave_up = report.GaveUp(
                 at=utcnow(),
                 timeout_s=expect.timeout_s,
                 events=len(charged & charging),
                 events_wanted=len(charging),
                 open_claims=open_,
+                claim_holders=holders,
+                # a claim whose holder is gone and that nobody took over is abandoned: lost
+                live_holders=frozenset(yaml_holder(d) for d in h.daemons if d.running)
+                if holders
+                else None,
             )
             self.say(
                 f"gave up after {expect.timeout_s:g}s: {len(charged & charging)}/{len(charging)}"

@@ -177,6 +177,18 @@ class GaveUp:
     events: int  # ledger events read by then
     events_wanted: int  # gangs that had to be charged
     open_claims: Mapping[str, str] = field(default_factory=dict)  # claim key -> its phase
+    claim_holders: Mapping[str, str] = field(default_factory=dict)  # claim key -> its holder
+    # the holders of the reclaimd processes still running then (paused ones included);
+    # None: not known, every open claim counts as work under way
+    live_holders: frozenset[str] | None = None
+
+    def under_way(self, key: str) -> bool:
+        """The claim was open then and its holder still running: work cut off, not given up."""
+        if self.open_claims.get(key, "done") in ("done", ""):
+            return False
+        if self.live_holders is None:
+            return True
+        return self.claim_holders.get(key, "") in self.live_holders
 
 
 @dataclass(frozen=True)
@@ -498,8 +510,10 @@ def late_and_pending(
 ) -> tuple[list[str], list[str]]:
     """Gangs not charged in time that are not lost: ``late``, charged only after the drill gave
     up waiting (an event read while reclaimd stopped, its outbox flushed); ``pending``, never
-    charged but with a claim of theirs still open when the drill gave up (work under way, cut
-    off by the drill's timeout, not abandoned). A missing gang that is neither is lost."""
+    charged but with a claim of theirs still open when the drill gave up and held by a process
+    still running (work under way, cut off by the drill's timeout). A missing gang that is
+    neither is lost: never claimed, or its claim abandoned (its holder gone and nobody took it
+    over), or done without an event."""
     g = observed.gave_up
     if g is None:
         return [], []
@@ -511,12 +525,11 @@ def late_and_pending(
         (name for name in expected & set(events) if first_read.get(name, g.at) > g.at),
         key=natural,
     )
-    open_keys = {k for k, phase in g.open_claims.items() if phase != "done"}
     pending = sorted(
         (
             name
             for name in expected - set(events)
-            if any(n.claim_key in open_keys for n in notices if name in n.gangs)
+            if any(g.under_way(n.claim_key) for n in notices if name in n.gangs and n.claim_key)
         ),
         key=natural,
     )
@@ -526,7 +539,11 @@ def late_and_pending(
 def _waited_check(g: GaveUp | None, late: Sequence[str], pending: Sequence[str]) -> Check:
     if g is None:
         return Check("drill waited to the end", True, "every event and claim done in time")
-    open_ = [f"{k} {phase or 'no claim'}" for k, phase in sorted(g.open_claims.items())]
+    open_ = [
+        f"{k} {phase or 'no claim'}"
+        + ("" if g.under_way(k) or not phase else f" by {g.claim_holders.get(k) or '?'}, gone")
+        for k, phase in sorted(g.open_claims.items())
+    ]
     parts = [
         f"gave up after {g.timeout_s:g}s: {g.events}/{g.events_wanted} event(s)",
         f"{len(open_)} claim(s) not done ({_few(open_, 3)})" if open_ else "every claim done",
@@ -1462,6 +1479,8 @@ def to_json(v: Verdict) -> dict[str, Any]:
             "events": g.events,
             "events_wanted": g.events_wanted,
             "open_claims": dict(g.open_claims),
+            "claim_holders": dict(g.claim_holders),
+            "live_holders": None if g.live_holders is None else sorted(g.live_holders),
         },
         "late_gangs": list(v.late_gangs),
         "pending_gangs": list(v.pending_gangs),

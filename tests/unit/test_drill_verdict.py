@@ -343,6 +343,7 @@ def test_late_pending_and_lost_are_told_apart_when_the_drill_gives_up() -> None:
     gave_up = report.GaveUp(
         at=_at(100), timeout_s=90, events=1, events_wanted=4,
         open_claims={"node-b": "checkpointing", "node-c": "claimed"},
+        claim_holders={"node-b": "r1", "node-c": "r1"}, live_holders=frozenset({"r1"}),
     )  # fmt: skip
     events = [_event("ga", "id-a"), _event("gb", "id-b")]
     arrivals = [
@@ -375,6 +376,24 @@ def test_late_pending_and_lost_are_told_apart_when_the_drill_gives_up() -> None:
     doc = report.to_json(v)
     assert doc["gave_up"]["timeout_s"] == 90 and doc["late_gangs"] == ["gb"]
     assert doc["summary"]["lost"] == 1 and doc["summary"]["late"] == 2
+
+
+def test_a_claim_abandoned_by_a_holder_that_is_gone_is_lost_not_pending() -> None:
+    notices = [_notice("a", "ga", "node-a"), _notice("b", "gb", "node-b"),
+               _notice("c", "gc", "node-c")]  # fmt: skip
+    gave_up = report.GaveUp(
+        at=_at(100), timeout_s=90, events=0, events_wanted=3,
+        open_claims={"node-a": "claimed", "node-b": "claimed", "node-c": ""},
+        claim_holders={"node-a": "r0", "node-b": "r1", "node-c": ""},
+        live_holders=frozenset({"r1"}),  # r0 SIGTERMed and exited, nobody took node-a over
+    )  # fmt: skip
+    v = _evaluate(notices=notices, gangs=[_gang(g) for g in ("ga", "gb", "gc")],
+                  claims={"node-a": "claimed", "node-b": "claimed"}, gave_up=gave_up)  # fmt: skip
+    assert v.pending_gangs == ("gb",)  # r1 still at it
+    u = v.summary
+    assert u is not None and (u.lost, u.late) == (2, 1)  # ga abandoned, gc never claimed
+    waited = next(c for c in v.checks if c.name == "drill waited to the end")
+    assert "node-a claimed by r0, gone" in waited.detail and "node-c no claim" in waited.detail
 
 
 def test_without_a_give_up_a_missing_event_is_lost() -> None:
