@@ -227,7 +227,14 @@ class GangOwners:
                 # owner that came second in this process). Ask the Lease for it too.
                 again.append(flight.gang)
         if again:
-            more = await self.take(again, notice, nodes)
+            try:
+                more = await self.take(again, notice, nodes)
+            except BaseException:
+                # As for a failure above: a flight left registered would be joined by this
+                # notice's own retry, and nobody would drain or charge its gang.
+                for flight in owned:
+                    self.release(flight)
+                raise
             owned += more.owned
             joined += more.joined
             skipped += more.skipped
