@@ -368,6 +368,7 @@ class Summary:
     takeovers: int = 0  # claims of a faulted replica taken over by another
     takeover_p50_s: float | None = None
     takeover_p99_s: float | None = None
+    takeover_max_s: float | None = None  # of those taken over (max_takeover_s: resumes too)
     live_takeovers: int = 0  # claims taken from a holder that had no fault then
     fenced_actions: int = 0  # steps an old holder began for a notice after its takeover
 
@@ -820,6 +821,7 @@ def _summary(
         takeovers=len(each),
         takeover_p50_s=round(_pct(each, 50), 3) if each else None,
         takeover_p99_s=round(_pct(each, 99), 3) if each else None,
+        takeover_max_s=round(max(each), 3) if each else None,
     )
 
 
@@ -1384,7 +1386,8 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
             f" {u.doubled} doubled, {u.over_charged} over-charged, {u.under_charged}"
             f" under-charged, {u.deadlines_missed} deadline(s) missed,"
             f" takeover p50 {_opt(u.takeover_p50_s)} p99 {_opt(u.takeover_p99_s)}"
-            f" max {_opt(u.max_takeover_s)} ({u.takeovers}), {u.live_takeovers} takeover(s) of"
+            f" max {_opt(u.takeover_max_s)} ({u.takeovers} taken over; with resumes, max"
+            f" {_opt(u.max_takeover_s)}), {u.live_takeovers} takeover(s) of"
             f" a live holder, {u.fenced_actions} action(s) by a fenced holder,"
             f" ledger delay p50 {_opt(u.ledger_delay_p50_s)} max {_opt(u.ledger_delay_max_s)}"
             + (" (the drill GAVE UP waiting)" if u.gave_up else ""),
