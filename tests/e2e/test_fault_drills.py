@@ -1,10 +1,13 @@
-"""Fault drills on the real stack: a storm with a replica killed, paused or replaced, Kafka
-stopped, the apiserver, moto or the Pub/Sub emulator restarted (``faults:``, docs/drills.md).
+"""Fault drills on the real stack: a storm with a replica killed, paused, SIGTERMed (with a
+successor: a rolling upgrade), cut off from the apiserver or replaced, faults on both replicas
+at once, Kafka stopped, the apiserver, moto or the Pub/Sub emulator restarted (``faults:``,
+docs/drills.md).
 
 The verdict keeps every check of a drill (nothing lost, nothing doubled, GPU-seconds from
 ground truth, deadlines) and adds what each fault cost. A scenario is listed in
-``FAULT_PASSING`` only once its verdict is PASS on today's reclaimd; the others are run by
-hand (``reclaimd drill run chaos/scenarios/<name>.yaml``) and say which guarantee is missing.
+``FAULT_PASSING`` only once its verdict is PASS on today's reclaimd; the others are in
+``FAULTS_NOT_YET`` with the guarantee that is missing, and run by hand
+(``reclaimd drill run chaos/scenarios/<name>.yaml``).
 """
 
 from __future__ import annotations
@@ -28,16 +31,26 @@ FAULT_PASSING: list[str] = [
     "storm-fresh-disk-kafka-down",
     "storm-kill-replica",
     "storm-kill-restart",
+    "storm-term-rolling",  # 3/3 runs PASS (2026-12-01)
+    "storm-partition-replica",  # 3/3
+    "storm-both-replicas-faults",  # 3/3
+    "kueue-reclaim-kill",  # 3/3
 ]
-# Not PASS every run yet (docs/drills.md says which check fails and why).
-FAULTS_NOT_YET: set[str] = set()
+# Not PASS every run yet: the scenario, and the guarantee that is missing (reclaimd's, not the
+# rig's; docs/drills.md has the figures).
+FAULTS_NOT_YET: dict[str, str] = {
+    "gce-kill-30s": "1 run of 3 missed 2 deadlines: two LogEntries published just after the"
+    " SIGKILL went to the dead replica's stream and reached the survivor 30 s later (the"
+    " stream's lease is 10 s), past GCE's 30 s window",
+}
 
 
 def test_every_fault_scenario_is_accounted_for() -> None:
     loaded = {p.stem: scenario.load(p) for p in SCENARIOS.glob("*.yaml")}
     with_faults = {stem for stem, s in loaded.items() if s.faults}
-    assert with_faults == set(FAULT_PASSING) | FAULTS_NOT_YET
-    assert not set(FAULT_PASSING) & FAULTS_NOT_YET
+    assert with_faults == set(FAULT_PASSING) | set(FAULTS_NOT_YET)
+    assert not set(FAULT_PASSING) & set(FAULTS_NOT_YET)
+    assert all(reason for reason in FAULTS_NOT_YET.values())
 
 
 @pytest.mark.parametrize("name", FAULT_PASSING)
@@ -49,3 +62,9 @@ async def test_fault_scenario_passes(stack: Any, name: str) -> None:
     # the fault happened and was measured: a pass must not rest on a fault that missed
     assert verdict.faults and all(not f.facts.error for f in verdict.faults)
     assert verdict.gangs and all(g.events == 1 for g in verdict.gangs)
+    assert verdict.gave_up is None  # a pass is never a drill that stopped waiting
+    for f in verdict.faults:
+        if f.facts.kind == "term":  # the check says it exited by itself; here: it was timed
+            assert f.facts.exit_code == 0 and f.exit_s is not None and not f.facts.sigkilled
+        if f.facts.kind == "partition":  # it cut a replica that was talking to the apiserver
+            assert f.facts.connections_cut > 0 and f.facts.ended_at is not None
