@@ -6,7 +6,9 @@ the first record whose notice is not claimed, which is read again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -77,9 +79,9 @@ async def _until(cond: Any, timeout_s: float = 30, what: str = "condition") -> N
     raise TimeoutError(f"{what} not reached in {timeout_s}s")
 
 
-async def committed_becomes(h: Harness, topic: str, offset: int) -> None:
+async def committed_becomes(h: Harness, topic: str, offset: int, partition: int = 0) -> None:
     async def reached() -> bool:
-        return await h.committed_offset(topic, group(h)) == offset
+        return await h.committed_offset(topic, group(h), partition) == offset
 
     await _until(reached, what=f"committed offset {offset}")
 
@@ -209,3 +211,90 @@ async def test_consumer_commits_up_to_the_unclaimed_record_and_rereads_it(
     assert src.counters.by_admission == {"retry": 2, "claimed": 1}
     assert (src.counters.parse_errors, src.counters.ignored) == (1, 1)
     assert src.counters.left_for_redelivery == 2
+
+
+async def test_a_stopping_consumer_leaves_the_group_and_a_peer_reads_on(h: Harness) -> None:
+    """Two replicas in one group; the one holding an unclaimed record is cancelled (SIGTERM).
+    Its stop() sends LeaveGroup: the peer takes the partition at its next heartbeat and reads
+    the uncommitted record. The session is 30 s here, so only the LeaveGroup makes it quick."""
+    topic = await h.notices_topic(partitions=2)
+    settings = KafkaNoticeSettings(
+        enabled=True,
+        bootstrap=h.stack.kafka,
+        topic=topic,
+        group_id=group(h),
+        session_timeout_ms=30_000,
+    )
+    consumers: dict[str, Any] = {}
+
+    def built_as(name: str) -> Any:
+        def build(s: KafkaNoticeSettings) -> Any:
+            consumers[name] = kafka_notices._default_consumer(s)
+            return consumers[name]
+
+        return build
+
+    def assigned(name: str) -> set[Any]:
+        return set(consumers[name].assignment()) if name in consumers else set()
+
+    held, peer_admit = Scripted(), Scripted()
+    held.hold_at = 1  # the first replica's claim of the notice hangs
+    first = KafkaNoticeSource(
+        settings, admit=held, windows=Windows(), consumer_factory=built_as("first")
+    )
+    peer = KafkaNoticeSource(
+        settings, admit=peer_admit, windows=Windows(), consumer_factory=built_as("peer")
+    )
+    runs = [asyncio.create_task(first.run())]
+    try:
+        await _until(_now(lambda: len(assigned("first")) == 2), 60, "first replica assigned")
+        runs.append(asyncio.create_task(peer.run()))
+        await _until(
+            _now(lambda: len(assigned("first")) == len(assigned("peer")) == 1),
+            60,
+            "one partition each",
+        )
+        (tp,) = assigned("first")
+        node = h.node_spec(0)
+        await _produce_to(h, topic, tp.partition, spot_event(node))
+        await asyncio.wait_for(held.held.wait(), 30)
+
+        stopping = time.monotonic()
+        runs[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runs[0]
+        stop_s = time.monotonic() - stopping
+        await _until(_now(lambda: bool(peer_admit.seen)), 60, "the peer reading the record")
+        back_s = time.monotonic() - stopping
+        print(f"\nKafka hand-over: stop {stop_s:.2f} s, the peer read it {back_s:.2f} s after")
+        assert [n.id for n in peer_admit.seen] == [held.seen[0].id]
+        assert back_s < 20.0  # a member that left no word is waited for 30 s
+        assert tp in assigned("peer") and len(assigned("peer")) == 2
+        await committed_becomes(h, topic, 1, partition=tp.partition)
+    finally:
+        held.release.set()
+        for run in runs:
+            run.cancel()
+        for run in runs:
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+
+
+def _now(cond: Any) -> Any:
+    """A plain condition as the async one ``_until`` polls."""
+
+    async def check() -> bool:
+        return bool(cond())
+
+    return check
+
+
+async def _produce_to(h: Harness, topic: str, partition: int, event: dict[str, Any]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=h.stack.kafka, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, json.dumps(event).encode(), partition=partition)
+    finally:
+        await producer.stop()
