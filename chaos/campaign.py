@@ -39,6 +39,7 @@ import random
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -470,6 +471,7 @@ async def _one(
         return RunResult(seed, faults, aborted=f"no verdict in {limit_s:.0f}s", seconds=limit_s)
     except Exception as e:  # a drill that could not run: the campaign says so and goes on
         say(f"run {seed}: {type(e).__name__}: {e}")
+        say("".join(traceback.format_exception(e)).rstrip())
         return RunResult(
             seed, faults, aborted=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0
         )

@@ -634,7 +634,11 @@ class Drill:
 
         gang = _some(n.gang)
         assert h.api is not None
-        stored = await inject.evict_workload(h.api, h.namespace, gang, reason=n.reason, at=issued)
+        api = h.api
+        # retried like every other send: the apiserver may be restarting (a fault)
+        stored = await _retrying(
+            lambda: inject.evict_workload(api, h.namespace, gang, reason=n.reason, at=issued)
+        )
         pods = [f"{gang}-{r.rank}" for r in self.plan.gang(gang).ranks]
         self._stop_pods.append(asyncio.create_task(self._stop_later(h, pods, n)))
         return "kueue", json.dumps(stored).encode()
@@ -672,9 +676,10 @@ class Drill:
         pods: they run for their grace period, then are gone."""
         from . import inject
 
-        assert h.api is not None
+        api = h.api
+        assert api is not None
         await asyncio.sleep(n.pods_stop_after_s)
-        await inject.stop_pods(h.api, h.namespace, pods)
+        await _retrying(lambda: inject.stop_pods(api, h.namespace, pods))
 
     async def _send_garbage(self, h: Harness, g: PlannedGarbage) -> None:
         from . import inject
