@@ -89,6 +89,7 @@ class Daemon:
     limiter: ratelimit.RateLimiter | None = None  # the write budget, once wired
     dry_run: dryrun.DryRunCounters | None = None  # what a dry run would have done
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _resume_task: asyncio.Task[None] | None = None
 
     def stop(self) -> None:
         """Begin a graceful stop (SIGTERM): see ``run``."""
@@ -451,7 +452,9 @@ class Daemon:
             dead=parts.holders.dead,
             wake=parts.holders.deaths,
         )
-        tasks.append(tg.create_task(resumer.run(), name="resume"))
+        # First to stop on SIGTERM: a stopping replica takes no claim over.
+        self._resume_task = tg.create_task(resumer.run(), name="resume")
+        tasks.append(self._resume_task)
         return tasks
 
     async def _hand_over(
@@ -461,9 +464,10 @@ class Daemon:
         then, with a live peer, stop acting and hand every claim over at once (the peer runs
         them from their durable records, as after a crash); alone, finish what is in flight
         within the grace first. Either way our claims are released before we exit."""
-        for task in sources:
+        first = [*sources, *([self._resume_task] if self._resume_task is not None else [])]
+        for task in first:
             task.cancel()
-        await _settle(sources, HAND_BACK_S)
+        await _settle(first, HAND_BACK_S)
         peer = parts.holders.peer_alive()
         logs.event(log, "stopping", in_flight=parts.scheduler.depth, hand_over=peer)
         if not peer:
