@@ -209,7 +209,15 @@ class HolderLeases:
             if not holder or renew is None:
                 continue
             at = renew if isinstance(renew, datetime) else parse_time(str(renew))
-            if at < gone_before and holder != self.holder:
+            if at <= FIRST and holder != self.holder and holder not in self._dead:
+                # Released (``release``): it said it no longer acts, so no Lease need run
+                # out, even for a replica that never saw it alive (a rolling upgrade's successor).
+                self._dead[holder] = at
+                self.deaths.set()
+            # A released Lease is kept as long as any other (from its release, in
+            # acquireTime): a successor that starts later still learns from it.
+            since = _released_at(lease) if at <= FIRST else at
+            if since < gone_before and holder != self.holder:
                 gone.append(lease)
                 continue
             seen[holder] = at
@@ -249,7 +257,13 @@ class HolderLeases:
         """Say we are gone (renewed "long ago"): a stopping replica, once it no longer acts on
         any claim. Peers that cannot probe us see it at their next LIST or read."""
         name = lease_name(self.holder)
-        body = {"spec": {"renewTime": _micro(FIRST), "leaseDurationSeconds": 1}}
+        body = {
+            "spec": {
+                "renewTime": _micro(FIRST),
+                "leaseDurationSeconds": 1,
+                "acquireTime": _micro(utcnow()),  # when it was released: kept an hour
+            }
+        }
         self.renewed_at = None
         await self._limiter.call(
             f"release lease/{name}",
@@ -270,6 +284,13 @@ class HolderLeases:
             await leases.delete_unchanged(self._coord, self._limiter, self.namespace, lease)
         except client.KubeError as e:
             log.info("holder lease %s not deleted: %s", lease.metadata.name, e)
+
+
+def _released_at(lease: Any) -> datetime:
+    raw = lease.spec.acquire_time if lease.spec is not None else None
+    if raw is None:
+        return FIRST
+    return raw if isinstance(raw, datetime) else parse_time(str(raw))
 
 
 def _micro(t: datetime) -> str:

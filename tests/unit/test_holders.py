@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from reclaimd.cluster import probe
 from reclaimd.cluster.holders import (
+    FIRST,
     GROUP_ANNOTATION,
     HOLDER_ANNOTATION,
     PROBE_ANNOTATION,
@@ -54,18 +55,24 @@ class Listing:
     async def read(self, what: str, deadline: Any, call: Any, **kw: Any) -> Any:
         return SimpleNamespace(items=self.leases)
 
+    async def call(self, what: str, deadline: Any, write: Any, **kw: Any) -> None:
+        self.written.append(what)  # the sweep of a Lease gone for good
+
+    written: list[str] = []
+
 
 def holder_lease(holder: str, renewed: datetime, probe: str, group: str = "g") -> Any:
     return SimpleNamespace(
         metadata=SimpleNamespace(
             name=f"l-{holder}",
+            resource_version="1",
             annotations={
                 HOLDER_ANNOTATION: holder,
                 PROBE_ANNOTATION: probe,
                 GROUP_ANNOTATION: group,
             },
         ),
-        spec=SimpleNamespace(renew_time=renewed),
+        spec=SimpleNamespace(renew_time=renewed, acquire_time=utcnow()),
     )
 
 
@@ -133,3 +140,22 @@ async def test_a_wildcard_listener_is_probed_at_the_port_it_advertises() -> None
             assert await probe.probe(live.address, 0.5) is probe.Verdict.UNKNOWN
         finally:
             await live.close()
+
+
+async def test_a_released_lease_is_a_dead_holder_at_once() -> None:
+    """A successor that never saw the stopping replica alive need not wait out its Lease."""
+    listing = Listing([holder_lease("stopped", FIRST, "")])
+    h = HolderLeases(
+        cast(Any, None), "reclaimd", "me", lease_s=10.0, limiter=cast(Any, listing), group="g"
+    )
+    await h.refresh()
+    assert h.dead("stopped") and h.deaths.is_set() and not h.peer_alive()
+    assert h._sweeping is None  # released just now: kept for successors that start later
+    # Released over an hour ago: swept as gone for good, still dead.
+    old = holder_lease("old", FIRST, "")
+    old.spec.acquire_time = utcnow() - timedelta(hours=2)
+    listing.leases.append(old)
+    await h.refresh()
+    assert h._sweeping is not None
+    await h._sweeping
+    assert h.dead("old") and listing.written
