@@ -859,7 +859,8 @@ class LedgerWriter:
         if self._cluster is None or self._alive is None or not self.bootstrap_servers:
             return 0
         # Before the records are listed: a row left to a peer whose record is not in a later
-        # listing was published by that peer (records are deleted only once on the topic).
+        # listing was published by that peer (records become tombstones only once on the
+        # topic, and tombstones are swept hours later).
         left_to_peers = await self._outbox.peers()
         listed = await self._cluster.records()
         await self._settle_left(left_to_peers, {r.event_id: r for r in listed})

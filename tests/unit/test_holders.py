@@ -51,14 +51,13 @@ class Listing:
 
     def __init__(self, leases: list[Any]) -> None:
         self.leases = leases
+        self.written: list[str] = []
 
     async def read(self, what: str, deadline: Any, call: Any, **kw: Any) -> Any:
         return SimpleNamespace(items=self.leases)
 
     async def call(self, what: str, deadline: Any, write: Any, **kw: Any) -> None:
         self.written.append(what)  # the sweep of a Lease gone for good
-
-    written: list[str] = []
 
 
 def holder_lease(holder: str, renewed: datetime, probe: str, group: str = "g") -> Any:
