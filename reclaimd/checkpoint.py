@@ -38,9 +38,10 @@ result still holds one ack per member: the others copy the leader's outcome and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -72,6 +73,10 @@ OPEN_BUDGET_S = 120.0
 NOT_OPTED_IN = "not opted in"
 CUT_SHORT = "cut short: a notice with an earlier deadline joined the gang"
 _MAX_URI = 2048
+# A timer this late woke from a pause (SIGSTOP, a frozen VM) or a starved loop: the replies
+# that came in meanwhile get LATE_LOOK_S to be read before the rank counts as not acked.
+LATE_TIMER_S = 0.5
+LATE_LOOK_S = 0.2
 
 
 # --- budget -------------------------------------------------------------------------------
@@ -335,8 +340,9 @@ async def _signal_member(
         body[putbudget.REQUEST_FIELD] = put_budgets.grant(tenant, key, deadline=end).to_json()
     progress = _Progress()
     try:
-        async with asyncio.timeout_at(end):
-            saved = await _exchange(
+        saved = await _until(
+            end,
+            _exchange(
                 session,
                 url=member.checkpoint_url,
                 body=body,
@@ -344,7 +350,8 @@ async def _signal_member(
                 poll_headers=poll_headers,
                 poll_interval_s=poll_interval_s,
                 progress=progress,
-            )
+            ),
+        )
     except TimeoutError:
         waited = f"{end - start:.1f}s"
         if progress.saving:
@@ -367,6 +374,29 @@ async def _signal_member(
         uri=saved.uri,
         latency_s=loop.time() - start,
     )
+
+
+async def _until(end: float, exchange: Awaitable[_Saved]) -> _Saved:
+    """``exchange`` by loop time ``end``, else ``TimeoutError``.
+
+    A timer that fires late (the process was paused or starved past ``end``) first lets the
+    replies that arrived meanwhile be read: the kernel took them in time, and the loop wakes
+    the timer before the socket's reader. Without this look, a rank that answered in time
+    reads as no ack and its gang is charged from an older checkpoint."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(exchange)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, end - loop.time()))
+        if not done and loop.time() - end > LATE_TIMER_S:
+            done, _ = await asyncio.wait({task}, timeout=LATE_LOOK_S)
+        if done:
+            return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    raise TimeoutError
 
 
 @dataclass(frozen=True)

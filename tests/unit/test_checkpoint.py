@@ -778,3 +778,89 @@ async def test_each_request_carries_the_ranks_share_of_its_tenants_put_budget(
     assert sum(share.qps for share in shares if share is not None) <= 20.0
     # every share went back once the ranks answered
     assert budgets.in_flight("team-a") == 0 and budgets.outstanding("team-a") == (0, 0)
+
+
+# --- a pause across the end of the budget ----------------------------------------------------
+
+
+class _ThreadedTrainer:
+    """A trainer in a thread of its own: it answers while the test's event loop is blocked,
+    as a real trainer answers while reclaimd is SIGSTOPped (the kernel keeps the reply)."""
+
+    def __init__(self, answer_after_s: float) -> None:
+        import http.server
+        import threading
+
+        delay = answer_after_s
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                import time
+
+                time.sleep(delay)
+                body = (
+                    b'{"checkpoint_time": "2026-11-30T01:00:00Z", "step": 7,'
+                    b' "uri": "s3://ckpt/r0/7", "durable": true}'
+                )
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/checkpoint"
+
+    def __enter__(self) -> _ThreadedTrainer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_a_reply_that_came_in_while_the_process_was_paused_counts_as_the_ack() -> None:
+    """The rank answers 0.3 s in, inside its 1 s budget, but the loop is blocked from 0.1 s
+    to 2.1 s (a SIGSTOP): when it wakes, the budget's timer is due and so is the socket. The
+    reply the kernel took in time is read before the rank is declared silent."""
+    import time
+
+    with _ThreadedTrainer(answer_after_s=0.3) as t:
+        gang = make_gang(make_member("r0", rank=0, url=t.url))
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.1, time.sleep, 2.0)  # the pause: nothing in this loop runs
+        async with aiohttp.ClientSession() as s:
+            acks = await signal_gang(
+                gang,
+                make_notice(),
+                budget_deadline=utcnow() + timedelta(seconds=1.0),
+                session=s,
+            )
+    assert acks[0].acked and acks[0].durable and acks[0].step == 7, acks[0]
+
+
+async def test_a_rank_silent_through_a_pause_is_still_not_acked() -> None:
+    """The late look reads what came in; it does not wait for a rank that never answered."""
+    import time
+
+    with _ThreadedTrainer(answer_after_s=5.0) as t:
+        gang = make_gang(make_member("r0", rank=0, url=t.url))
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.1, time.sleep, 1.5)
+        started = loop.time()
+        async with aiohttp.ClientSession() as s:
+            acks = await signal_gang(
+                gang,
+                make_notice(),
+                budget_deadline=utcnow() + timedelta(seconds=0.5),
+                session=s,
+            )
+        waited = loop.time() - started
+    assert not acks[0].acked and "no reply" in acks[0].error, acks[0]
+    assert waited < 1.6 + SLACK_S  # the look is bounded: no wait for the 5 s answer
