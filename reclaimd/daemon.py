@@ -451,6 +451,7 @@ class Daemon:
             lease_s=s.claim_stale_s,
             dead=parts.holders.dead,
             wake=parts.holders.deaths,
+            expire_after=timedelta(seconds=s.policy.expired_after_s),
         )
         # First to stop on SIGTERM: a stopping replica takes no claim over.
         self._resume_task = tg.create_task(resumer.run(), name="resume")

@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from reclaimd import logs
@@ -120,6 +120,10 @@ class Resumer:
     dead: claims.Death = claims.never_dead  # known dead now: no need to wait out its Lease
     # Set when a peer is found dead (``HolderLeases.deaths``): the scan runs at once.
     wake: asyncio.Event | None = None
+    # A claim past its deadline is still finished (its gangs charged) until this long after
+    # it, as the intake admits a late message (``policy.expired_after_s``): a holder that
+    # stopped or paused across the deadline leaves gangs that nobody else will charge.
+    expire_after: timedelta = timedelta(minutes=5)
     # Between scans. The scan reads the cache and two LISTs, so it can run often: a hung
     # peer's claims are taken over this soon after its Lease runs out, not half a Lease later.
     interval_s: float = 3.0
@@ -155,8 +159,8 @@ class Resumer:
                 notice = Notice.from_json(claim.notice)
             except ParseError:
                 continue  # written by a newer or broken version: leave it to its holder
-            if notice.deadline is not None and notice.deadline < now:
-                continue
+            if notice.deadline is not None and notice.deadline + self.expire_after < now:
+                continue  # long gone: a node recreated under its name is not drained for it
             if claim.holder != self.store.holder:
                 dead = self.dead(claim.holder)
                 if not claim.stale(now, self.lease_s, self.renewed(claim.holder), dead):

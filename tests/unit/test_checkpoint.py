@@ -19,6 +19,7 @@ from reclaimd import annotations as ann
 from reclaimd.checkpoint import (
     CUT_SHORT,
     NOT_OPTED_IN,
+    PAST_DEADLINE_ASK_S,
     budget_for,
     durable_since,
     leader_of,
@@ -332,6 +333,38 @@ def test_budget_of_a_late_notice_is_now_not_the_past() -> None:
     notice = make_notice(120.0, issued_ago_s=100.0)
     now = utcnow()
     assert budget_for(notice, now, reserve_s=30.0) == now
+
+
+def test_a_notice_past_its_deadline_still_asks_each_rank_briefly() -> None:
+    """Resumed after the deadline (a takeover, a pause): a rank that saved for the notice
+    answers with that save, so the budget is short, not empty."""
+    notice = make_notice(30.0, issued_ago_s=45.0)
+    now = utcnow()
+    got = budget_for(notice, now, reserve_s=10.0)
+    assert got == now + timedelta(seconds=PAST_DEADLINE_ASK_S)
+    assert 0 < PAST_DEADLINE_ASK_S <= 5
+
+
+async def test_a_rank_that_saved_answers_a_notice_resumed_past_its_deadline(
+    session: aiohttp.ClientSession,
+) -> None:
+    """The successor's ask after the deadline gets the save the rank already made for the
+    notice (asked by the replica that stopped), at once."""
+    saves = 0
+
+    async def save(req: CheckpointRequest) -> CheckpointResult:
+        nonlocal saves
+        saves += 1
+        return CheckpointResult(checkpoint_time=T0, step=4242, uri="s3://ckpt/r0", durable=True)
+
+    async with workload(save) as w:
+        notice = make_notice(30.0, issued_ago_s=40.0)
+        gang = make_gang(make_member("r0", rank=0, url=w.url))
+        first = await signal_gang(gang, notice, budget_deadline=budget(5), session=session)
+        late = budget_for(notice, utcnow(), reserve_s=10.0)
+        again = await signal_gang(gang, notice, budget_deadline=late, session=session)
+    assert first[0].acked and again[0].acked and again[0].step == 4242, again[0]
+    assert saves == 1  # the same save, not a second one
 
 
 def test_budget_of_a_notice_without_deadline() -> None:

@@ -56,7 +56,9 @@ async def test_the_scan_takes_back_ours_and_the_dead_and_leaves_the_live_and_the
         claim("busy", "me"),  # ours and running here: a resume would only write again
         claim("dead", "peer-dead"),  # its holder stopped renewing
         claim("live", "peer-live"),  # its holder's Lease is fresh
-        claim("late", "peer-dead", deadline_s=-5),  # past its deadline: nothing to save
+        # Past its deadline, its holder gone: its gangs are still to charge.
+        claim("late", "peer-dead", deadline_s=-5),
+        claim("gone", "peer-dead", deadline_s=-301),  # long past: the node may be recreated
     ])
     renewals: dict[str, datetime] = {"peer-live": utcnow() - timedelta(seconds=2)}
     resumed: list[tuple[str, str | None]] = []
@@ -67,8 +69,8 @@ async def test_the_scan_takes_back_ours_and_the_dead_and_leaves_the_live_and_the
 
     r = Resumer(store, Nodes(), resume=resume, in_flight=lambda nid: nid == "busy",  # type: ignore[arg-type]
                 renewed=renewals.get, lease_s=LEASE_S)
-    assert await r.once() == 2
-    assert resumed == [("mine", "node-mine"), ("dead", "node-dead")]
+    assert await r.once() == 3
+    assert resumed == [("mine", "node-mine"), ("dead", "node-dead"), ("late", "node-late")]
     assert store.given == [("node-x", "{}")]  # node claims from the cache, not a LIST
 
 
