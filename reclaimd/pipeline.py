@@ -52,9 +52,16 @@ log = logging.getLogger(__name__)
 
 
 class ClusterView(Protocol):
+    """The cluster cache. ``since``: also the ranks that left since then (a notice's gang is
+    still to charge when its pods went before the notice was resolved)."""
+
     def resolve_node(self, target: Target) -> str | None: ...
-    def gangs_on_nodes(self, nodes: Iterable[str]) -> tuple[Gang, ...]: ...
-    def gangs_of_workload(self, ref: WorkloadRef) -> tuple[Gang, ...]: ...
+    def gangs_on_nodes(
+        self, nodes: Iterable[str], *, since: datetime | None = None
+    ) -> tuple[Gang, ...]: ...
+    def gangs_of_workload(
+        self, ref: WorkloadRef, *, since: datetime | None = None
+    ) -> tuple[Gang, ...]: ...
 
 
 class ClusterWriter(Protocol):
@@ -347,13 +354,16 @@ class Runbook:
 
     def resolve(self, notice: Notice) -> Plan:
         with self.tracer.start_as_current_span("reclaimd.resolve") as span:
+            # Pods that left since the notice was issued are still its gang's: Kueue deletes
+            # a reclaimed Workload's pods itself, a dead owner may have evicted some.
+            since = notice.issued_at
             if notice.target.workload is not None:
-                gangs = self.view.gangs_of_workload(notice.target.workload)
+                gangs = self.view.gangs_of_workload(notice.target.workload, since=since)
                 nodes: tuple[str, ...] = ()
             else:
                 node = self.view.resolve_node(notice.target)
                 nodes = (node,) if node else ()
-                gangs = self.view.gangs_on_nodes(nodes)
+                gangs = self.view.gangs_on_nodes(nodes, since=since)
             span.set_attribute("reclaimd.gangs", len(gangs))
             span.set_attribute("reclaimd.ranks", sum(len(g.members) for g in gangs))
             if nodes:

@@ -54,8 +54,10 @@ from reclaimd.model import Gang, GangKey, Target, WorkloadRef, utcnow
 log = logging.getLogger(__name__)
 
 PodId = tuple[str, str]  # namespace, name
-# When pods left the cache, by uid: a successor draining a dead owner's gang finds its pods
-# gone and charges them to when they went, not to when it looked. Bounded: a storm's worth.
+# The pods that left the cache, by uid, with when: a successor draining a dead owner's gang
+# finds its pods gone and charges them to when they went, not to when it looked; and a notice
+# whose gang left before it was resolved (Kueue deletes a reclaimed Workload's pods itself)
+# still finds the gang. Bounded: a storm's worth.
 MAX_GONE = 20_000
 Labeler = gangs.Labeler
 
@@ -325,7 +327,8 @@ class _Indexes:
         self.by_workload_name: defaultdict[tuple[str, str], set[PodId]] = defaultdict(set)
         self.by_owner_uid: defaultdict[tuple[str, str], set[PodId]] = defaultdict(set)
         self.workloads: dict[tuple[str, str], _Workload] = {}
-        self.gone_at: dict[str, datetime] = {}  # pod uid -> when it left (oldest first)
+        # pod uid -> when it left, and what it was (oldest first)
+        self.gone: dict[str, tuple[datetime, _Pod]] = {}
 
     # nodes
 
@@ -381,7 +384,7 @@ class _Indexes:
 
     def _add_pod(self, pod: _Pod) -> None:
         pid = pod.pid
-        self.gone_at.pop(pod.uid, None)  # back (a relist drops and re-adds every pod)
+        self.gone.pop(pod.uid, None)  # back (a relist drops and re-adds every pod)
         self.pods[pid] = pod
         self.by_gang[pod.gang].add(pid)
         if pod.node:
@@ -396,9 +399,10 @@ class _Indexes:
         if pod is None:
             return
         if pod.uid:  # deleted, finished or no longer a GPU pod: stopped, as far as we know
-            self.gone_at[pod.uid] = utcnow()
-            if len(self.gone_at) > MAX_GONE:
-                del self.gone_at[next(iter(self.gone_at))]
+            self.gone.pop(pod.uid, None)  # to the end: the dict stays in the order they left
+            self.gone[pod.uid] = (utcnow(), pod)
+            if len(self.gone) > MAX_GONE:
+                del self.gone[next(iter(self.gone))]
         _discard(self.by_gang, pod.gang, pid)
         _discard(self.by_node, pod.node, pid)
         for name in pod.workload_names:
@@ -802,7 +806,8 @@ class ClusterCache:
 
     def pod_gone_at(self, uid: str) -> datetime | None:
         """When the pod with ``uid`` was seen to leave (None: never seen to, or too long ago)."""
-        return self._idx.gone_at.get(uid) if uid else None
+        gone = self._idx.gone.get(uid) if uid else None
+        return gone[0] if gone is not None else None
 
     def pod_exists(self, namespace: str, name: str, uid: str = "") -> bool:
         """Whether the GPU pod is still there (and is the same pod, when ``uid`` is given)."""
@@ -826,40 +831,69 @@ class ClusterCache:
         pids = self._idx.by_gang.get(key)
         return self._build(key, pids) if pids else None
 
-    def gangs_on_nodes(self, nodes: Iterable[str]) -> tuple[Gang, ...]:
-        """Every gang with a rank on one of ``nodes``, with all of its ranks, wherever they run."""
-        keys = {
-            self._idx.pods[pid].gang
-            for node in set(nodes)
-            for pid in self._idx.by_node.get(node, ())
-        }
-        return self._gangs(keys)
+    def gangs_on_nodes(
+        self, nodes: Iterable[str], *, since: datetime | None = None
+    ) -> tuple[Gang, ...]:
+        """Every gang with a rank on one of ``nodes``, with all of its ranks, wherever they run;
+        with ``since``, also the ranks that left those nodes since then (a notice's gang is
+        still its to charge when its pods went before the notice was resolved)."""
+        nodes = set(nodes)
+        idx = self._idx
+        keys = {idx.pods[pid].gang for node in nodes for pid in idx.by_node.get(node, ())}
+        keys |= {p.gang for p in self._gone_since(since) if p.node in nodes}
+        return self._gangs(keys, since)
 
-    def gangs_of_workload(self, ref: WorkloadRef) -> tuple[Gang, ...]:
+    def gangs_of_workload(
+        self, ref: WorkloadRef, *, since: datetime | None = None
+    ) -> tuple[Gang, ...]:
         """The gangs of a Kueue Workload's pods.
 
         Pods name their Workload (pod groups, TAS annotation), or are found through the job
         the Workload belongs to: its ``kueue.x-k8s.io/job-uid`` label or controlling owner,
-        matched against each pod's controller uid, Job controller-uid or JobSet uid.
+        matched against each pod's controller uid, Job controller-uid or JobSet uid. With
+        ``since``, also the pods that left since then: Kueue deletes a reclaimed Workload's
+        pods itself, often before the notice is resolved.
         """
         idx = self._idx
         pids = set(idx.by_workload_name.get((ref.namespace, ref.name), ()))
+        owners = {ref.uid} if ref.uid else set()  # a ref may name the job object itself
         workload = idx.workloads.get((ref.namespace, ref.name))
         # A different uid is a Workload recreated under the same name: its jobs are not ours.
         if workload is not None and (not ref.uid or ref.uid == workload.uid):
-            for uid in workload.job_uids:
-                pids |= idx.by_owner_uid.get((ref.namespace, uid), set())
-        if ref.uid:  # a ref may name the job object itself
-            pids |= idx.by_owner_uid.get((ref.namespace, ref.uid), set())
-        return self._gangs({idx.pods[pid].gang for pid in pids})
+            owners |= set(workload.job_uids)
+        for uid in owners:
+            pids |= idx.by_owner_uid.get((ref.namespace, uid), set())
+        keys = {idx.pods[pid].gang for pid in pids}
+        keys |= {
+            p.gang
+            for p in self._gone_since(since)
+            if p.pid[0] == ref.namespace
+            and (ref.name in p.workload_names or owners.intersection(p.owner_uids))
+        }
+        return self._gangs(keys, since)
 
-    def _gangs(self, keys: Iterable[GangKey]) -> tuple[Gang, ...]:
-        return tuple(self._build(key, self._idx.by_gang[key]) for key in sorted(keys, key=str))
+    def _gone_since(self, since: datetime | None) -> Iterator[_Pod]:
+        if since is None:
+            return
+        for at, pod in reversed(self._idx.gone.values()):  # newest first: stop at the first older
+            if at < since:
+                return
+            yield pod
 
-    def _build(self, key: GangKey, pids: Iterable[PodId]) -> Gang:
+    def _gangs(self, keys: Iterable[GangKey], since: datetime | None = None) -> tuple[Gang, ...]:
+        gone: dict[GangKey, list[_Pod]] = {}
+        for pod in self._gone_since(since):
+            if pod.gang in keys and pod.pid not in self._idx.pods:
+                gone.setdefault(pod.gang, []).append(pod)
+        return tuple(
+            self._build(key, self._idx.by_gang.get(key, ()), gone.get(key, ()))
+            for key in sorted(keys, key=str)
+        )
+
+    def _build(self, key: GangKey, pids: Iterable[PodId], gone: Iterable[_Pod] = ()) -> Gang:
         return gangs.build_gang(
             key,
-            [self._idx.pods[pid].decode() for pid in pids],
+            [self._idx.pods[pid].decode() for pid in pids] + [p.decode() for p in gone],
             labeler=self._labeler,
             node_labels=self.node_labels,
             url_policy=self._settings.url_policy,

@@ -469,3 +469,45 @@ def test_the_cache_remembers_when_each_pod_left() -> None:
     apply(listed_projected(fleet()))  # a relist that has it again: back
     assert cache.pod_gone_at(uid) is None
     assert cache.pod_gone_at("") is None
+
+
+def test_a_gang_whose_pods_left_after_the_notice_is_still_found() -> None:
+    """Kueue deletes a reclaimed Workload's pods itself, a dead owner may have evicted some:
+    with ``since`` (the notice's issue time) the gang is found with the ranks that left
+    since, and without it (or for pods gone before) it is not."""
+    cache = new_cache()
+    apply = cache._pod_applier("")
+    apply(listed_projected(fleet()))
+    cache._workload_applier("")(
+        Listed(
+            ({"metadata": {"namespace": NS, "name": "wl-train", "uid": "wl-uid",
+                           "labels": {gangs.KUEUE_JOB_UID: "uid-train"}}},),
+            "5",
+        )
+    )  # fmt: skip
+    apply(Changed("DELETED", gpu_pod("other-0", "n2", job="other")))  # gone before the notice
+    issued = utcnow()
+    apply(Changed("DELETED", gpu_pod("train-0", "n1", rank=0)))
+    apply(Changed("DELETED", gpu_pod("train-1", "n2", rank=1)))
+    ref = WorkloadRef(NS, "wl-train")
+    assert cache.gangs_of_workload(ref) == ()  # today's pods only: none left
+    (gang,) = cache.gangs_of_workload(ref, since=issued)
+    assert gang.key == GangKey("job", NS, "train")
+    assert sorted(m.name for m in gang.members) == ["train-0", "train-1"]
+    assert cache.gangs_of_workload(WorkloadRef(NS, "wl-other"), since=issued) == ()
+    # a node notice: the rank that was on n1, and its whole gang (train-1 ran on n2)
+    (on_n1,) = cache.gangs_on_nodes(["n1"], since=issued)
+    assert sorted(m.name for m in on_n1.members) == ["train-0", "train-1"]
+    assert [g.key.name for g in cache.gangs_on_nodes(["n2"], since=issued)] == ["train"]
+    assert cache.gangs_on_nodes(["n1"], since=utcnow()) == ()
+
+
+def test_a_gang_half_gone_has_its_live_and_its_gone_ranks_once() -> None:
+    cache = new_cache()
+    apply = cache._pod_applier("")
+    apply(listed_projected(fleet()))
+    issued = utcnow()
+    apply(Changed("DELETED", gpu_pod("train-0", "n1", rank=0)))
+    found = {g.key.name: g for g in cache.gangs_on_nodes(["n2"], since=issued)}
+    assert sorted(found) == ["other", "train"]
+    assert sorted(m.name for m in found["train"].members) == ["train-0", "train-1"]

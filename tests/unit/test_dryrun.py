@@ -8,7 +8,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -80,10 +80,14 @@ class Nodes:
     def resolve_node(self, target: Target) -> str | None:
         return target.node_name if target.node_name in self.nodes else None
 
-    def gangs_on_nodes(self, nodes: Iterable[str]) -> tuple[Gang, ...]:
+    def gangs_on_nodes(
+        self, nodes: Iterable[str], *, since: datetime | None = None
+    ) -> tuple[Gang, ...]:
         return (GANG,) if GANG.nodes & set(nodes) else ()
 
-    def gangs_of_workload(self, ref: WorkloadRef) -> tuple[Gang, ...]:
+    def gangs_of_workload(
+        self, ref: WorkloadRef, *, since: datetime | None = None
+    ) -> tuple[Gang, ...]:
         return (GANG,)
 
 

@@ -49,11 +49,15 @@ class World:
     def resolve_node(self, target: Target) -> str | None:
         return {"i-1": "n1", "i-2": "n2"}.get(target.instance_id)
 
-    def gangs_on_nodes(self, nodes: Iterable[str]) -> tuple[Gang, ...]:
+    def gangs_on_nodes(
+        self, nodes: Iterable[str], *, since: datetime | None = None
+    ) -> tuple[Gang, ...]:
         ns = set(nodes)
         return tuple(g for g in (GANG, SOLO) if g.nodes & ns)
 
-    def gangs_of_workload(self, ref: WorkloadRef) -> tuple[Gang, ...]:
+    def gangs_of_workload(
+        self, ref: WorkloadRef, *, since: datetime | None = None
+    ) -> tuple[Gang, ...]:
         return (GANG,)
 
     # ClusterWriter
@@ -220,7 +224,9 @@ class RecordingWorld(World):
         self.records: dict[str, dict[GangKey, Recorded]] = {}
         self.gone: set[str] = set()  # pods the dead owner already evicted
 
-    def gangs_on_nodes(self, nodes: Iterable[str]) -> tuple[Gang, ...]:
+    def gangs_on_nodes(
+        self, nodes: Iterable[str], *, since: datetime | None = None
+    ) -> tuple[Gang, ...]:
         left = []
         for g in super().gangs_on_nodes(nodes):
             members = tuple(m for m in g.members if m.name not in self.gone)
