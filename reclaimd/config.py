@@ -93,6 +93,26 @@ class PubSubSettings(_Strict):
     # is twice the GCE window.
     lease_extension_s: int = Field(10, ge=10, le=600)
     endpoint: str | None = None  # None: PUBSUB_EMULATOR_HOST or the real service
+    # One subscription per replica, so that no message depends on one replica: with N > 1,
+    # slot i consumes ``<subscription>-<i>`` (i = 0 .. N-1, all on the sink's topic; the
+    # deployer creates them: deploy/gcp/main.tf) while this replica holds the slot's Lease
+    # (``reclaimd.cluster.slots``), and the claim decides which replica acts. 1: every
+    # replica shares ``<subscription>`` (a killed replica's messages wait out its lease).
+    slots: int = Field(1, ge=1, le=64)
+
+    def slot_subscription(self, index: int) -> str:
+        """The subscription id slot ``index`` consumes (``subscription`` with one slot)."""
+        if not 0 <= index < self.slots:
+            raise ValueError(f"pubsub: slot {index} out of 0..{self.slots - 1}")
+        return self.subscription if self.slots == 1 else f"{self.subscription}-{index}"
+
+    @model_validator(mode="after")
+    def _slot_names_fit(self) -> PubSubSettings:
+        # A subscription id is at most 255 characters: the longest slot's must be one.
+        longest = len(self.subscription) + (len(f"-{self.slots - 1}") if self.slots > 1 else 0)
+        if longest > 255:
+            raise ValueError("subscription: with its slot suffix longer than 255 characters")
+        return self
 
 
 class GceMetadataSettings(_Strict):
@@ -350,6 +370,15 @@ class Settings(_Strict):
     # Decide everything, do nothing: log and count what would be claimed, signalled, evicted
     # and recorded (``reclaimd.dryrun``); ``reclaimd run --dry-run`` sets it too.
     dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _slots_not_in_a_dry_run(self) -> Settings:
+        # A slot is a Lease (a write), and a dry run must not take a live replica's slot.
+        if self.dry_run and self.pubsub.enabled and self.pubsub.slots > 1:
+            raise ValueError(
+                "pubsub.slots: a dry run consumes one subscription of its own (slots: 1)"
+            )
+        return self
 
 
 @dataclass(frozen=True)

@@ -347,7 +347,7 @@ class Daemon:
         self.intake, self.scheduler, self.ledger = parts.intake, scheduler, ledger_writer
         serving = contextlib.AsyncExitStack()
         try:
-            sources_by_name = self._sources(parts.intake, api)
+            sources_by_name = self._sources(parts, api)
             observed = self.metrics = _bind_gauges(parts, sources_by_name)
             readiness = health.Readiness(
                 {"cache": lambda: view.current}
@@ -484,9 +484,16 @@ class Daemon:
             with contextlib.suppress(client.KubeError):
                 await parts.holders.release()
 
-    def _sources(self, intake: Intake, api: Any) -> dict[str, registry.Source]:
+    def _sources(self, parts: _Parts, api: Any) -> dict[str, registry.Source]:
         """One transport per enabled entry of the source registry (``reclaimd.sources``)."""
-        wiring = registry.Wiring(self.settings, intake.admit, self.settings.windows, api)
+        wiring = registry.Wiring(
+            self.settings,
+            parts.intake.admit,
+            self.settings.windows,
+            api,
+            limiter=parts.limiter,
+            dead=parts.holders.dead,
+        )
         return {e.name: e.build(e, wiring) for e in registry.enabled(self.settings)}
 
 
@@ -509,6 +516,7 @@ def _bind_gauges(parts: _Parts, running: Mapping[str, registry.Source]) -> metri
         label_drops=lambda: ledger_writer.policy.dropped,
         transports=registry.counters(running),
         scheduler_depth=lambda: scheduler.depth,
+        pubsub_slot=registry.pubsub_slot(running),
         kube_waiting=lambda: limiter.waiting,
         kube_throttled=lambda: limiter.throttled,
     )

@@ -174,6 +174,7 @@ class _Bound:
     kube_throttled: Callable[[], int] | None = None
     transports: Mapping[str, Any] | None = None
     scheduler_depth: Callable[[], int] | None = None
+    pubsub_slot: Callable[[], int] | None = None
 
 
 class _BoundCollector(Collector):
@@ -221,6 +222,12 @@ class _BoundCollector(Collector):
             yield from _transport_families(b.transports)
         if b.scheduler_depth is not None:
             yield _gauge("scheduler_depth", "notices queued or being handled", b.scheduler_depth())
+        if b.pubsub_slot is not None:
+            yield _gauge(
+                "pubsub_slot",
+                "the Pub/Sub slot this replica holds and consumes (-1: none, waiting for one)",
+                b.pubsub_slot(),
+            )
 
 
 def _transport_families(transports: Mapping[str, Any]) -> Iterator[Metric]:
@@ -403,6 +410,7 @@ class Metrics:
         kube_throttled: Callable[[], int] | None = None,
         transports: Mapping[str, Any] | None = None,
         scheduler_depth: Callable[[], int] | None = None,
+        pubsub_slot: Callable[[], int] | None = None,
     ) -> None:
         """Read these at scrape time; a part bound again replaces the earlier one.
 
@@ -416,6 +424,7 @@ class Metrics:
             "kube_throttled": kube_throttled,
             "transports": dict(transports) if transports is not None else None,
             "scheduler_depth": scheduler_depth,
+            "pubsub_slot": pubsub_slot,
         }
         for name, value in given.items():
             if value is not None:

@@ -51,6 +51,8 @@ class Wiring:
     admit: Admit
     windows: Windows
     api: Any = None  # the Kubernetes ApiClient (Kueue watches Workloads through it)
+    limiter: Any = None  # the write budget (Pub/Sub slot Leases are written through it)
+    dead: Callable[[str], bool] | None = None  # a holder the peer probe found dead
 
 
 @dataclass(frozen=True)
@@ -113,10 +115,28 @@ def _imds(entry: Entry, w: Wiring) -> Source:
 
 
 def _pubsub(entry: Entry, w: Wiring) -> Source:
-    from reclaimd.transports.pubsub import PubSubSource
+    from reclaimd.transports.pubsub import PubSubSource, SlottedPubSubSource
 
     s: PubSubSettings = entry.settings_of(w.settings)
-    return PubSubSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+    if s.slots == 1:
+        return PubSubSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+    from reclaimd.cluster.slots import PubSubSlots
+
+    if w.settings.dry_run:
+        # A slot is a Lease, a write: and a dry run must not take a live replica's slot.
+        raise ValueError("pubsub.slots > 1 is not for a dry run: give it a subscription of its own")
+    if w.api is None or w.limiter is None:
+        raise ValueError("pubsub.slots > 1 needs the Kubernetes API for the slot Leases")
+    slots = PubSubSlots(
+        w.api,
+        w.settings.lease_namespace,
+        w.settings.holder,
+        subscriptions=[s.slot_subscription(i) for i in range(s.slots)],
+        lease_s=w.settings.claim_stale_s,
+        limiter=w.limiter,
+        dead=w.dead,
+    )
+    return SlottedPubSubSource(s, slots, admit=w.admit, windows=w.windows, parser=entry.parser)
 
 
 def _gce_metadata(entry: Entry, w: Wiring) -> Source:
@@ -172,3 +192,16 @@ def after_drain(settings: Settings) -> AfterDrain:
 
 def counters(sources: Mapping[str, Source]) -> dict[str, Counters]:
     return {name: source.counters for name, source in sources.items()}
+
+
+def pubsub_slot(sources: Mapping[str, Source]) -> Callable[[], int] | None:
+    """The Pub/Sub slot held (-1: none yet), read at scrape time; None without slots."""
+    source = sources.get("pubsub")
+    if source is None or not hasattr(source, "held_slot"):
+        return None
+
+    def held() -> int:
+        slot = getattr(source, "held_slot", None)
+        return -1 if slot is None else int(slot)
+
+    return held

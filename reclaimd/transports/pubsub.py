@@ -33,6 +33,11 @@ its lease, and nacks any that arrive from then on; then it cancels the stream fu
 client nacks what it had not handed over yet and flushes the nacks), waits for the client's
 threads to stop, closes the subscriber, and cancels the settlements still in flight. Each
 message is settled exactly once: whoever takes it out of ``_held`` acks or nacks it.
+
+Slots (``pubsub.slots > 1``, ``SlottedPubSubSource``): each replica consumes a subscription of
+its own on the same topic, ``<subscription>-<slot>``, while it holds that slot's Lease; every
+replica gets every LogEntry and the claim decides who acts, so a killed replica's leased
+messages matter to nobody (see ``reclaimd.cluster.slots``).
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
@@ -81,12 +86,13 @@ class PubSubSource:
         windows: Windows,
         parser: str = "gke",
         subscriber_factory: Any = None,
+        counters: Counters | None = None,
     ) -> None:
         if not settings.project or not settings.subscription:
             raise ValueError("pubsub: project and subscription are required")
         self.settings, self.windows, self.parser = settings, windows, parser
         self.admit = admit
-        self.counters = Counters()
+        self.counters = counters if counters is not None else Counters()
         self.released = 0  # unsettled messages nacked because the source stopped
         self._factory = subscriber_factory or _default_subscriber
         # Settlements scheduled from client threads; shared with those threads, as are
@@ -258,6 +264,70 @@ class PubSubSource:
             message_id=message_id,
         )
         return verdict([a for _, a in delivered.admitted])
+
+
+class Slots(Protocol):
+    """Which subscription this replica may consume, and when (``cluster.slots``)."""
+
+    @property
+    def held(self) -> int | None: ...
+
+    async def run(self, consume: Callable[[int], Coroutine[Any, Any, None]]) -> None: ...
+
+
+class SlottedPubSubSource:
+    """``pubsub.slots > 1``: a subscription per replica slot, consumed only while this
+    replica holds the slot (``slots.run``). Each slot taken gets a fresh ``PubSubSource`` on
+    ``<subscription>-<slot>``; all of them count into one ``counters``. Cancelled (SIGTERM),
+    the source nacks what it holds before the slot is released."""
+
+    def __init__(
+        self,
+        settings: PubSubSettings,
+        slots: Slots,
+        *,
+        admit: Admit,
+        windows: Windows,
+        parser: str = "gke",
+        subscriber_factory: Any = None,
+    ) -> None:
+        if not settings.project or not settings.subscription:
+            raise ValueError("pubsub: project and subscription are required")
+        self.settings, self.slots = settings, slots
+        self._admit, self._windows, self._parser = admit, windows, parser
+        self._factory = subscriber_factory
+        self.counters = Counters()
+        self.current: PubSubSource | None = None  # the held slot's source
+        self._released_before = 0  # by the sources of slots given up earlier
+
+    @property
+    def held_slot(self) -> int | None:
+        return self.slots.held
+
+    @property
+    def released(self) -> int:
+        """Unsettled messages nacked because a slot's source stopped."""
+        now = self.current.released if self.current is not None else 0
+        return self._released_before + now
+
+    async def run(self) -> None:
+        await self.slots.run(self._consume)
+
+    async def _consume(self, slot: int) -> None:
+        one = self.settings.model_copy(
+            update={"subscription": self.settings.slot_subscription(slot), "slots": 1}
+        )
+        if self.current is not None:
+            self._released_before += self.current.released
+        self.current = PubSubSource(
+            one,
+            admit=self._admit,
+            windows=self._windows,
+            parser=self._parser,
+            subscriber_factory=self._factory,
+            counters=self.counters,
+        )
+        await self.current.run()
 
 
 def _default_subscriber(settings: PubSubSettings) -> Any:

@@ -295,7 +295,7 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
     sqs = Counters(received=4, acked=3, left_for_redelivery=1, parse_errors=1)
     sqs.admitted(Admission.CLAIMED)
     sqs.admitted(Admission.RETRY)
-    waiting = [0]
+    waiting, held = [0], [-1]
     m.bind(
         ledger=ledger,
         label_drops=lambda: {"refused_key": 2},
@@ -304,6 +304,7 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
         kube_throttled=lambda: 9,
         transports={"sqs": sqs},
         scheduler_depth=lambda: 1,
+        pubsub_slot=lambda: held[0],
     )
     got = samples(m)
     assert value(got, "reclaimd_ledger_outbox_depth") == 3
@@ -322,12 +323,14 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
         value(got, "reclaimd_transport_admissions_total", transport="sqs", admission="retry") == 1
     )
     assert value(got, "reclaimd_scheduler_depth") == 1
+    assert value(got, "reclaimd_pubsub_slot") == -1  # waiting for a slot
     # a later scrape sees the parts as they are then
-    ledger.waiting, waiting[0] = 0, 12
+    ledger.waiting, waiting[0], held[0] = 0, 12, 1
     puts.total.retries = 40
     got = samples(m)
     assert value(got, "reclaimd_ledger_outbox_depth") == 0
     assert value(got, "reclaimd_kube_writes_waiting") == 12
+    assert value(got, "reclaimd_pubsub_slot") == 1
     assert value(got, "reclaimd_objectstore_put_retries_total") == 40
 
 
@@ -355,6 +358,7 @@ def all_families() -> dict[str, tuple[str, tuple[str, ...]]]:
         kube_throttled=lambda: 0,
         transports={"sqs": Counters(by_admission={"claimed": 1})},
         scheduler_depth=lambda: 0,
+        pubsub_slot=lambda: 0,
     )
     m.observe_report(report())
     m.observe_report(report(spot(nid="late"), met=False))

@@ -1,0 +1,147 @@
+"""Pub/Sub slots, the pure side: which subscription a slot consumes, which slot Lease a replica
+may take and why, the setting's validation, and what the source registry builds for it. The
+Lease writes themselves run against the real apiserver in tests/e2e/test_pubsub_slots.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from reclaimd import config, sources
+from reclaimd.cluster import slots
+from reclaimd.cluster.slots import RELEASED, SlotLease, lease_name, pick, why_free
+from reclaimd.config import PubSubSettings, Settings
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, utcnow
+from reclaimd.transports.pubsub import PubSubSource, SlottedPubSubSource
+
+NOW = utcnow()
+
+
+def alive(holder: str, age_s: float = 1.0, duration_s: float = 20.0) -> SlotLease:
+    return SlotLease(holder, NOW - timedelta(seconds=age_s), duration_s, "7")
+
+
+def nobody_dead(_holder: str) -> bool:
+    return False
+
+
+# --- names --------------------------------------------------------------------------------
+
+
+def test_one_slot_is_the_shared_subscription_and_more_are_suffixed_from_zero() -> None:
+    one = PubSubSettings(subscription="reclaimd-preemptions")
+    assert one.slot_subscription(0) == "reclaimd-preemptions"
+    three = PubSubSettings(subscription="reclaimd-preemptions", slots=3)
+    assert [three.slot_subscription(i) for i in range(3)] == [
+        "reclaimd-preemptions-0",
+        "reclaimd-preemptions-1",
+        "reclaimd-preemptions-2",
+    ]
+    with pytest.raises(ValueError, match=r"out of 0\.\.2"):
+        three.slot_subscription(3)
+
+
+def test_a_slot_lease_is_named_for_its_subscription() -> None:
+    assert lease_name("reclaimd-preemptions-0") == "reclaimd-pubsub-slot-reclaimd-preemptions-0"
+    # Valid in a subscription id, not in an object name: a digest, stable and distinct.
+    odd = lease_name("Reclaimd_Preemptions-0")
+    assert odd.startswith(slots.PREFIX) and len(odd) == len(slots.PREFIX) + 24
+    assert odd == lease_name("Reclaimd_Preemptions-0") != lease_name("Reclaimd_Preemptions-1")
+    assert len(lease_name("a" * 250)) <= 253
+
+
+# --- the setting --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("pubsub: {slots: 0}", "pubsub.slots: Input should be greater than or equal to 1"),
+        ("pubsub: {slots: two}", "pubsub.slots: Input should be a valid integer"),
+        (
+            "pubsub: {slots: 2, subscription: " + "s" * 254 + "}",
+            "pubsub: Value error, subscription: with its slot suffix longer than 255",
+        ),
+        (
+            "dry_run: true\npubsub: {enabled: true, slots: 2}",
+            "(top level): Value error, pubsub.slots: a dry run consumes one subscription",
+        ),
+    ],
+)
+def test_a_bad_slots_value_is_one_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(path, env={})
+    assert str(e.value).startswith(message), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_slots_default_to_one_and_take_an_environment_override() -> None:
+    assert Settings().pubsub.slots == 1
+    assert config.load(None, env={"RECLAIMD_PUBSUB__SLOTS": "2"}).pubsub.slots == 2
+
+
+# --- which slot a replica may take ----------------------------------------------------------
+
+
+def test_a_slot_is_free_when_absent_released_ours_dead_or_expired() -> None:
+    assert why_free(None, "me", NOW, nobody_dead) == "new"
+    assert why_free(SlotLease("", RELEASED, 1, "3"), "me", NOW, nobody_dead) == "released"
+    assert why_free(SlotLease("peer", RELEASED, 1, "3"), "me", NOW, nobody_dead) == "released"
+    assert why_free(alive("me"), "me", NOW, nobody_dead) == "own"
+    assert why_free(alive("peer"), "me", NOW, lambda h: h == "peer") == "dead"
+    assert why_free(alive("peer", age_s=21), "me", NOW, nobody_dead) == "expired"
+    assert why_free(alive("peer", age_s=19), "me", NOW, nobody_dead) is None
+
+
+def test_a_replica_tries_its_own_slot_first_then_the_free_ones_by_index() -> None:
+    leases = {
+        0: alive("peer"),
+        1: None,
+        2: SlotLease("gone", RELEASED, 1, "4"),
+        3: alive("me"),
+    }
+    assert pick(leases, "me", NOW, nobody_dead) == [(3, "own"), (1, "new"), (2, "released")]
+    # a surge pod while both replicas live: nothing to take, it waits
+    held = {0: alive("a"), 1: alive("b")}
+    assert pick(held, "surge", NOW, nobody_dead) == []
+    # the peer probe found "a" dead: its slot is free now, not when its Lease runs out
+    assert pick(held, "surge", NOW, lambda h: h == "a") == [(0, "dead")]
+
+
+# --- what the registry builds -----------------------------------------------------------------
+
+
+async def admit(notice: Notice) -> Admission:
+    return Admission.CLAIMED
+
+
+def pubsub_settings(**pubsub: object) -> Settings:
+    return Settings.model_validate(
+        {"pubsub": {"enabled": True, "project": "p", "subscription": "s", **pubsub}}
+    )
+
+
+async def test_one_slot_builds_the_plain_source_and_more_a_slotted_one() -> None:
+    built = sources.build(pubsub_settings(), admit=admit)
+    assert isinstance(built["pubsub"], PubSubSource)
+    assert sources.pubsub_slot(built) is None  # no slot, no gauge
+
+    async with k8s.ApiClient() as api:
+        wiring = sources.Wiring(
+            pubsub_settings(slots=2), admit, pubsub_settings().windows, api, limiter=object()
+        )
+        (entry,) = sources.enabled(wiring.settings)
+        slotted = entry.build(entry, wiring)
+        assert isinstance(slotted, SlottedPubSubSource)
+        assert slotted.slots.subscriptions == ("s-0", "s-1")  # type: ignore[attr-defined]
+        gauge = sources.pubsub_slot({"pubsub": slotted})
+        assert gauge is not None and gauge() == -1  # none held yet
+
+    with pytest.raises(ValueError, match="needs the Kubernetes API"):
+        sources.build(pubsub_settings(slots=2), admit=admit)
