@@ -345,6 +345,18 @@ class Drill:
                 await server.start()
                 self.built.gce[n.node] = server
 
+    @property
+    def pubsub_slots(self) -> int:
+        """Central replicas on Pub/Sub each consume a subscription of their own (a slot), so
+        that no LogEntry depends on one replica; one replica keeps the plain subscription."""
+        replicas = self.scenario.reclaimd.replicas
+        return replicas if replicas > 1 else 1
+
+    def _pubsub_subscriptions(self) -> list[str]:
+        """The run's subscription ids: ``<base>-<slot>`` with slots, else ``<base>``."""
+        base, n = self.built.pubsub_subscription, self.pubsub_slots
+        return [base] if n == 1 else [f"{base}-{i}" for i in range(n)]
+
     async def _pubsub_setup(self) -> None:
         from google.cloud import pubsub_v1
 
@@ -352,29 +364,53 @@ class Drill:
         publisher = pubsub_v1.PublisherClient()
         subscriber = pubsub_v1.SubscriberClient()
         topic = publisher.topic_path(project, f"gce-system-events-{self.plan.run_id}")
-        sub_id = f"reclaimd-{self.plan.run_id}"
-        sub = subscriber.subscription_path(project, sub_id)
+        self.built.pubsub_topic = topic
+        self.built.pubsub_subscription = f"reclaimd-{self.plan.run_id}"
         await asyncio.to_thread(publisher.create_topic, name=topic)
-        await asyncio.to_thread(
-            subscriber.create_subscription, name=sub, topic=topic, ack_deadline_seconds=10
-        )
+        for sub_id in self._pubsub_subscriptions():
+            # As deploy/gcp/main.tf makes them: every slot's subscription on the one topic.
+            await asyncio.to_thread(
+                subscriber.create_subscription,
+                name=subscriber.subscription_path(project, sub_id),
+                topic=topic,
+                ack_deadline_seconds=10,
+            )
         await asyncio.to_thread(subscriber.close)
         self._publisher = publisher
-        self.built.pubsub_topic, self.built.pubsub_subscription = topic, sub_id
+        if self.pubsub_slots > 1:
+            self.say(
+                f"pubsub: {self.pubsub_slots} slots, one subscription each on the topic"
+                f" ({', '.join(self._pubsub_subscriptions())})"
+            )
 
     def _pubsub_cleanup(self) -> None:
-        """Delete the run's subscription and topic (the emulator keeps them otherwise)."""
+        """Delete the run's subscriptions and topic (the emulator keeps them otherwise)."""
         from google.cloud import pubsub_v1
 
         subscriber = pubsub_v1.SubscriberClient()
-        path = subscriber.subscription_path(
-            self.stack["PUBSUB_PROJECT_ID"], self.built.pubsub_subscription
-        )
-        with contextlib.suppress(Exception):
-            subscriber.delete_subscription(subscription=path)
+        for sub_id in self._pubsub_subscriptions():
+            path = subscriber.subscription_path(self.stack["PUBSUB_PROJECT_ID"], sub_id)
+            with contextlib.suppress(Exception):
+                subscriber.delete_subscription(subscription=path)
         subscriber.close()
         with contextlib.suppress(Exception):
             self._publisher.delete_topic(topic=self.built.pubsub_topic)
+
+    async def _slot_leases_cleanup(self, h: Harness) -> None:
+        """Delete the run's Pub/Sub slot Leases (named for its subscriptions: nobody else's)."""
+        from kubernetes_asyncio import client as k8s
+
+        from reclaimd.cluster import slots
+        from reclaimd.config import Settings
+
+        if h.api is None or self.pubsub_slots == 1:
+            return
+        coord = k8s.CoordinationV1Api(h.api)
+        default = Settings.model_fields["lease_namespace"].default
+        namespace = str(self.scenario.reclaimd.settings.get("lease_namespace", default))
+        for sub_id in self._pubsub_subscriptions():
+            with contextlib.suppress(Exception):
+                await coord.delete_namespaced_lease(slots.lease_name(sub_id), namespace)
 
     async def _kafka_topics(self, h: Harness) -> None:
         """The run's notices topic when the scenario sends CloudEvents (the harness made the
@@ -406,6 +442,7 @@ class Drill:
                 "enabled": True,
                 "project": self.stack["PUBSUB_PROJECT_ID"],
                 "subscription": self.built.pubsub_subscription,
+                "slots": self.pubsub_slots,
             }
         if Source.KAFKA in s:
             o["kafka_notices"] = {
@@ -779,19 +816,18 @@ class Drill:
         from google.cloud import pubsub_v1
 
         subscriber = pubsub_v1.SubscriberClient()
-        sub = subscriber.subscription_path(
-            self.stack["PUBSUB_PROJECT_ID"], self.built.pubsub_subscription
-        )
+        project = self.stack["PUBSUB_PROJECT_ID"]
         try:
             with contextlib.suppress(exceptions.AlreadyExists):
                 await asyncio.to_thread(self._publisher.create_topic, name=self.built.pubsub_topic)
-            with contextlib.suppress(exceptions.AlreadyExists):
-                await asyncio.to_thread(
-                    subscriber.create_subscription,
-                    name=sub,
-                    topic=self.built.pubsub_topic,
-                    ack_deadline_seconds=10,
-                )
+            for sub_id in self._pubsub_subscriptions():
+                with contextlib.suppress(exceptions.AlreadyExists):
+                    await asyncio.to_thread(
+                        subscriber.create_subscription,
+                        name=subscriber.subscription_path(project, sub_id),
+                        topic=self.built.pubsub_topic,
+                        ack_deadline_seconds=10,
+                    )
         finally:
             await asyncio.to_thread(subscriber.close)
 
@@ -1092,6 +1128,7 @@ class Drill:
             await self._producer.stop()
         if self._publisher is not None:
             await asyncio.to_thread(self._pubsub_cleanup)
+            await self._slot_leases_cleanup(h)
         for proxy in self._proxies:
             await proxy.stop()
         if h.api is not None:

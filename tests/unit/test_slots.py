@@ -145,3 +145,27 @@ async def test_one_slot_builds_the_plain_source_and_more_a_slotted_one() -> None
 
     with pytest.raises(ValueError, match="needs the Kubernetes API"):
         sources.build(pubsub_settings(slots=2), admit=admit)
+
+
+# --- the drill rig ----------------------------------------------------------------------------
+
+
+def test_a_two_replica_pubsub_drill_gives_each_replica_a_slot_subscription() -> None:
+    from typing import Any, cast
+
+    from reclaimd.chaos import scenario
+    from reclaimd.chaos.drill import Drill
+
+    repo = Path(__file__).resolve().parents[2]
+    two = scenario.load(repo / "chaos" / "scenarios" / "gce-kill-30s.yaml")
+    assert two.reclaimd.replicas == 2
+    drill = Drill(two, cast(Any, None), run_id="r1")
+    drill.built.pubsub_subscription = "reclaimd-r1"
+    assert drill.pubsub_slots == 2
+    assert drill._pubsub_subscriptions() == ["reclaimd-r1-0", "reclaimd-r1-1"]
+
+    one = two.model_copy(update={"reclaimd": two.reclaimd.model_copy(update={"replicas": 1})})
+    alone = Drill(one, cast(Any, None), run_id="r1")
+    alone.built.pubsub_subscription = "reclaimd-r1"
+    assert alone.pubsub_slots == 1
+    assert alone._pubsub_subscriptions() == ["reclaimd-r1"]  # today's plain subscription
