@@ -304,6 +304,11 @@ class ClaimSettings:
     max_conflicts: int = 20
     """Re-reads after 409 before giving up: each conflict means someone else made progress."""
 
+    unanswered_s: float = 10.0
+    """A claim is given up when the API server has answered nothing for this long: the
+    message goes back to its transport for a peer that can reach the server, instead of a
+    cut-off replica holding it (and extending its lease) until the notice's deadline."""
+
     workloads: WorkloadApi = field(default_factory=WorkloadApi)
 
 
@@ -400,14 +405,17 @@ class ClaimStore:
             return ClaimResult(status, new, existing)
 
         try:
-            return await self._limiter.update(
-                f"claim {obj.describe()}",
-                claim_order(notice),
-                lambda: self._fetch(obj),
-                change,
-                first=_seeded(obj, seed),
-                retry_until=notice.deadline,
-                conflicts=self._settings.max_conflicts,
+            return await self._limiter.while_answered(
+                self._settings.unanswered_s,
+                self._limiter.update(
+                    f"claim {obj.describe()}",
+                    claim_order(notice),
+                    lambda: self._fetch(obj),
+                    change,
+                    first=_seeded(obj, seed),
+                    retry_until=notice.deadline,
+                    conflicts=self._settings.max_conflicts,
+                ),
             )
         except client.NotFound:
             return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)

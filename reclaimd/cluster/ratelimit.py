@@ -27,6 +27,7 @@ capacity.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import math
@@ -112,6 +113,7 @@ class RateLimiter:
         self.by_kind: Counter[str] = Counter()  # attempts by kind: "evict pod", "create lease"
         self.reads = 0  # read attempts (outside the budget)
         self.retried = 0  # attempts that failed transiently and were tried again
+        self._answered_at: float | None = None  # loop time the server last answered anything
 
     def tally(self) -> dict[str, float]:
         """How the budget fared (a storm's post-mortem): writes that waited, were pushed back
@@ -176,6 +178,30 @@ class RateLimiter:
             self._tokens = min(self._tokens, 1.0)
         if retry_after_s:
             self._hold_until = max(self._hold_until, now + min(retry_after_s, 30.0))
+
+    async def while_answered(self, silent_s: float, call: Awaitable[T]) -> T:
+        """``call``, given up (``client.ServerError``, status 0) once the server has answered
+        nothing of ours for ``silent_s`` since the call began: a call queued behind a storm
+        goes on (a loaded server still answers every second), one whose server is out of reach
+        (a partition, a black-holed connection) does not hold what waits on it, such as a
+        transport's message, until a deadline."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                heard = max(started, self._answered_at or started)
+                left = heard + silent_s - loop.time()
+                if left <= 0:
+                    raise client.ServerError("api server", 0, f"no answer for {silent_s:g}s")
+                done, _ = await asyncio.wait({task}, timeout=min(1.0, left))
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, client.KubeError):
+                    await task
 
     # --- the one retry point ----------------------------------------------------------------
 
@@ -266,7 +292,13 @@ class RateLimiter:
                         finally:
                             if budgeted:
                                 self.release()
-            except (client.Throttled, client.ServerError, client.Forbidden) as e:
+            except client.KubeError as e:
+                if e.status:
+                    self._answered_at = asyncio.get_running_loop().time()
+                if not isinstance(e, client.Throttled | client.ServerError | client.Forbidden):
+                    if budgeted:
+                        self.accepted()  # an answer about the object, not about the load
+                    raise
                 if isinstance(e, client.Forbidden):
                     if forbidden_until is None:
                         forbidden_until = time.time() + s.forbidden_grace_s
@@ -289,10 +321,7 @@ class RateLimiter:
                 self.retried += 1
                 await asyncio.sleep(delay)
                 continue
-            except client.KubeError:
-                if budgeted:
-                    self.accepted()  # an answer about the object, not about the load
-                raise
+            self._answered_at = asyncio.get_running_loop().time()
             if budgeted:
                 self.accepted()
             return result

@@ -37,9 +37,16 @@ async def test_queued_writes_are_served_earliest_deadline_first() -> None:
         served.append(name)
         limiter.release()
 
-    tasks = [asyncio.create_task(write(n, d)) for n, d in
-             [("late", at(110)), ("none", None), ("soon", at(20)), ("mid", at(60)),
-              ("soon-too", at(20))]]
+    tasks = [
+        asyncio.create_task(write(n, d))
+        for n, d in [
+            ("late", at(110)),
+            ("none", None),
+            ("soon", at(20)),
+            ("mid", at(60)),
+            ("soon-too", at(20)),
+        ]
+    ]
     await asyncio.sleep(0)  # every task queues behind the write in flight
     assert limiter.waiting == 5
     limiter.release()
@@ -287,3 +294,55 @@ async def test_writes_in_flight_are_capped_and_the_earliest_deadline_goes_next()
     limiter.release()
     await asyncio.wait_for(event, 5.0)
     assert served == ["cordon", "event"]
+
+
+async def test_a_call_to_a_server_that_answers_nothing_is_given_up() -> None:
+    """A cut-off replica: every attempt hangs (its own timeout is long), nothing answers."""
+    limiter = RateLimiter(RateSettings(attempt_timeout_s=30.0))
+
+    async def hang() -> None:
+        await asyncio.sleep(60)
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(client.ServerError, match=r"no answer for 0\.5s"):
+        await limiter.while_answered(0.5, limiter.call("claim node/n1", None, hang))
+    assert loop.time() - started < 5.0  # given up on silence, not at the attempt's 30 s
+
+
+async def test_a_slow_call_goes_on_while_the_server_answers_others() -> None:
+    """A storm: this call waits behind others, but the server answers them all along."""
+    limiter = RateLimiter()
+
+    async def answered() -> None:
+        return None
+
+    async def chatter() -> None:
+        for _ in range(20):
+            await limiter.read("read node/n2", None, answered)
+            await asyncio.sleep(0.1)
+
+    async def slow() -> str:
+        await asyncio.sleep(1.2)
+        return "claimed"
+
+    other = asyncio.create_task(chatter())
+    got = await limiter.while_answered(0.5, limiter.call("claim node/n1", None, slow))
+    await other
+    assert got == "claimed"
+
+
+async def test_a_refused_connection_is_not_an_answer() -> None:
+    limiter = RateLimiter(RateSettings(retry_cap_s=0.05))
+
+    async def refused() -> None:
+        raise client.ServerError("claim node/n1", 0, "ClientConnectorError")
+
+    until = datetime.now(UTC) + timedelta(days=1)  # retried all day, were it not for silence
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(client.ServerError, match="no answer"):
+        await limiter.while_answered(
+            0.4, limiter.call("claim node/n1", None, refused, retry_until=until)
+        )
+    assert loop.time() - started >= 0.4
