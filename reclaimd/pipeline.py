@@ -70,7 +70,8 @@ class ClusterWriter(Protocol):
         ...
 
     async def wait_gone(self, member: Member, *, deadline: datetime) -> datetime | None:
-        """When the pod was seen gone, or None if it outlived the deadline."""
+        """When the pod was seen gone (at most the deadline, when it went unseen before we
+        looked), or None if it outlived the deadline."""
         ...
 
 
@@ -493,7 +494,9 @@ class Runbook:
                 span.set_attribute("reclaimd.gone", gone is not None)
                 if gone is None:
                     return Stop(max(utcnow(), deadline), in_time=False)
-                return Stop(gone, in_time=gone <= deadline)
+                # Strictly before: a pod gone unseen is charged to the deadline, not known
+                # to have left in time (``ClusterWriter.wait_gone``).
+                return Stop(gone, in_time=gone < deadline)
 
         with self.tracer.start_as_current_span(
             "reclaimd.drain", attributes={"reclaimd.gang": str(gang.key)}

@@ -247,8 +247,10 @@ class ClusterActions:
         while True:
             if not await self._still_there(member):
                 # Gone before we looked (a dead owner evicted it): charged to when it went.
+                # A process that never saw it go (it started after) knows only that it went
+                # by now, and by the deadline, when the capacity went with it.
                 seen = self._gone_at(member.uid) if self._gone_at is not None else None
-                return seen or self._clock()
+                return seen or min(self._clock(), deadline)
             left = deadline.timestamp() - self._clock().timestamp()
             if left <= 0:
                 return None
