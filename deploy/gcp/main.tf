@@ -1,5 +1,7 @@
 # reclaimd's GCP side: a Cloud Logging sink publishes GCE preemption and host-maintenance
-# System Event audit entries to a Pub/Sub topic; reclaimd pulls them from one subscription.
+# System Event audit entries to a Pub/Sub topic; each reclaimd replica pulls them from a
+# subscription of its own (a slot: config.pubsub.slots), so every replica gets every entry
+# and a replica's death strands none (the durable claim decides which replica acts).
 # The filter is the plain text beside this file (tested by tests/unit/test_deploy_gcp.py).
 
 terraform {
@@ -18,9 +20,19 @@ variable "project" {
 }
 
 variable "name" {
-  description = "Name of the sink, topic and subscription (config.pubsub.subscription)."
+  description = "Name of the sink and topic, and of the subscriptions' stem (config.pubsub.subscription)."
   type        = string
   default     = "reclaimd-preemptions"
+}
+
+variable "replicas" {
+  description = "reclaimd's controller replicas (the chart's controller.replicas): one subscription each, <name>-0 .. <name>-<replicas-1> (config.pubsub.slots); 1: a single subscription named <name>."
+  type        = number
+  default     = 2
+  validation {
+    condition     = var.replicas >= 1 && var.replicas <= 64 && floor(var.replicas) == var.replicas
+    error_message = "replicas: a whole number from 1 to 64 (config.pubsub.slots allows 64)."
+  }
 }
 
 variable "reclaimd_gsa_email" {
@@ -55,9 +67,11 @@ resource "google_pubsub_topic_iam_member" "sink_publishes" {
   member  = google_logging_project_sink.notices.writer_identity
 }
 
+# One per replica slot, all on the topic: each carries its own copy of every entry.
 resource "google_pubsub_subscription" "reclaimd" {
+  count   = var.replicas
   project = var.project
-  name    = var.name
+  name    = var.replicas == 1 ? var.name : "${var.name}-${count.index}"
   topic   = google_pubsub_topic.notices.id
   # Preemption leaves 30 s, so a message must not sit with a replica that died holding it.
   # 10 s is Pub/Sub's minimum: it bounds how long a delivery that reclaimd never extended
@@ -74,10 +88,24 @@ resource "google_pubsub_subscription" "reclaimd" {
   }
 }
 
-# reclaimd's GSA consumes this subscription only: no topic, project or other subscription role.
+# The single subscription of earlier versions is slot 0's resource now (renamed only when
+# replicas > 1: then the old one is replaced by <name>-0 .. <name>-<replicas-1>).
+moved {
+  from = google_pubsub_subscription.reclaimd
+  to   = google_pubsub_subscription.reclaimd[0]
+}
+
+moved {
+  from = google_pubsub_subscription_iam_member.reclaimd_subscribes
+  to   = google_pubsub_subscription_iam_member.reclaimd_subscribes[0]
+}
+
+# reclaimd's GSA consumes these subscriptions only: no topic, project or other subscription
+# role (reclaimd creates no subscription: roles/pubsub.subscriber is all it needs).
 resource "google_pubsub_subscription_iam_member" "reclaimd_subscribes" {
+  count        = var.replicas
   project      = var.project
-  subscription = google_pubsub_subscription.reclaimd.name
+  subscription = google_pubsub_subscription.reclaimd[count.index].name
   role         = "roles/pubsub.subscriber"
   member       = "serviceAccount:${var.reclaimd_gsa_email}"
 }
@@ -91,6 +119,16 @@ resource "google_service_account_iam_member" "reclaimd_workload_identity" {
 }
 
 output "subscription" {
-  description = "config.pubsub.subscription (with config.pubsub.project = var.project)"
-  value       = google_pubsub_subscription.reclaimd.name
+  description = "config.pubsub.subscription (with config.pubsub.project = var.project): the stem of the slots' subscriptions"
+  value       = var.name
+}
+
+output "slots" {
+  description = "config.pubsub.slots (the chart sets it from controller.replicas by default)"
+  value       = var.replicas
+}
+
+output "subscriptions" {
+  description = "Every slot's subscription, slot 0 first"
+  value       = google_pubsub_subscription.reclaimd[*].name
 }

@@ -169,3 +169,14 @@ def test_a_two_replica_pubsub_drill_gives_each_replica_a_slot_subscription() -> 
     alone.built.pubsub_subscription = "reclaimd-r1"
     assert alone.pubsub_slots == 1
     assert alone._pubsub_subscriptions() == ["reclaimd-r1"]  # today's plain subscription
+
+
+def test_terraform_makes_the_subscriptions_the_slots_consume() -> None:
+    """deploy/gcp/main.tf: one subscription per replica, named as ``slot_subscription``."""
+    repo = Path(__file__).resolve().parents[2]
+    tf = (repo / "deploy" / "gcp" / "main.tf").read_text()
+    assert "count   = var.replicas" in tf
+    assert 'name    = var.replicas == 1 ? var.name : "${var.name}-${count.index}"' in tf
+    names = {n: PubSubSettings(subscription="x", slots=n) for n in (1, 2)}
+    assert names[1].slot_subscription(0) == "x"  # var.name
+    assert names[2].slot_subscription(1) == "x-1"  # "${var.name}-${count.index}"
