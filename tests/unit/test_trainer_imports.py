@@ -1,0 +1,89 @@
+"""The trainer SDK imports in a process where the controller's libraries cannot be imported.
+
+A trainer image should not carry boto3, kubernetes-asyncio, grpc, OpenTelemetry or aiohttp:
+the subprocess below installs an import hook that refuses them (and the controller's own
+modules that need them), then imports the SDK, serves one request and acks it. torch is allowed:
+``reclaimd.trainer.torch`` is the PyTorch integration, and it must not pull them in either.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+BLOCKED = (
+    "boto3",
+    "botocore",
+    "kubernetes_asyncio",
+    "grpc",
+    "opentelemetry",
+    "aiohttp",
+    "aiokafka",
+    "google",
+    "tenacity",
+    "pydantic",
+)
+
+PROGRAM = textwrap.dedent(
+    """
+    import importlib.abc, json, sys, urllib.request
+    from datetime import timedelta
+
+    BLOCKED = set(sys.argv[1].split(","))
+
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"blocked in this test: {name}")
+            return None
+
+    sys.meta_path.insert(0, Refuse())
+    import reclaimd.trainer as sdk
+    import reclaimd.trainer.torch  # the DCP integration: torch, and nothing of the controller
+    from reclaimd.model import rfc3339, utcnow
+
+    with sdk.Signal(host="127.0.0.1", port=0) as signal:
+        body = {"notice_id": "n-1", "deadline": rfc3339(utcnow() + timedelta(seconds=30))}
+        import threading
+        def answer():
+            signal.wait(10)
+            signal.ack(sdk.CheckpointResult(utcnow(), step=3, uri="s3://b/k", durable=True))
+        threading.Thread(target=answer).start()
+        req = urllib.request.Request(signal.url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        reply = json.loads(urllib.request.urlopen(req, timeout=10).read())
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+    print(json.dumps({"reply": reply, "loaded": loaded}))
+    """
+)
+
+
+def test_sdk_imports_and_serves_without_the_controllers_libraries() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM, ",".join(BLOCKED)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["loaded"] == []
+    assert doc["reply"]["step"] == 3 and doc["reply"]["durable"] is True
+
+
+def test_the_hook_really_blocks() -> None:
+    """The same hook makes the async server (aiohttp) fail to import: the test can fail."""
+    program = PROGRAM.split("import reclaimd.trainer as sdk")[0] + "import reclaimd.workload\n"
+    out = subprocess.run(
+        [sys.executable, "-c", program, ",".join(BLOCKED)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "blocked in this test: aiohttp" in out.stderr
