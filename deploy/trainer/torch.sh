@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# torch (CPU use of the PyPI CUDA build: the CPU-only index is not reachable here) and
+# Lightning for the trainer SDK's tests and bench, into the project venv. The wheels are
+# downloaded once into ~/.cache/reclaimd/wheels (about 2.9 GB, most of it nvidia-* wheels) and
+# installed offline from there; a venv that already has these versions is left alone.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=versions.env
+source deploy/trainer/versions.env
+PY=${VENV:-.venv}/bin/python
+CACHE=${RECLAIMD_CACHE:-$HOME/.cache/reclaimd}/wheels
+REQS=("torch==$TORCH_VERSION" "lightning==$LIGHTNING_VERSION")
+
+have() {
+  "$PY" - "$TORCH_VERSION" "$LIGHTNING_VERSION" <<'PYEOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+sys.exit(0 if (version("torch").split("+")[0], version("lightning")) == tuple(sys.argv[1:3]) else 1)
+PYEOF
+}
+
+if have; then
+  echo "torch $TORCH_VERSION, lightning $LIGHTNING_VERSION: installed"
+  exit 0
+fi
+mkdir -p "$CACHE"
+start=$(date +%s)
+before=$(du -sb "$CACHE" | cut -f1)
+echo "trainer deps: downloading ${REQS[*]} into $CACHE (first time: about 2.9 GB)"
+# pip download skips wheels already in the directory; the progress bars go to the terminal.
+"$PY" -m pip download --progress-bar on -d "$CACHE" "${REQS[@]}"
+after=$(du -sb "$CACHE" | cut -f1)
+mid=$(date +%s)
+echo "trainer deps: downloaded $(( (after - before) / 1000000 )) MB in $(( mid - start )) s"
+"$PY" -m pip install --no-index --find-links "$CACHE" "${REQS[@]}"
+echo "trainer deps: installed in $(( $(date +%s) - mid )) s (total $(( $(date +%s) - start )) s)"

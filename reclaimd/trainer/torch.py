@@ -1,0 +1,536 @@
+"""PyTorch: torch.distributed.checkpoint (DCP) saves for reclaimd's requests, one step per gang.
+
+``Checkpointer`` is what a torch loop adds to ``Signal``::
+
+    ckpt = Checkpointer(signal, run="llama", stash_dir="/dev/shm/ckpt", store=guarded_put,
+                        reader=S3Reader(s3, bucket), prefix=f"checkpoints/{tenant}/llama/")
+    step = ckpt.restore(model, optimizer) or 0       # newest complete checkpoint, every rank
+    while step < steps:
+        train_step(); step += 1
+        ckpt.maybe_save(step, model, optimizer)     # collective: every rank, every step
+
+What it does:
+
+- **One step for the gang.** A request reaches the ranks at different moments, and a DCP save
+  is collective. ``poll(step)`` all-reduces "some rank was asked" (and the earliest deadline)
+  on a gloo process group of its own, so every rank decides at the same step, and gathers the
+  notice ids: a rank answers a notice it is asked for later with that save, never a second.
+  ``check_every`` spaces the all-reduce out (on a 2-core CPU test it costs ~0.1 ms).
+- **Stash, then upload.** ``dcp.save`` writes ``<stash_dir>/<run>/step-<N>/`` (``/dev/shm`` or
+  local disk: fast, and dies with the node). Each rank then uploads its own shard files
+  (``__<rank>_<n>.distcp``; rank 0 also ``.metadata``) through ``store`` (the guarded
+  PutObject, ``GuardedPut(...).bind(tenant, bucket)``), paced at reclaimd's share of the
+  tenant's PutObject budget as the request and polls hand it. When every rank stored its part
+  (all-reduce), rank 0 writes ``COMMITTED`` (a JSON manifest): the checkpoint is complete.
+- **The ack.** ``durable: true`` only with ``COMMITTED`` stored before the deadline reclaimd
+  gave (the earliest across the gang); otherwise the ack points at the stash, ``durable:
+  false``: still an answer at a step boundary, but the waste clock is not reset.
+- **restore()**: the newest step that is ``COMMITTED`` in the object store or complete in the
+  stash of every rank (a ``.metadata`` whose files are all there), agreed by all ranks; loads
+  it in place (DCP reshards, so the world size may change) and returns the step.
+
+Without an initialised process group (one process) it saves and loads alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.stateful import Stateful
+
+from reclaimd.model import utcnow
+from reclaimd.putbudget import Share
+from reclaimd.trainer.contract import (
+    CheckpointRequest,
+    CheckpointResult,
+    ObjectPut,
+    one_line,
+    upload_parts,
+)
+from reclaimd.trainer.signal import Signal
+
+COMMITTED = "COMMITTED"
+METADATA = ".metadata"
+_STEP_DIR = re.compile(r"step-(\d{10})")
+_NO_DEADLINE = 1e18
+
+
+class ObjectRead(Protocol):
+    """What ``restore`` needs of the object store: keys under a prefix, and one object."""
+
+    def list_keys(self, prefix: str) -> Iterable[str]: ...
+
+    def get(self, key: str) -> bytes: ...
+
+
+class SharePut(ObjectPut, Protocol):
+    def set_put_budget(self, share: Share | None) -> None: ...
+
+
+class S3Reader:
+    """``ObjectRead`` over a boto3-style S3 client (``list_objects_v2``, ``get_object``).
+
+    Duck-typed: the SDK does not import boto3; the trainer's image brings the client."""
+
+    def __init__(self, client: Any, bucket: str) -> None:
+        self.client = client
+        self.bucket = bucket
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+            if token:
+                kw["ContinuationToken"] = token
+            page = self.client.list_objects_v2(**kw)
+            for obj in page.get("Contents", []):
+                yield str(obj["Key"])
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+    def get(self, key: str) -> bytes:
+        body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return body
+
+
+class TrainState(Stateful):
+    """A model and its optimizers as one DCP ``Stateful`` (DDP/FSDP names normalised by
+    ``get_state_dict``), plus ``extra`` plain values (the step, a data cursor)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizers = (
+            [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        )
+        self.extra = dict(extra or {})
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
+        return {"model": model_sd, "optim": optim_sd, "extra": self.extra}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizers,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+            options=StateDictOptions(strict=True),
+        )
+        self.extra = dict(state_dict.get("extra", {}))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank agreed at one step: save, for these notices, before this deadline."""
+
+    step: int
+    notice_ids: tuple[str, ...]
+    deadline: datetime | None
+
+
+@dataclass
+class SaveReport:
+    """One save, as this rank saw it (the bench and the logs read it)."""
+
+    step: int
+    result: CheckpointResult
+    stash_s: float = 0.0
+    upload_s: float = 0.0
+    commit_s: float = 0.0
+    stash_bytes: int = 0
+    uploaded_bytes: int = 0
+    parts: int = 0
+    error: str = ""
+    shares: list[Share | None] = field(default_factory=list)
+
+
+class Checkpointer:
+    """reclaimd's requests turned into collective DCP saves (see the module doc).
+
+    Create it on every rank at the same point (``new_group`` is collective). ``prefix`` is the
+    run's key prefix in the bucket, inside the tenant's (``checkpoints/<tenant>/...``).
+    """
+
+    def __init__(
+        self,
+        signal: Signal,
+        *,
+        run: str,
+        stash_dir: str | os.PathLike[str],
+        store: ObjectPut | None = None,
+        reader: ObjectRead | None = None,
+        prefix: str = "",
+        check_every: int = 1,
+        reply_margin_s: float = 0.5,
+        commit_margin_s: float = 1.0,
+        group_timeout_s: float = 120.0,
+        keep_stashes: int = 2,
+    ) -> None:
+        if check_every < 1:
+            raise ValueError("check_every must be at least 1")
+        if prefix and not prefix.endswith("/"):
+            raise ValueError("prefix must end with '/'")
+        self.signal = signal
+        self.run = run
+        self.stash_root = Path(stash_dir) / run
+        self.store = store
+        self.reader = reader
+        self.prefix = prefix
+        self.check_every = check_every
+        self.reply_margin_s = reply_margin_s
+        self.commit_margin_s = commit_margin_s
+        self.keep_stashes = keep_stashes
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        # A group of its own: the decision and the save's collectives never interleave with the
+        # training's (DDP's all-reduces on the default group), whatever its backend.
+        self.group: Any = (
+            dist.new_group(backend="gloo", timeout=timedelta(seconds=group_timeout_s))
+            if self.distributed
+            else None
+        )
+        self.saves: list[SaveReport] = []
+        self.saved_steps: set[int] = set()
+        self.poll_count = 0
+
+    # --- the decision ------------------------------------------------------------------------
+
+    def poll(self, step: int) -> Decision | None:
+        """Collective: every rank calls it at every step and gets the same answer."""
+        if step % self.check_every:
+            return None
+        self.poll_count += 1
+        waiting = self.signal.pending()
+        asked = 1.0 if self.signal.requested else 0.0
+        deadline = min((r.deadline.timestamp() for r in waiting), default=_NO_DEADLINE)
+        if not self.distributed:
+            if not asked:
+                return None
+            ids = tuple(r.notice_id for r in waiting)
+            return Decision(step, ids, _when(deadline))
+        flags = torch.tensor([asked, -deadline], dtype=torch.float64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        if flags[0].item() == 0.0:
+            return None
+        mine = [r.notice_id for r in waiting]
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, mine, group=self.group)
+        ids = tuple(sorted({i for ranks in every for i in (ranks or [])}))
+        return Decision(step, ids, _when(-float(flags[1].item())))
+
+    def maybe_save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> SaveReport | None:
+        """``poll`` and, if the gang was asked, ``save``: call it on every rank at every step."""
+        decision = self.poll(step)
+        if decision is None:
+            return None
+        return self.save(decision, TrainState(model, optimizers, {"step": step, **(extra or {})}))
+
+    # --- the save ----------------------------------------------------------------------------
+
+    def save(self, decision: Decision, state: Stateful) -> SaveReport:
+        """Collective: stash, upload this rank's shards, commit, ack. Never raises for a failed
+        upload (the ack says not durable); a failed stash acks ``500``."""
+        step = decision.step
+        taken = utcnow()
+        directory = self.step_dir(step)
+        report = SaveReport(step, CheckpointResult(taken, step, _file_uri(directory), False))
+        t0 = time.perf_counter()
+        try:
+            if step in self.saved_steps and _complete_locally(directory):
+                pass  # a second notice at the same step: the stash stands
+            else:
+                if self.rank == 0 and directory.exists():
+                    shutil.rmtree(directory)
+                self._barrier()
+                dcp_save(
+                    {"train": state},
+                    storage_writer=FileSystemWriter(directory),
+                    process_group=self.group,
+                    no_dist=not self.distributed,
+                )
+                self.saved_steps.add(step)
+        except Exception as e:
+            report.error = one_line(f"stash failed: {type(e).__name__}: {e}")
+            self.signal.fail(report.error, covers=decision.notice_ids)
+            self.saves.append(report)
+            raise
+        report.stash_s = time.perf_counter() - t0
+        mine = self._my_files(directory)
+        report.stash_bytes = sum(p.stat().st_size for p in mine)
+        durable_uri = ""
+        if self.store is not None and decision.deadline is not None:
+            t1 = time.perf_counter()
+            ok, uri, report.error = self._upload(decision, mine, report)
+            report.upload_s = time.perf_counter() - t1
+            report.uploaded_bytes = report.stash_bytes if ok else 0
+            report.parts = len(mine)
+            t2 = time.perf_counter()
+            committed = self._commit(decision, ok, report)
+            report.commit_s = time.perf_counter() - t2
+            if committed:
+                durable_uri = uri
+        elif self.store is not None:
+            report.error = "no deadline to upload against"
+        if durable_uri:
+            report.result = CheckpointResult(taken, step, durable_uri, True)
+        self.signal.ack(report.result, covers=decision.notice_ids)
+        self.saves.append(report)
+        self._prune()
+        return report
+
+    def step_dir(self, step: int) -> Path:
+        return self.stash_root / f"step-{step:010d}"
+
+    def step_prefix(self, step: int) -> str:
+        return f"{self.prefix}step-{step:010d}/"
+
+    def _my_files(self, directory: Path) -> list[Path]:
+        files = sorted(directory.glob(f"__{self.rank}_*.distcp"))
+        if self.rank == 0:
+            files.append(directory / METADATA)
+        return files
+
+    def _upload(
+        self, decision: Decision, files: list[Path], report: SaveReport
+    ) -> tuple[bool, str, str]:
+        assert self.store is not None and decision.deadline is not None
+        store = self.store
+        # The shards must leave room for the commit and the answer.
+        deadline = decision.deadline - timedelta(seconds=self.commit_margin_s)
+        request = CheckpointRequest(
+            notice_id=",".join(decision.notice_ids) or "local", deadline=deadline
+        )
+        parts = [(self.step_prefix(decision.step) + p.name, p.read_bytes()) for p in files]
+
+        async def go() -> CheckpointResult:
+            watcher = asyncio.create_task(self._follow_share(store, report))
+            try:
+                return await upload_parts(
+                    request,
+                    parts,
+                    store=store,
+                    step=decision.step,
+                    reply_margin_s=self.reply_margin_s,
+                    stash_uri="",
+                )
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+                _set_share(store, None)
+
+        result = asyncio.run(go())
+        if not result.durable:
+            return False, "", "upload did not finish before the deadline"
+        uri = result.uri.rsplit("/", 1)[0] + "/"
+        return True, uri, ""
+
+    async def _follow_share(self, store: ObjectPut, report: SaveReport) -> None:
+        """Hand the guard every share reclaimd sends while the upload runs, on this loop."""
+        last: Share | str | None = "unset"
+        while True:
+            share = self.signal.put_budget
+            if share != last:
+                _set_share(store, share)
+                report.shares.append(share)
+                last = share
+            await asyncio.sleep(0.05)
+
+    def _commit(self, decision: Decision, ok: bool, report: SaveReport) -> bool:
+        everyone = self._all(ok)
+        committed = False
+        if everyone and self.rank == 0 and self.store is not None:
+            assert decision.deadline is not None
+            manifest = {
+                "step": decision.step,
+                "world_size": self.world,
+                "notices": list(decision.notice_ids),
+                "torch": torch.__version__,
+                "saved_at": utcnow().isoformat(),
+            }
+            store = self.store
+            request = CheckpointRequest(notice_id="commit", deadline=decision.deadline)
+            result = asyncio.run(
+                upload_parts(
+                    request,
+                    [(self.step_prefix(decision.step) + COMMITTED, json.dumps(manifest).encode())],
+                    store=store,
+                    reply_margin_s=self.reply_margin_s,
+                )
+            )
+            committed = result.durable
+            if not committed:
+                report.error = "commit did not finish before the deadline"
+        return self._all(committed if self.rank == 0 else True) and everyone
+
+    # --- restore -----------------------------------------------------------------------------
+
+    def durable_steps(self) -> list[int]:
+        if self.reader is None:
+            return []
+        steps = []
+        for key in self.reader.list_keys(self.prefix):
+            rest = key[len(self.prefix) :]
+            m = _STEP_DIR.fullmatch(rest.removesuffix("/" + COMMITTED))
+            if m and rest.endswith("/" + COMMITTED):
+                steps.append(int(m[1]))
+        return sorted(steps)
+
+    def stashed_steps(self) -> list[int]:
+        """Steps whose stash on this node is complete (every file its ``.metadata`` names)."""
+        if not self.stash_root.is_dir():
+            return []
+        out = []
+        for d in self.stash_root.iterdir():
+            m = _STEP_DIR.fullmatch(d.name)
+            if m and _complete_locally(d):
+                out.append(int(m[1]))
+        return sorted(out)
+
+    def restore(
+        self,
+        model: torch.nn.Module,
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> int | None:
+        """Collective: load the newest complete checkpoint into ``model`` and ``optimizers`` on
+        every rank; returns its step (``None``: nothing to restore, nothing changed)."""
+        state = TrainState(model, optimizers, extra)
+        found = self.restore_state(state)
+        if found is None:
+            return None
+        if extra is not None:
+            extra.update(state.extra)
+        return found
+
+    def restore_state(self, state: Stateful) -> int | None:
+        durable = set(self.durable_steps()) if self.rank == 0 else set()
+        local = set(self.stashed_steps())
+        if self.distributed:
+            every: list[Any] = [None] * self.world
+            dist.all_gather_object(every, sorted(local), group=self.group)
+            shared = set.intersection(*(set(s) for s in every))
+            box: list[Any] = [sorted(durable)]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            durable = set(box[0])
+        else:
+            shared = local
+        candidates = durable | shared
+        if not candidates:
+            return None
+        step = max(candidates)
+        if step in shared:
+            directory = self.step_dir(step)
+        else:
+            directory = self.stash_root / f"restore-{step:010d}-rank{self.rank}"
+            self._download(step, directory)
+        dcp_load(
+            {"train": state},
+            storage_reader=FileSystemReader(directory),
+            process_group=self.group,
+            no_dist=not self.distributed,
+        )
+        if step in shared:
+            self.saved_steps.add(step)
+        return step
+
+    def _download(self, step: int, directory: Path) -> None:
+        assert self.reader is not None
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        prefix = self.step_prefix(step)
+        for key in self.reader.list_keys(prefix):
+            name = key[len(prefix) :]
+            if name and "/" not in name and name != COMMITTED:
+                (directory / name).write_bytes(self.reader.get(key))
+
+    # --- collectives -------------------------------------------------------------------------
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.group)
+
+    def _all(self, ok: bool) -> bool:
+        if not self.distributed:
+            return ok
+        t = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(t.item())
+
+    def _prune(self) -> None:
+        if self.rank != 0 or self.keep_stashes < 1:
+            return
+        steps = sorted(d for d in self.stash_root.iterdir() if _STEP_DIR.fullmatch(d.name))
+        for d in steps[: -self.keep_stashes]:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def close(self) -> None:
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
+
+
+def _complete_locally(directory: Path) -> bool:
+    meta = directory / METADATA
+    if not meta.is_file():
+        return False
+    try:
+        metadata = FileSystemReader(directory).read_metadata()
+    except Exception:
+        return False
+    need: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        end = int(info.offset) + int(info.length)
+        need[str(info.relative_path)] = max(need.get(str(info.relative_path), 0), end)
+    for name, size in need.items():
+        path = directory / name
+        if not path.is_file() or path.stat().st_size < size:
+            return False
+    return True
+
+
+def _set_share(store: ObjectPut, share: Share | None) -> None:
+    setter = getattr(store, "set_put_budget", None)
+    if callable(setter):
+        setter(share)
+
+
+def _when(ts: float) -> datetime | None:
+    return None if ts >= _NO_DEADLINE else datetime.fromtimestamp(ts, UTC)
+
+
+def _file_uri(path: Path) -> str:
+    return path.resolve().as_uri() + "/"
