@@ -205,6 +205,9 @@ def row(key: Key, usage: Usage, node: NodeFacts | None, cluster: str) -> dict[st
     purchase = place.get("purchase_option") or labels.get("purchase_option")
     spec = skus.lookup(sku)
     gpu_h = usage.gpu_s / 3600.0
+    # GCE names an instance within its project: the bill's SubAccountId, from gce://p/z/name
+    gce = node.provider_id.split("/") if node is not None else []
+    project = bounded(gce[2]) if len(gce) > 4 and gce[0] == "gce:" else None
     event_id = stable_id(
         "al", cluster, rfc3339(key.hour), key.node, json.dumps(key.labels), key.mig_profile
     )
@@ -218,6 +221,7 @@ def row(key: Key, usage: Usage, node: NodeFacts | None, cluster: str) -> dict[st
         "ConsumedQuantity": round(gpu_h, 6),
         "ConsumedUnit": "GPU-Hours",
         "ResourceId": place.get("instance_id"),
+        "SubAccountId": project,
         "ResourceType": "GPU allocation",
         "SkuId": sku,
         "AvailabilityZone": place.get("zone"),

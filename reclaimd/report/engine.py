@@ -29,10 +29,21 @@ FOCUS_REQUIRED: Final = (
     "EffectiveCost",
     "ConsumedQuantity",
 )
-FOCUS_OPTIONAL: Final = ("ListCost", "ChargeCategory")
-FOCUS_NUMERIC: Final = ("EffectiveCost", "ConsumedQuantity", "ListCost")
+# Columns report.sql reads when the export has them; an absent one is NULL ("not stated"),
+# and its test on a row does not apply (docs/ledger.md).
+FOCUS_TEXT: Final = (
+    "ProviderName",
+    "ServiceCategory",
+    "ChargeCategory",
+    "ConsumedUnit",
+    "SkuId",
+    "SkuMeter",
+    "PricingCategory",
+)
+FOCUS_NUMERIC: Final = ("EffectiveCost", "ListCost", "ConsumedQuantity")
 RATES_COLUMNS: Final = ("sku", "purchase_option", "usd_per_gpu_hour")
-NONE: Final = "-"  # the group of rows that lack the label
+NONE: Final = "unattributed"  # the group of rows that lack the label
+IDLE: Final = "reserved-idle"  # the group report.sql gives committed capacity nobody held
 
 # The columns of report.sql's result, in order (the JSON keys of a group).
 COLUMNS: Final = (
@@ -48,6 +59,8 @@ COLUMNS: Final = (
     "cost_on_demand",
     "cost_reserved",
     "cost_capacity_block",
+    "reserved_idle_gpu_hours",
+    "reserved_idle_cost",
     "restart_waste_gpu_hours",
     "restart_waste_cost",
     "notices",
@@ -59,6 +72,7 @@ COLUMNS: Final = (
     "not_opted_in",
     "deadline_misses",
     "effective_cost",
+    "cost_share",
     "waste_share",
     "spot_net_savings",
     "unpriced_gpu_hours",
@@ -66,6 +80,33 @@ COLUMNS: Final = (
 COUNTS: Final = frozenset(
     {"notices", "gangs_hit", "checkpointed", "partial", "not_durable", "no_ack"}
     | {"not_opted_in", "deadline_misses"}
+)
+ALLOC_SCHEMA: Final = (
+    ("hour_start", "TIMESTAMP"),
+    ("resource_id", "VARCHAR"),
+    ("node", "VARCHAR"),
+    ("sku", "VARCHAR"),
+    ("purchase_option", "VARCHAR"),
+    ("grp", "VARCHAR"),
+    ("gpu_hours", "DOUBLE"),
+    ("mig_gpu_hours", "DOUBLE"),
+    ("mig_profile_hours", "DOUBLE"),
+    ("hbm_gb_hours", "DOUBLE"),
+    ("node_gpus", "INTEGER"),
+)
+WASTE_SCHEMA: Final = (
+    ("event_id", "VARCHAR"),
+    ("notice_id", "VARCHAR"),
+    ("gang_id", "VARCHAR"),
+    ("hour_start", "TIMESTAMP"),
+    ("resource_id", "VARCHAR"),
+    ("node", "VARCHAR"),
+    ("sku", "VARCHAR"),
+    ("purchase_option", "VARCHAR"),
+    ("grp", "VARCHAR"),
+    ("gpu_seconds", "DOUBLE"),
+    ("outcome", "VARCHAR"),
+    ("deadline_met", "BOOLEAN"),
 )
 
 
@@ -105,26 +146,21 @@ def _hour(t: datetime) -> datetime:
     return t.replace(minute=0, second=0, microsecond=0)
 
 
+def _create(con: duckdb.DuckDBPyConnection, name: str, schema: Sequence[tuple[str, str]]) -> None:
+    con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {t}' for c, t in schema)})")
+
+
 def load_ledger(con: duckdb.DuckDBPyConnection, ledger: Ledger, by: str, window: Window) -> None:
-    con.execute(
-        "CREATE TABLE alloc (hour_start TIMESTAMP, resource_id VARCHAR, node VARCHAR,"
-        " sku VARCHAR, purchase_option VARCHAR, grp VARCHAR, gpu_hours DOUBLE,"
-        " mig_gpu_hours DOUBLE, mig_profile_hours DOUBLE, hbm_gb_hours DOUBLE, node_gpus INTEGER)"
-    )
-    con.execute(
-        "CREATE TABLE waste (event_id VARCHAR, notice_id VARCHAR, gang_id VARCHAR,"
-        " hour_start TIMESTAMP, resource_id VARCHAR, node VARCHAR, sku VARCHAR,"
-        " purchase_option VARCHAR, grp VARCHAR, gpu_seconds DOUBLE, outcome VARCHAR,"
-        " deadline_met BOOLEAN)"
-    )
+    _create(con, "alloc", ALLOC_SCHEMA)
+    _create(con, "waste", WASTE_SCHEMA)
     alloc = [_alloc_tuple(a, by) for a in ledger.allocation if window.holds(a.hour_start)]
     waste = [_waste_tuple(w, by) for w in ledger.waste if window.holds(w.stopped_at)]
     if not alloc and not waste:
         raise InputError(f"no allocation or restart-waste rows from {window.describe()}")
     if alloc:
-        con.executemany("INSERT INTO alloc VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", alloc)
+        con.executemany(f"INSERT INTO alloc VALUES ({', '.join('?' * len(ALLOC_SCHEMA))})", alloc)
     if waste:
-        con.executemany("INSERT INTO waste VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", waste)
+        con.executemany(f"INSERT INTO waste VALUES ({', '.join('?' * len(WASTE_SCHEMA))})", waste)
 
 
 def _alloc_tuple(a: AllocationRow, by: str) -> tuple[Any, ...]:
@@ -168,68 +204,150 @@ def _columns(con: duckdb.DuckDBPyConnection, source: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def _reader(path: Path) -> str:
+def _quote(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _literal(t: datetime) -> str:
+    return f"TIMESTAMP '{t:%Y-%m-%d %H:%M:%S}'"
+
+
+def focus_view(source: str, cols: Iterable[str], window: Window, *, typed: bool) -> str:
+    """The SELECT that makes relation ``focus`` of report.sql from a FOCUS table or file.
+
+    One definition for every engine: it is valid DuckDB and Trino SQL. ``typed``: the source's
+    columns have their FOCUS types (Parquet); else they are text (CSV) and are cast here.
+    """
+    present = set(cols)
+
+    def text(c: str) -> str:
+        return f'CAST("{c}" AS VARCHAR)' if c in present else "CAST(NULL AS VARCHAR)"
+
+    def number(c: str) -> str:
+        if c not in present:
+            return "CAST(NULL AS DOUBLE)"
+        return f'CAST("{c}" AS DOUBLE)' if typed else f'TRY_CAST("{c}" AS DOUBLE)'
+
+    start = (
+        '"ChargePeriodStart"'
+        if typed
+        else 'CAST(TRY_CAST("ChargePeriodStart" AS TIMESTAMP WITH TIME ZONE) AS TIMESTAMP)'
+    )
+    meter = text("SkuMeter")
+    if "x_SkuDescription" in present:
+        meter = f"COALESCE({meter}, {text('x_SkuDescription')})"
+    rid = 'CAST("ResourceId" AS VARCHAR)'
+    last = f"regexp_extract({rid}, '[^/:]+$')"
+    # GCE names an instance within its project: the project of the resource name, else the
+    # row's SubAccountId (FOCUS: the project), joined to the name as 'project/name'.
+    in_name = f"NULLIF(regexp_extract({rid}, 'projects/([^/]+)/', 1), '')"
+    project = f"COALESCE({in_name}, {text('SubAccountId')})"
+    google = f"LOWER({text('ProviderName')}) LIKE 'google%'"
+    resource = (
+        f"CASE WHEN {google} THEN COALESCE({project} || '/' || {last}, {last}) ELSE {last} END"
+    )
+    fields = [
+        f"{start} AS ChargePeriodStart",
+        f"{resource} AS ResourceId",
+        *(f"{meter if c == 'SkuMeter' else text(c)} AS {c}" for c in FOCUS_TEXT),
+        *(f"{number(c)} AS {c}" for c in FOCUS_NUMERIC),
+    ]
+    inner = f'SELECT {", ".join(fields)} FROM {source} WHERE "ResourceId" IS NOT NULL'
+    where = []
+    if window.since is not None:
+        where.append(f"ChargePeriodStart >= {_literal(window.since)}")
+    if window.until is not None:
+        where.append(f"ChargePeriodStart < {_literal(window.until)}")
+    return f"SELECT * FROM ({inner}) f" + (f" WHERE {' AND '.join(where)}" if where else "")
+
+
+def _open_focus(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[bool, str]:
+    """``focus_raw`` over the file, with ``__line``: (typed, how a row is named)."""
     name = path.name.lower()
-    quoted = "'" + str(path).replace("'", "''") + "'"
-    if name.endswith((".parquet", ".pq")):
-        return f"read_parquet({quoted})"
-    if name.endswith((".csv", ".csv.gz")):
-        return f"read_csv({quoted}, header = true, all_varchar = true)"
+    try:
+        if name.endswith((".parquet", ".pq")):
+            con.execute(
+                "CREATE VIEW focus_raw AS SELECT *, file_row_number + 1 AS __line"
+                f" FROM read_parquet({_quote(path)}, file_row_number = true)"
+            )
+            return True, "row"
+        if name.endswith((".csv", ".csv.gz")):
+            con.execute(
+                "CREATE TABLE focus_csv AS SELECT *"
+                f" FROM read_csv({_quote(path)}, header = true, all_varchar = true)"
+            )
+            con.execute("CREATE VIEW focus_raw AS SELECT *, rowid + 2 AS __line FROM focus_csv")
+            return False, "line"
+    except duckdb.Error as e:
+        raise InputError(f"{path}: not readable as FOCUS ({str(e).splitlines()[0][:100]})") from e
     raise InputError(f"{path}: a FOCUS export must be .csv, .csv.gz or .parquet")
 
 
-def load_focus(con: duckdb.DuckDBPyConnection, path: Path | None, window: Window) -> int:
-    """The bill as relation ``focus``; returns its rows in the window. Checks columns and types."""
-    if path is None:
-        con.execute(
-            "CREATE TABLE focus (ChargePeriodStart TIMESTAMP, ResourceId VARCHAR, SkuId VARCHAR,"
-            " PricingCategory VARCHAR, ChargeCategory VARCHAR, EffectiveCost DOUBLE,"
-            " ListCost DOUBLE, ConsumedQuantity DOUBLE)"
+def _check_focus(con: duckdb.DuckDBPyConnection, path: Path, cols: set[str], unit: str) -> None:
+    """One scan: the first row (file line) of each kind of bad value, refused by name."""
+    checks: list[tuple[str, str, str]] = []  # (column, condition, what is wrong)
+    if "ChargePeriodStart" in cols:
+        v = 'CAST("ChargePeriodStart" AS VARCHAR)'
+        checks.append(
+            (
+                "ChargePeriodStart",
+                f"{v} IS NOT NULL AND {v} <> '' AND TRY_CAST({v} AS TIMESTAMPTZ) IS NULL",
+                "is not a time",
+            )
         )
-        return 0
+    for c in FOCUS_NUMERIC:
+        if c not in cols:
+            continue
+        v = f'CAST("{c}" AS VARCHAR)'
+        d = f'TRY_CAST("{c}" AS DOUBLE)'
+        checks.append((c, f"{v} IS NOT NULL AND {v} <> '' AND {d} IS NULL", "is not a number"))
+        checks.append((c, f"{d} IS NOT NULL AND NOT isfinite({d})", "is not a finite number"))
+    correction = "false"
+    if "ChargeClass" in cols:
+        correction = "CAST(\"ChargeClass\" AS VARCHAR) = 'Correction'"
+    checks.append(
+        (
+            "ConsumedQuantity",
+            f'TRY_CAST("ConsumedQuantity" AS DOUBLE) < 0 AND NOT COALESCE({correction}, false)',
+            "is negative",
+        )
+    )
+    firsts = ", ".join(f"MIN(CASE WHEN {cond} THEN __line END)" for _, cond, _ in checks)
+    row = con.execute(f"SELECT {firsts} FROM focus_raw").fetchone() or ()
+    found = [(n, c) for n, c in zip(row, checks, strict=True) if n is not None]
+    if not found:
+        return
+    line, (column, _, what) = min(found, key=lambda f: int(f[0]))
+    (value,) = con.execute(
+        f'SELECT CAST("{column}" AS VARCHAR) FROM focus_raw WHERE __line = ?', [line]
+    ).fetchone() or ("?",)
+    where = f"{path}:{line}" if unit == "line" else f"{path}: row {line}"
+    raise InputError(f"{where}: {column} {str(value)[:40]!r} {what}")
+
+
+def load_focus(con: duckdb.DuckDBPyConnection, path: Path | None, window: Window) -> None:
+    """The bill as relation ``focus`` (a view: a Parquet file is scanned, not copied)."""
+    if path is None:
+        _create(
+            con,
+            "focus",
+            [("ChargePeriodStart", "TIMESTAMP"), ("ResourceId", "VARCHAR")]
+            + [(c, "VARCHAR") for c in FOCUS_TEXT]
+            + [(c, "DOUBLE") for c in FOCUS_NUMERIC],
+        )
+        return
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    source = _reader(path)
-    try:
-        con.execute(f"CREATE TABLE focus_raw AS SELECT * FROM {source}")
-    except duckdb.Error as e:
-        raise InputError(f"{path}: not readable as FOCUS ({str(e).splitlines()[0][:100]})") from e
+    typed, unit = _open_focus(con, path)
     cols = set(_columns(con, "focus_raw"))
     missing = [c for c in FOCUS_REQUIRED if c not in cols]
     if missing:
         raise InputError(f"{path}: missing FOCUS column(s) {', '.join(missing)}")
-    for c in ("ChargePeriodStart", *FOCUS_NUMERIC):
-        if c not in cols:
-            continue
-        kind = "TIMESTAMPTZ" if c == "ChargePeriodStart" else "DOUBLE"
-        (bad,) = con.execute(
-            f'SELECT count(*) FROM focus_raw WHERE "{c}" IS NOT NULL'
-            f' AND CAST("{c}" AS VARCHAR) <> \'\' AND TRY_CAST("{c}" AS {kind}) IS NULL'
-        ).fetchone() or (0,)
-        if bad:
-            what = "times" if kind == "TIMESTAMPTZ" else "numbers"
-            raise InputError(f"{path}: column {c}: {bad} value(s) are not {what}")
-    opt = {c: (f'"{c}"' if c in cols else "NULL") for c in FOCUS_OPTIONAL}
-    # ResourceId: the instance id is the last path segment of an ARN or a GCE resource name.
-    con.execute(
-        "CREATE TABLE focus AS SELECT"
-        " CAST(TRY_CAST(ChargePeriodStart AS TIMESTAMPTZ) AS TIMESTAMP) AS ChargePeriodStart,"
-        " regexp_extract(CAST(ResourceId AS VARCHAR), '[^/:]+$') AS ResourceId,"
-        " CAST(SkuId AS VARCHAR) AS SkuId,"
-        " CAST(PricingCategory AS VARCHAR) AS PricingCategory,"
-        f" CAST({opt['ChargeCategory']} AS VARCHAR) AS ChargeCategory,"
-        " TRY_CAST(EffectiveCost AS DOUBLE) AS EffectiveCost,"
-        f" TRY_CAST({opt['ListCost']} AS DOUBLE) AS ListCost,"
-        " TRY_CAST(ConsumedQuantity AS DOUBLE) AS ConsumedQuantity"
-        " FROM focus_raw WHERE ResourceId IS NOT NULL"
-    )
-    con.execute("DROP TABLE focus_raw")
-    if window.since is not None:
-        con.execute("DELETE FROM focus WHERE ChargePeriodStart < ?", [window.since])
-    if window.until is not None:
-        con.execute("DELETE FROM focus WHERE ChargePeriodStart >= ?", [window.until])
-    (n,) = con.execute("SELECT count(*) FROM focus").fetchone() or (0,)
-    return int(n)
+    _check_focus(con, path, cols, unit)
+    # DuckDB casts whatever the file holds (text, decimals, either kind of timestamp)
+    del typed
+    source = "focus_raw"
+    con.execute(f"CREATE VIEW focus AS {focus_view(source, cols, window, typed=False)}")
 
 
 def read_rates(path: Path) -> list[tuple[str, str, float]]:
@@ -270,13 +388,12 @@ def load_rates(con: duckdb.DuckDBPyConnection, rates: Sequence[tuple[str, str, f
     con.executemany("INSERT INTO skus VALUES (?, ?)", [(k, v.gpus) for k, v in skus.SKUS.items()])
 
 
-def run_sql(con: duckdb.DuckDBPyConnection, by: str) -> list[Group]:
-    result = con.execute(sql_text())
-    names = [d[0] for d in result.description or ()]
-    if names != ["grp", *COLUMNS]:
-        raise AssertionError(f"report.sql returns {names}")  # a bug, not an input error
+def groups_of(names: Sequence[str], rows: Iterable[Sequence[Any]], by: str) -> list[Group]:
+    """report.sql's result rows as groups (any engine's)."""
+    if list(names) != ["grp", *COLUMNS]:
+        raise AssertionError(f"report.sql returns {list(names)}")  # a bug, not an input error
     groups = []
-    for row in result.fetchall():
+    for row in rows:
         figures: dict[str, float | int | None] = {}
         for name, value in zip(COLUMNS, row[1:], strict=True):
             if value is None:
@@ -287,6 +404,12 @@ def run_sql(con: duckdb.DuckDBPyConnection, by: str) -> list[Group]:
                 figures[name] = float(value)
         groups.append(Group(by=by, key=str(row[0]), figures=figures))
     return groups
+
+
+def run_sql(con: duckdb.DuckDBPyConnection, by: str) -> list[Group]:
+    result = con.execute(sql_text())
+    names = [d[0] for d in result.description or ()]
+    return groups_of(names, result.fetchall(), by)
 
 
 def report(
@@ -302,6 +425,40 @@ def report(
     con = connect()
     try:
         load_ledger(con, ledger, by, window)
+        load_focus(con, focus, window)
+        load_rates(con, list(rates))
+        return run_sql(con, by)
+    finally:
+        con.close()
+
+
+def report_landed(
+    alloc: Path,
+    waste: Path,
+    focus: Path,
+    *,
+    rates: Iterable[tuple[str, str, float]] = (),
+    window: Window = Window(),
+    by: str = "tenant",
+    threads: int | None = None,
+) -> list[Group]:
+    """The report over the ledger as landed tables (Parquet in report.sql's ``alloc`` and
+    ``waste`` shapes, as Kafka Connect or Firehose would land them) and a FOCUS file: what
+    a fleet-sized month runs on (``make bench-report``)."""
+    con = connect()
+    try:
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
+        for name, path in (("alloc", alloc), ("waste", waste)):
+            rows = f"read_parquet({_quote(path)})"
+            holds = []
+            column = "hour_start"
+            if window.since is not None:
+                holds.append(f"{column} >= {_literal(window.since)}")
+            if window.until is not None:
+                holds.append(f"{column} < {_literal(window.until)}")
+            where = f" WHERE {' AND '.join(holds)}" if holds else ""
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM {rows}{where}")
         load_focus(con, focus, window)
         load_rates(con, list(rates))
         return run_sql(con, by)

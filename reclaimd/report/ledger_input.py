@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -64,7 +65,6 @@ class AllocationRow:
 class Ledger:
     waste: list[WastePart] = field(default_factory=list)
     allocation: list[AllocationRow] = field(default_factory=list)
-    skipped: int = 0  # events of a schema this report does not read
 
 
 def _naive(t: datetime) -> datetime:
@@ -82,10 +82,16 @@ def _time(ev: Mapping[str, Any], key: str, where: str) -> datetime:
 
 
 def _number(ev: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
+    """A quantity: a finite number >= 0 (a negative waste would raise the savings)."""
     raw = ev.get(key, default)
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise InputError(f"{where}: {key} is missing or not a number")
-    return float(raw)
+    value = float(raw)
+    if not math.isfinite(value):
+        raise InputError(f"{where}: {key} is {raw!r}, not a finite number")
+    if value < 0:
+        raise InputError(f"{where}: {key} is {raw!r}, a quantity cannot be negative")
+    return value
 
 
 def _text(value: Any) -> str | None:
@@ -124,6 +130,7 @@ def waste_parts(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> list[
         return [replace(base, gpu_seconds=_number(ev, "x_WastedGpuSeconds", where))]
     if not isinstance(raw_parts, list):
         raise InputError(f"{where}: x_WasteByInstance is not a list")
+    _number(ev, "x_WastedGpuSeconds", where, 0.0)  # the gang's total: refused as its parts are
     out = []
     for i, p in enumerate(raw_parts):
         if not isinstance(p, Mapping):
@@ -143,9 +150,13 @@ def waste_parts(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> list[
 
 def allocation_row(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> AllocationRow:
     labels = _labels(ev, policy)
+    resource_id = _text(ev.get("ResourceId"))
+    project = _text(ev.get("SubAccountId"))
+    if resource_id is not None and project is not None:
+        resource_id = f"{project}/{resource_id}"  # a GCE name is unique within its project
     return AllocationRow(
         hour_start=_time(ev, "ChargePeriodStart", where),
-        resource_id=_text(ev.get("ResourceId")),
+        resource_id=resource_id,
         node=_text(ev.get("x_K8sNodeName")),
         sku=_text(ev.get("SkuId")) or labels.get("sku"),
         purchase_option=normalize_purchase_option(_text(ev.get("x_PurchaseOption")))
@@ -174,7 +185,10 @@ def collect(events: Iterable[tuple[str, Mapping[str, Any]]], policy: LabelPolicy
         elif schema == ALLOCATION_V1:
             ledger.allocation.append(allocation_row(ev, where, policy))
         else:
-            ledger.skipped += 1
+            known = ", ".join((WASTE_V1, WASTE_V2, ALLOCATION_V1))
+            raise InputError(
+                f"{where}: unknown schema {str(schema)[:60]!r} (this report reads {known})"
+            )
     return ledger
 
 

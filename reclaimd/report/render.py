@@ -18,7 +18,7 @@ from reclaimd.report.engine import COLUMNS, COUNTS, Group, Window
 
 MONEY: Final = frozenset(
     {"allocated_cost", "cost_spot", "cost_on_demand", "cost_reserved", "cost_capacity_block"}
-    | {"restart_waste_cost", "effective_cost", "spot_net_savings"}
+    | {"reserved_idle_cost", "restart_waste_cost", "effective_cost", "spot_net_savings"}
 )
 # Bar colours (the Chromium test looks for them): cost by purchase option, waste on top.
 COLOURS: Final = {
@@ -26,6 +26,7 @@ COLOURS: Final = {
     "cost_capacity_block": "#7f5fa8",
     "cost_on_demand": "#2e86c1",
     "cost_spot": "#27ae60",
+    "reserved_idle_cost": "#9e9e9e",
     "restart_waste_cost": "#d62728",
 }
 WASTE_RED: Final = COLOURS["restart_waste_cost"]
@@ -35,6 +36,7 @@ _TITLES: Final = {
     "cost_capacity_block": "capacity block",
     "cost_on_demand": "on-demand",
     "cost_spot": "spot",
+    "reserved_idle_cost": "reserved idle",
     "restart_waste_cost": "restart waste",
 }
 
@@ -56,6 +58,7 @@ def total(groups: Sequence[Group]) -> dict[str, float | int | None]:
     alloc = out["allocated_gpu_hours"] or 0
     waste = out["restart_waste_gpu_hours"] or 0
     out["waste_share"] = waste / alloc if alloc else None
+    out["cost_share"] = 1.0 if out["effective_cost"] else None
     # a notice or gang can touch several groups: the total of distinct ones is not a sum
     out["notices"] = out["gangs_hit"] = None
     return out
@@ -91,10 +94,12 @@ TABLE: Final = (
     ("spot $", "cost_spot", "$"),
     ("od $", "cost_on_demand", "$"),
     ("rsv $", "cost_reserved", "$"),
+    ("idle $", "reserved_idle_cost", "$"),
     ("waste GPU-h", "restart_waste_gpu_hours", "h"),
     ("waste $", "restart_waste_cost", "$"),
     ("waste %", "waste_share", "%"),
     ("effective $", "effective_cost", "$"),
+    ("share", "cost_share", "%"),
     ("spot net savings $", "spot_net_savings", "$"),
     ("notices", "notices", "n"),
     ("gangs", "gangs_hit", "n"),

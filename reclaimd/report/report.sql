@@ -1,60 +1,129 @@
 -- reclaimd report: allocation and restart waste, priced with the cloud bill (FOCUS).
 --
 -- Portable SQL (DuckDB, Athena/Trino, BigQuery): no casts, no engine functions, no
--- parameters. It reads five relations; `reclaimd report` builds them in DuckDB, and
--- docs/ledger.md shows the views to create over the ledger and the bill where they live.
+-- parameters. It reads five relations; `reclaimd report` builds them in DuckDB, the Trino
+-- test runs this same text over the same Parquet files, and docs/ledger.md shows the views
+-- to create over the ledger and the bill where they live.
 --
 --   alloc  (hour_start, resource_id, node, sku, purchase_option, grp, gpu_hours,
 --           mig_gpu_hours, mig_profile_hours, hbm_gb_hours, node_gpus)
 --          the allocation meter's rows (reclaimd.allocation/v1), one per instance-hour and
---          label set; grp is the label the report groups by (tenant, queue, ...).
+--          label set; grp is the label the report groups by (tenant, queue, ...), or
+--          'unattributed'. resource_id is the instance id; a GCE instance's is
+--          'project/name' (names are unique within a project only).
 --   waste  (event_id, notice_id, gang_id, hour_start, resource_id, node, sku,
 --           purchase_option, grp, gpu_seconds, outcome, deadline_met)
 --          restart-waste events (reclaimd.restart-waste/v2), one row per x_WasteByInstance
 --          part; hour_start is the hour the ranks stopped in.
---   focus  (ChargePeriodStart, ResourceId, SkuId, PricingCategory, ChargeCategory,
---           EffectiveCost, ListCost, ConsumedQuantity)
---          the hourly FOCUS cost-and-usage export, compute instance rows.
+--   focus  (ChargePeriodStart, ResourceId, ProviderName, ServiceCategory, ChargeCategory,
+--           ConsumedUnit, SkuId, SkuMeter, PricingCategory, EffectiveCost, ListCost,
+--           ConsumedQuantity)
+--          the hourly FOCUS cost-and-usage export, every row; ResourceId reduced to the
+--          instance id (GCE: 'project/name'). A column the export lacks is NULL ("not
+--          stated": its test below does not apply).
 --   rates  (sku, purchase_option, usd_per_gpu_hour)   optional, may be empty
 --   skus   (sku, gpus)                                GPUs per instance type
 --
--- A GPU-hour of an instance costs that instance-hour's EffectiveCost / (ConsumedQuantity x
--- GPUs); without a bill row it costs the rates file's figure for its SKU and purchase option.
--- The on-demand price of a SKU is the rates file's on_demand figure, else the bill's
--- Standard rows for that SKU, else the instance-hour's ListCost (FOCUS: the list price).
+-- Compute rows (docs/ledger.md, "Which bill rows price a GPU-hour"): ChargeCategory Usage,
+-- ServiceCategory Compute, ConsumedUnit a time (hours, seconds) or a memory-time (GiB-hours,
+-- byte-seconds); data transfer, storage, support, tax, credits and commitment purchases are
+-- not. An instance-hour's GPU-hours are its instance-hours x GPUs (AWS and others) or the
+-- hours of its GPU SKU rows (Google: SkuMeter names a GPU; its core and RAM SKUs are
+-- apportioned over them). A GPU-hour costs the instance-hour's compute EffectiveCost / its
+-- GPU-hours, and its PricingCategory is that of the rows that carry the GPU-hours. Without
+-- a bill row it costs the rates file's figure for its SKU and purchase option. The
+-- on-demand price of a SKU is the rates file's on_demand figure, else the bill's Standard
+-- rows for that SKU, else the instance-hour's ListCost (FOCUS: the list price).
+--
+-- Reserved idle: per committed instance-hour of an instance the meter saw (PricingCategory
+-- Committed, or a reserved or capacity-block node), its GPU-hours minus those the meter
+-- attributed, at its rate: the group 'reserved-idle', never spread over tenants.
 
 WITH
-instance_gpus AS (
-  SELECT resource_id, MAX(node_gpus) AS gpus
+instances AS (
+  SELECT
+    resource_id,
+    MAX(node_gpus) AS gpus,
+    MAX(sku) AS sku,
+    MAX(purchase_option) AS purchase_option
   FROM alloc
-  WHERE resource_id IS NOT NULL AND node_gpus > 0
+  WHERE resource_id IS NOT NULL
   GROUP BY resource_id
 ),
-bill AS (
+compute_rows AS (
   SELECT
     ResourceId AS resource_id,
     ChargePeriodStart AS hour_start,
-    MAX(SkuId) AS sku,
-    MAX(PricingCategory) AS pricing_category,
+    SkuId,
+    PricingCategory,
+    EffectiveCost,
+    ListCost,
+    CASE
+      WHEN LOWER(ConsumedUnit) IN ('s', 'second', 'seconds') THEN ConsumedQuantity / 3600.0
+      ELSE ConsumedQuantity
+    END AS quantity_hours,
+    CASE
+      WHEN LOWER(ProviderName) LIKE 'google%' THEN 0
+      WHEN ConsumedUnit IS NULL THEN 1
+      WHEN LOWER(ConsumedUnit) IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds')
+        THEN 1
+      ELSE 0
+    END AS is_instance_row,
+    CASE
+      WHEN LOWER(ProviderName) LIKE 'google%' AND LOWER(SkuMeter) LIKE '%gpu%' THEN 1
+      ELSE 0
+    END AS is_gpu_sku_row
+  FROM focus
+  WHERE ResourceId IS NOT NULL
+    AND (ChargeCategory = 'Usage' OR ChargeCategory IS NULL)
+    AND (ServiceCategory = 'Compute' OR ServiceCategory IS NULL)
+    AND (
+      ConsumedUnit IS NULL
+      OR LOWER(ConsumedUnit) IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds')
+      OR LOWER(ConsumedUnit) LIKE '%hour%'
+      OR LOWER(ConsumedUnit) LIKE '%second%'
+    )
+),
+bill AS (
+  SELECT
+    resource_id,
+    hour_start,
+    MAX(CASE WHEN is_instance_row + is_gpu_sku_row > 0 THEN SkuId END) AS bill_sku,
+    MAX(CASE WHEN is_instance_row + is_gpu_sku_row > 0 THEN PricingCategory END)
+      AS pricing_category,
     SUM(EffectiveCost) AS cost,
     SUM(ListCost) AS list_cost,
-    SUM(ConsumedQuantity) AS hours
-  FROM focus
-  WHERE ChargeCategory = 'Usage' OR ChargeCategory IS NULL
-  GROUP BY ResourceId, ChargePeriodStart
+    SUM(CASE WHEN is_instance_row = 1 THEN quantity_hours ELSE 0 END) AS instance_hours,
+    SUM(CASE WHEN is_gpu_sku_row = 1 THEN quantity_hours ELSE 0 END) AS gpu_sku_hours
+  FROM compute_rows
+  GROUP BY resource_id, hour_start
 ),
-bill_rate AS (
+bill_gpu_hours AS (
   SELECT
     b.resource_id,
     b.hour_start,
-    b.sku,
+    COALESCE(i.sku, b.bill_sku) AS sku,
+    i.purchase_option,
     b.pricing_category,
-    b.cost / (b.hours * COALESCE(g.gpus, s.gpus)) AS rate,
-    b.list_cost / (b.hours * COALESCE(g.gpus, s.gpus)) AS list_rate
+    b.cost,
+    b.list_cost,
+    COALESCE(b.instance_hours * COALESCE(i.gpus, s.gpus), 0) + b.gpu_sku_hours AS gpu_hours
   FROM bill b
-  LEFT JOIN instance_gpus g ON g.resource_id = b.resource_id
-  LEFT JOIN skus s ON s.sku = b.sku
-  WHERE b.hours > 0 AND COALESCE(g.gpus, s.gpus) > 0
+  LEFT JOIN instances i ON i.resource_id = b.resource_id
+  LEFT JOIN skus s ON s.sku = COALESCE(i.sku, b.bill_sku)
+),
+bill_rate AS (
+  SELECT
+    resource_id,
+    hour_start,
+    sku,
+    purchase_option,
+    pricing_category,
+    gpu_hours,
+    cost / gpu_hours AS rate,
+    list_cost / gpu_hours AS list_rate
+  FROM bill_gpu_hours
+  WHERE gpu_hours > 0
 ),
 od_bill AS (
   SELECT sku, AVG(rate) AS rate
@@ -91,6 +160,24 @@ alloc_priced AS (
   LEFT JOIN od_file odf ON odf.sku = a.sku
   LEFT JOIN od_bill odb ON odb.sku = a.sku
 ),
+held AS (
+  SELECT resource_id, hour_start, SUM(gpu_hours + mig_gpu_hours) AS gpu_hours
+  FROM alloc
+  WHERE resource_id IS NOT NULL
+  GROUP BY resource_id, hour_start
+),
+reserved_idle AS (
+  SELECT
+    CASE WHEN br.purchase_option = 'capacity_block' THEN 'capacity_block' ELSE 'reserved' END
+      AS purchase_option,
+    br.gpu_hours - COALESCE(h.gpu_hours, 0) AS gpu_hours,
+    (br.gpu_hours - COALESCE(h.gpu_hours, 0)) * br.rate AS cost
+  FROM bill_rate br
+  JOIN instances i ON i.resource_id = br.resource_id
+  LEFT JOIN held h ON h.resource_id = br.resource_id AND h.hour_start = br.hour_start
+  WHERE (br.pricing_category = 'Committed' OR br.purchase_option IN ('reserved', 'capacity_block'))
+    AND br.gpu_hours > COALESCE(h.gpu_hours, 0)
+),
 node_instance AS (
   SELECT node, hour_start, MAX(resource_id) AS resource_id
   FROM alloc
@@ -109,13 +196,26 @@ waste_placed AS (
     w.gpu_seconds,
     w.outcome,
     w.deadline_met,
-    COALESCE(w.resource_id, n.resource_id) AS resource_id
+    -- the meter's id of the node's instance (a GCE part names the instance, not its project)
+    CASE
+      WHEN n.resource_id IS NOT NULL
+        AND (w.resource_id IS NULL OR n.resource_id = w.resource_id
+             OR n.resource_id LIKE '%/' || w.resource_id)
+        THEN n.resource_id
+      ELSE w.resource_id
+    END AS resource_id
   FROM waste w
   LEFT JOIN node_instance n ON n.node = w.node AND n.hour_start = w.hour_start
 ),
 waste_priced AS (
   SELECT
-    w.*,
+    w.event_id,
+    w.notice_id,
+    w.gang_id,
+    w.grp,
+    w.purchase_option,
+    w.outcome,
+    w.deadline_met,
     w.gpu_seconds / 3600.0 AS gpu_hours,
     w.gpu_seconds / 3600.0 * COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) AS cost,
     CASE WHEN COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) IS NULL
@@ -144,6 +244,8 @@ parts AS (
     SUM(CASE WHEN purchase_option = 'on_demand' THEN cost ELSE 0 END) AS cost_on_demand,
     SUM(CASE WHEN purchase_option = 'reserved' THEN cost ELSE 0 END) AS cost_reserved,
     SUM(CASE WHEN purchase_option = 'capacity_block' THEN cost ELSE 0 END) AS cost_capacity_block,
+    0 AS reserved_idle_gpu_hours,
+    0 AS reserved_idle_cost,
     SUM(CASE WHEN purchase_option = 'spot' THEN od_cost - cost ELSE 0 END) AS spot_gross_savings,
     0 AS restart_waste_gpu_hours,
     0 AS restart_waste_cost,
@@ -161,8 +263,21 @@ parts AS (
   GROUP BY grp
   UNION ALL
   SELECT
+    'reserved-idle',
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    SUM(gpu_hours),
+    SUM(cost),
+    0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0
+  FROM reserved_idle
+  HAVING COUNT(*) > 0
+  UNION ALL
+  SELECT
     grp,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0,
+    0,
     SUM(gpu_hours),
     SUM(cost),
     SUM(CASE WHEN purchase_option = 'spot' THEN cost ELSE 0 END),
@@ -175,7 +290,9 @@ parts AS (
   UNION ALL
   SELECT
     grp,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0,
+    0,
     0, 0, 0, 0, 0,
     SUM(CASE WHEN outcome = 'checkpointed' THEN 1 ELSE 0 END),
     SUM(CASE WHEN outcome = 'partial' THEN 1 ELSE 0 END),
@@ -186,35 +303,71 @@ parts AS (
     0
   FROM gang_outcome
   GROUP BY grp
+),
+grouped AS (
+  SELECT
+    grp,
+    SUM(allocated_gpu_hours) AS allocated_gpu_hours,
+    SUM(gpu_hours_spot) AS gpu_hours_spot,
+    SUM(gpu_hours_on_demand) AS gpu_hours_on_demand,
+    SUM(gpu_hours_reserved) AS gpu_hours_reserved,
+    SUM(gpu_hours_capacity_block) AS gpu_hours_capacity_block,
+    SUM(mig_profile_hours) AS mig_profile_hours,
+    SUM(hbm_gb_hours) AS hbm_gb_hours,
+    SUM(allocated_cost) AS allocated_cost,
+    SUM(cost_spot) AS cost_spot,
+    SUM(cost_on_demand) AS cost_on_demand,
+    SUM(cost_reserved) AS cost_reserved,
+    SUM(cost_capacity_block) AS cost_capacity_block,
+    SUM(reserved_idle_gpu_hours) AS reserved_idle_gpu_hours,
+    SUM(reserved_idle_cost) AS reserved_idle_cost,
+    SUM(restart_waste_gpu_hours) AS restart_waste_gpu_hours,
+    SUM(restart_waste_cost) AS restart_waste_cost,
+    SUM(notices) AS notices,
+    SUM(gangs_hit) AS gangs_hit,
+    SUM(checkpointed) AS checkpointed,
+    SUM(partial) AS partial,
+    SUM(not_durable) AS not_durable,
+    SUM(no_ack) AS no_ack,
+    SUM(not_opted_in) AS not_opted_in,
+    SUM(deadline_misses) AS deadline_misses,
+    SUM(allocated_cost) + SUM(reserved_idle_cost) + SUM(restart_waste_cost) AS effective_cost,
+    SUM(restart_waste_gpu_hours) / NULLIF(SUM(allocated_gpu_hours), 0) AS waste_share,
+    SUM(spot_gross_savings) - SUM(restart_waste_cost_spot) AS spot_net_savings,
+    SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
+  FROM parts
+  GROUP BY grp
 )
 SELECT
   grp,
-  SUM(allocated_gpu_hours) AS allocated_gpu_hours,
-  SUM(gpu_hours_spot) AS gpu_hours_spot,
-  SUM(gpu_hours_on_demand) AS gpu_hours_on_demand,
-  SUM(gpu_hours_reserved) AS gpu_hours_reserved,
-  SUM(gpu_hours_capacity_block) AS gpu_hours_capacity_block,
-  SUM(mig_profile_hours) AS mig_profile_hours,
-  SUM(hbm_gb_hours) AS hbm_gb_hours,
-  SUM(allocated_cost) AS allocated_cost,
-  SUM(cost_spot) AS cost_spot,
-  SUM(cost_on_demand) AS cost_on_demand,
-  SUM(cost_reserved) AS cost_reserved,
-  SUM(cost_capacity_block) AS cost_capacity_block,
-  SUM(restart_waste_gpu_hours) AS restart_waste_gpu_hours,
-  SUM(restart_waste_cost) AS restart_waste_cost,
-  SUM(notices) AS notices,
-  SUM(gangs_hit) AS gangs_hit,
-  SUM(checkpointed) AS checkpointed,
-  SUM(partial) AS partial,
-  SUM(not_durable) AS not_durable,
-  SUM(no_ack) AS no_ack,
-  SUM(not_opted_in) AS not_opted_in,
-  SUM(deadline_misses) AS deadline_misses,
-  SUM(allocated_cost) + SUM(restart_waste_cost) AS effective_cost,
-  SUM(restart_waste_gpu_hours) / NULLIF(SUM(allocated_gpu_hours), 0) AS waste_share,
-  SUM(spot_gross_savings) - SUM(restart_waste_cost_spot) AS spot_net_savings,
-  SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
-FROM parts
-GROUP BY grp
+  allocated_gpu_hours,
+  gpu_hours_spot,
+  gpu_hours_on_demand,
+  gpu_hours_reserved,
+  gpu_hours_capacity_block,
+  mig_profile_hours,
+  hbm_gb_hours,
+  allocated_cost,
+  cost_spot,
+  cost_on_demand,
+  cost_reserved,
+  cost_capacity_block,
+  reserved_idle_gpu_hours,
+  reserved_idle_cost,
+  restart_waste_gpu_hours,
+  restart_waste_cost,
+  notices,
+  gangs_hit,
+  checkpointed,
+  partial,
+  not_durable,
+  no_ack,
+  not_opted_in,
+  deadline_misses,
+  effective_cost,
+  effective_cost / NULLIF(SUM(effective_cost) OVER (), 0) AS cost_share,
+  waste_share,
+  spot_net_savings,
+  unpriced_gpu_hours
+FROM grouped
 ORDER BY grp

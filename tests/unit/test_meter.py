@@ -244,3 +244,15 @@ async def test_a_node_gone_before_its_hour_closes_keeps_its_instance(tmp_path: P
     )
     assert r["x_GpuHours"] == 4.0 and r["x_NodeGpus"] == 8
     assert m._seen == {}  # nothing kept once no open hour needs the node
+
+
+def test_a_gce_row_names_its_project_so_two_projects_instances_stay_apart() -> None:
+    key = meter.Key(H12, "g-a", (("tenant", "team-c"),), "")
+    usage = meter.Usage(gpu_s=8 * 3600.0)
+    facts = meter.NodeFacts(
+        {"node.kubernetes.io/instance-type": "a3-highgpu-8g"}, "gce://proj-a/us-central1-a/gpu-1"
+    )
+    r = meter.row(key, usage, facts, "c1")
+    assert (r["ResourceId"], r["SubAccountId"]) == ("gpu-1", "proj-a")
+    aws = meter.row(key, usage, NODES["n-spot"], "c1")
+    assert (aws["ResourceId"], aws["SubAccountId"]) == ("i-0spot", None)

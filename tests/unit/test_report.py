@@ -230,7 +230,7 @@ def test_nothing_outside_the_allowlist_reaches_a_report(
         )
     )
     assert "example.com" not in text and "SECRET" not in text and "n-spot" not in text
-    assert [g.key for g in groups] == ["-"]
+    assert [g.key for g in groups] == ["unattributed"]
 
 
 def test_focus_1_2_with_other_providers_and_columns_parses(
@@ -278,12 +278,12 @@ def test_focus_1_2_with_other_providers_and_columns_parses(
         ),
         (
             FOCUS_HEADER + focus_row("i-spot", 40, "Dynamic").replace(",40,", ",forty,"),
-            "column EffectiveCost: 1 value(s) are not numbers",
+            "bad.csv:2: EffectiveCost 'forty' is not a number",
         ),
         (
             FOCUS_HEADER
             + focus_row("i-spot", 40, "Dynamic").replace("2026-03-01T12:00:00Z", "noon", 1),
-            "column ChargePeriodStart: 1 value(s) are not times",
+            "bad.csv:2: ChargePeriodStart 'noon' is not a time",
         ),
     ],
 )

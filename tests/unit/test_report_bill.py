@@ -1,0 +1,415 @@
+"""``reclaimd report`` on a hand-built FOCUS 1.2 bill with the rows every real bill has.
+
+The bill (hour 12:00, plus 13:00 for one instance) and the ledger are small enough to price
+by hand; every expected figure below is computed in the comments, not taken from a run.
+
+AWS, p5.48xlarge (8 GPUs):
+  i-spot  spot       compute 1 Hrs $40.00 Dynamic          -> $5.00 / GPU-h
+          + 250 GB data transfer $22.50 (Standard, carries the instance id): not compute
+  i-od    on-demand  compute 1 Hrs $80.00 Standard         -> $10.00 / GPU-h
+          + EBS GB-Mo $3.20, tax $7.00, a credit -$10.00 on the same id: not compute
+  i-rsv   reserved   RI usage 1 Hrs $48.00 Committed       -> $6.00 / GPU-h, at 12:00 and 13:00
+          + the RI purchase $10,000 (ChargeCategory Purchase) on its id: not compute
+  a support line with no resource, and another account's instance: not ours
+GCE, a3-highgpu-8g (8 GPUs), one instance named gpu-1 in each of two projects:
+  proj-a/gpu-1 spot  GPU 28,800 s = 8 GPU-h $24.00 + cores $6.40 + RAM $1.60 = $32.00
+                     -> $4.00 / GPU-h (Dynamic); + 100 GiB egress $12.00: not compute
+  proj-b/gpu-1 od    GPU 8 hour $64.00 + cores $14.00 + RAM $2.00 = $80.00 -> $10.00 / GPU-h
+                     (short ResourceId "gpu-1": the project from SubAccountId)
+
+Ledger, 12:00: team-a 8 GPU-h on i-spot and 4 on i-od; team-b 4 on i-od and 4 on i-rsv
+(half of it idle); team-c 8 on proj-a/gpu-1 and 6 on proj-b/gpu-1; 2 GPU-h on
+proj-b/gpu-1 with no tenant label. Nothing at 13:00 (i-rsv all idle).
+Restart waste at 12:30: team-a 2 GPU-h on i-spot + 1 on i-od; team-c 4 GPU-h on gpu-1
+(node g-a: proj-a's gpu-1).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from reclaimd import cli
+from reclaimd.report import Window, build
+
+H12 = datetime(2026, 3, 1, 12, tzinfo=UTC)
+H13 = H12 + timedelta(hours=1)
+ACCOUNT = "111122223333"
+
+FOCUS_COLUMNS = (
+    "BillingAccountId", "SubAccountId", "ProviderName", "ServiceName", "ServiceCategory",
+    "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory", "ChargeClass", "ResourceId",
+    "SkuId", "SkuMeter", "PricingCategory", "ConsumedQuantity", "ConsumedUnit",
+    "EffectiveCost", "BilledCost", "ListCost", "BillingCurrency",
+)  # fmt: skip
+
+
+def z(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def aws(rid: str, cost: float, *, hour: datetime = H12, **kw: Any) -> dict[str, Any]:
+    row = {
+        "BillingAccountId": ACCOUNT,
+        "SubAccountId": ACCOUNT,
+        "ProviderName": "AWS",
+        "ServiceName": "Amazon Elastic Compute Cloud",
+        "ServiceCategory": "Compute",
+        "ChargePeriodStart": z(hour),
+        "ChargePeriodEnd": z(hour + timedelta(hours=1)),
+        "ChargeCategory": "Usage",
+        "ChargeClass": "",
+        "ResourceId": f"arn:aws:ec2:us-east-2:{ACCOUNT}:instance/{rid}" if rid else "",
+        "SkuId": "p5.48xlarge",
+        "SkuMeter": "",
+        "PricingCategory": "Standard",
+        "ConsumedQuantity": 1,
+        "ConsumedUnit": "Hrs",
+        "EffectiveCost": cost,
+        "BilledCost": cost,
+        "ListCost": 98.32,
+        "BillingCurrency": "USD",
+    }
+    row.update(kw)
+    return row
+
+
+def gce(
+    rid: str, project: str, meter: str, quantity: tuple[float, str], cost: float, **kw: Any
+) -> dict[str, Any]:
+    qty, unit = quantity
+    row = aws(
+        "",
+        cost,
+        SubAccountId=project,
+        ProviderName="Google Cloud",
+        ServiceName="Compute Engine",
+        ResourceId=rid,
+        SkuId=f"SKU-{meter[:3].upper()}",
+        SkuMeter=meter,
+        ConsumedQuantity=qty,
+        ConsumedUnit=unit,
+        ListCost=cost * 2,
+    )
+    row.update(kw)
+    return row
+
+
+SPOT = {"PricingCategory": "Dynamic"}
+GA = "//compute.googleapis.com/projects/proj-a/zones/us-central1-a/instances/gpu-1"
+
+
+def bill_rows() -> list[dict[str, Any]]:
+    return [
+        aws("i-spot", 40.00, PricingCategory="Dynamic"),
+        aws(
+            "i-spot", 22.50, ServiceName="AWS Data Transfer", ServiceCategory="Networking",
+            ConsumedQuantity=250, ConsumedUnit="GB", SkuId="DT-OUT",
+        ),
+        aws("i-od", 80.00),
+        aws("i-od", 3.20, ServiceCategory="Storage", ConsumedUnit="GB-Mo", SkuId="EBS"),
+        aws("i-od", 7.00, ChargeCategory="Tax", ConsumedQuantity="", ConsumedUnit=""),
+        aws("i-od", -10.00, ChargeCategory="Credit", ConsumedQuantity="", ConsumedUnit=""),
+        aws("i-rsv", 48.00, PricingCategory="Committed"),
+        aws("i-rsv", 48.00, PricingCategory="Committed", hour=H13),
+        aws(
+            "i-rsv", 10000.00, ChargeCategory="Purchase", PricingCategory="Committed",
+            ConsumedQuantity=1, ConsumedUnit="Hrs",
+        ),
+        aws(
+            "", 100.00, ServiceName="AWS Support (Business)",
+            ServiceCategory="Management and Governance", ConsumedUnit="",
+        ),
+        aws("i-other", 80.00, SubAccountId="999988887777"),
+        gce(GA, "proj-a", "Nvidia H100 80GB GPU", (28800, "seconds"), 24.00, **SPOT),
+        gce(GA, "proj-a", "A3 Instance Core", (748800, "seconds"), 6.40, **SPOT),
+        gce(GA, "proj-a", "A3 Instance Ram", (1872, "gibibyte hour"), 1.60, **SPOT),
+        gce(
+            GA, "proj-a", "Network Internet Egress", (100, "gibibyte"), 12.00,
+            ServiceCategory="Networking",
+        ),
+        gce("gpu-1", "proj-b", "Nvidia H100 80GB GPU", (8, "hour"), 64.00),
+        gce("gpu-1", "proj-b", "A3 Instance Core", (208, "hour"), 14.00),
+        gce("gpu-1", "proj-b", "A3 Instance Ram", (1872, "gibibyte hour"), 2.00),
+    ]  # fmt: skip
+
+
+def alloc(
+    tenant: str | None, node: str, rid: str, gpu_h: float, po: str, **kw: Any
+) -> dict[str, Any]:
+    tags = {"queue": "research", "purchase_option": po}
+    if tenant:
+        tags["tenant"] = tenant
+    ev = {
+        "schema": "reclaimd.allocation/v1",
+        "EventId": f"al-{tenant}-{node}",
+        "ChargePeriodStart": z(H12),
+        "ChargePeriodEnd": z(H13),
+        "ResourceId": rid,
+        "x_K8sNodeName": node,
+        "SkuId": kw.pop("sku", "p5.48xlarge"),
+        "x_PurchaseOption": po,
+        "Tags": tags,
+        "x_GpuHours": gpu_h,
+        "x_MigGpuEquivalentHours": 0.0,
+        "x_MigProfileHours": 0.0,
+        "x_HbmGbHours": gpu_h * 80,
+        "x_NodeGpus": 8,
+    }
+    ev.update(kw)
+    return ev
+
+
+def part(rid: str, node: str, po: str, gpu_s: float, sku: str = "p5.48xlarge") -> dict[str, Any]:
+    return {
+        "ResourceId": rid,
+        "x_K8sNodeName": node,
+        "SkuId": sku,
+        "x_PurchaseOption": po,
+        "x_WastedGpuSeconds": gpu_s,
+    }
+
+
+def waste(event: str, tenant: str, parts: list[dict[str, Any]], notice: str) -> dict[str, Any]:
+    stopped = H12 + timedelta(minutes=30)
+    return {
+        "schema": "reclaimd.restart-waste/v2",
+        "EventId": event,
+        "ChargePeriodStart": z(stopped - timedelta(hours=1)),
+        "ChargePeriodEnd": z(stopped),
+        "Tags": {"tenant": tenant, "queue": "research"},
+        "x_WastedGpuSeconds": sum(p["x_WastedGpuSeconds"] for p in parts),
+        "x_GangId": f"jobset:{tenant}/{event}",
+        "x_NoticeId": notice,
+        "x_CheckpointOutcome": "partial",
+        "x_DeadlineMet": True,
+        "x_WasteByInstance": parts,
+    }
+
+
+A3 = {"sku": "a3-highgpu-8g"}
+
+
+def ledger_rows() -> list[dict[str, Any]]:
+    return [
+        alloc("team-a", "n-spot", "i-spot", 8, "spot"),
+        alloc("team-a", "n-od", "i-od", 4, "on_demand"),
+        alloc("team-b", "n-od", "i-od", 4, "on_demand"),
+        alloc("team-b", "n-rsv", "i-rsv", 4, "reserved"),
+        alloc("team-c", "g-a", "gpu-1", 8, "spot", SubAccountId="proj-a", **A3),
+        alloc("team-c", "g-b", "gpu-1", 6, "on_demand", SubAccountId="proj-b", **A3),
+        alloc(None, "g-b", "gpu-1", 2, "on_demand", SubAccountId="proj-b", **A3),
+        waste(
+            "rw-1",
+            "team-a",
+            [part("i-spot", "n-spot", "spot", 7200), part("i-od", "n-od", "on_demand", 3600)],
+            "n-1",
+        ),
+        waste("rw-2", "team-c", [part("gpu-1", "g-a", "spot", 14400, "a3-highgpu-8g")], "n-2"),
+    ]
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FOCUS_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def write_jsonl(path: Path, events: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+@pytest.fixture
+def bill(tmp_path: Path) -> dict[str, Path]:
+    return {
+        "ledger": write_jsonl(tmp_path / "ledger.jsonl", ledger_rows()),
+        "focus": write_csv(tmp_path / "focus.csv", bill_rows()),
+    }
+
+
+def report(files: dict[str, Path], **kw: Any) -> dict[str, dict[str, Any]]:
+    groups = build(
+        [str(files["ledger"])],
+        by=kw.pop("by", "tenant"),
+        focus=kw.pop("focus", files["focus"]),
+        rates=None,
+        window=kw.pop("window", Window()),
+    )
+    return {g.key: {k: (round(v, 6) if isinstance(v, float) else v) for k, v in g.figures.items()}
+            for g in groups}  # fmt: skip
+
+
+def cents(g: dict[str, Any], *keys: str) -> tuple[float, ...]:
+    return tuple(round(g[k], 2) for k in keys)
+
+
+def test_every_figure_of_the_hand_built_bill_to_the_cent(bill: dict[str, Path]) -> None:
+    g = report(bill)
+    assert set(g) == {"team-a", "team-b", "team-c", "unattributed", "reserved-idle"}
+    a, b, c, u, idle = g["team-a"], g["team-b"], g["team-c"], g["unattributed"], g["reserved-idle"]
+    keys = ("allocated_cost", "cost_spot", "cost_on_demand", "cost_reserved")
+    # team-a: 8 spot GPU-h x $5 = $40 (not the $62.50 / 8 the data-transfer row would make:
+    # $7.81), 4 on-demand x $10 = $40
+    assert cents(a, *keys) == (80.00, 40.00, 40.00, 0.00)
+    # waste: 2 GPU-h x $5 + 1 x $10 = $20; effective $100
+    assert cents(a, "restart_waste_cost", "effective_cost") == (20.00, 100.00)
+    assert (a["allocated_gpu_hours"], a["restart_waste_gpu_hours"], a["waste_share"]) == (
+        12,
+        3,
+        0.25,
+    )
+    # on-demand p5 from i-od's Standard row: $10; spot saved 8 x (10 - 5) = $40, less $10 waste
+    assert round(a["spot_net_savings"], 2) == 30.00
+    # team-b: 4 on-demand x $10 + 4 reserved x ($48 / 8 = $6) = $64; the RI purchase and the
+    # tax and the credit price nothing
+    assert cents(b, *keys) == (64.00, 0.00, 40.00, 24.00)
+    assert (b["gpu_hours_reserved"], b["effective_cost"], b["spot_net_savings"]) == (4, 64, 0)
+    # team-c: proj-a/gpu-1 spot ($24 + $6.40 + $1.60) / 8 GPU-h = $4 x 8 = $32; proj-b/gpu-1
+    # on-demand ($64 + $14 + $2) / 8 = $10 x 6 = $60; the egress row is not compute
+    assert cents(c, *keys) == (92.00, 32.00, 60.00, 0.00)
+    # the 4 GPU-h lost on node g-a are priced on proj-a's gpu-1: 4 x $4 = $16 (not $10, not $7)
+    assert cents(c, "restart_waste_cost", "effective_cost") == (16.00, 108.00)
+    # on-demand a3 from proj-b's Standard hour: $10; spot saved 8 x (10 - 4) = $48, less $16
+    assert round(c["spot_net_savings"], 2) == 32.00
+    assert c["waste_share"] == round(4 / 14, 6)
+    # the unlabelled 2 GPU-h on proj-b/gpu-1: 2 x $10
+    assert cents(u, "allocated_cost", "cost_on_demand", "effective_cost") == (20.00, 20.00, 20.00)
+    # reserved idle: i-rsv 12:00 8 - 4 held = 4 GPU-h x $6 = $24; 13:00 nothing held, 8 x $6 = $48
+    assert (idle["reserved_idle_gpu_hours"], round(idle["reserved_idle_cost"], 2)) == (12, 72.00)
+    assert (
+        idle["allocated_cost"],
+        idle["allocated_gpu_hours"],
+        round(idle["effective_cost"], 2),
+    ) == (0, 0, 72.00)
+    for grp in (a, b, c, u):
+        assert grp["reserved_idle_cost"] == 0 and grp["unpriced_gpu_hours"] == 0
+    # shares of the total effective cost 100 + 64 + 108 + 20 + 72 = $364
+    assert idle["cost_share"] == round(72 / 364, 6) and a["cost_share"] == round(100 / 364, 6)
+    # every compute dollar accounted for: 40 + 80 + 48 + 48 + 32 + 80 = 328 = allocated + idle
+    allocated = sum(x["allocated_cost"] for x in g.values())
+    assert round(allocated + idle["reserved_idle_cost"], 2) == 328.00
+
+
+def test_the_same_bill_in_parquet_gives_the_same_report(
+    bill: dict[str, Path], tmp_path: Path
+) -> None:
+    pq = tmp_path / "focus.parquet"
+    con = duckdb.connect()
+    con.execute(
+        f"COPY (SELECT * REPLACE (CAST(ChargePeriodStart AS TIMESTAMPTZ) AS ChargePeriodStart,"
+        " TRY_CAST(EffectiveCost AS DOUBLE) AS EffectiveCost,"
+        " TRY_CAST(ConsumedQuantity AS DOUBLE) AS ConsumedQuantity)"
+        f" FROM read_csv('{bill['focus']}', all_varchar = true)) TO '{pq}' (FORMAT parquet)"
+    )
+    assert report(bill, focus=pq) == report(bill)
+
+
+def test_a_spot_hour_with_a_standard_data_transfer_row_stays_spot(
+    bill: dict[str, Path], tmp_path: Path
+) -> None:
+    # Only the spot instance's two rows and no on-demand hour: the on-demand price comes from
+    # the spot hour's ListCost ($98.32 / 8 = $12.29), as no Standard compute hour exists. Had
+    # the $22.50 Standard transfer row made the hour Standard, it would be its own on-demand
+    # price ($5) and the savings 0 - $10.
+    rows = [r for r in bill_rows() if "i-spot" in r["ResourceId"]]
+    focus = write_csv(tmp_path / "spot-only.csv", rows)
+    a = report(bill, focus=focus)["team-a"]
+    # 8 x (12.29 - 5) = 58.32, less the waste on spot 2 x $5 = $10
+    assert round(a["spot_net_savings"], 2) == 48.32
+
+
+def test_by_purchase_option_keeps_reserved_idle_apart(bill: dict[str, Path]) -> None:
+    g = report(bill, by="purchase_option")
+    assert round(g["reserved"]["cost_reserved"], 2) == 24.00
+    assert round(g["reserved-idle"]["reserved_idle_cost"], 2) == 72.00
+
+
+def test_a_window_takes_the_idle_hour_out(bill: dict[str, Path]) -> None:
+    g = report(bill, window=Window(since=datetime(2026, 3, 1, 12), until=datetime(2026, 3, 1, 13)))
+    assert round(g["reserved-idle"]["reserved_idle_cost"], 2) == 24.00  # 12:00 only: 4 x $6
+
+
+# --- bad input: one line naming the file and line, exit 2 --------------------------------
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    rc = cli.main(["report", *args])
+    err = capsys.readouterr().err
+    assert err.count("\n") <= 1, err
+    return rc, err
+
+
+def test_negative_or_non_finite_ledger_quantities_are_refused(
+    bill: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = ledger_rows()
+    events[7]["x_WasteByInstance"][0]["x_WastedGpuSeconds"] = -7200  # line 8 of the file
+    lp = write_jsonl(tmp_path / "neg.jsonl", events)
+    rc, err = run(["--ledger", str(lp), "--focus", str(bill["focus"])], capsys)
+    assert rc == 2 and f"{lp}:8: part 0: x_WastedGpuSeconds is -7200" in err, err
+    events = ledger_rows()
+    events[2]["x_GpuHours"] = float("nan")  # json.dumps writes NaN, json.loads reads it
+    lp = write_jsonl(tmp_path / "nan.jsonl", events)
+    rc, err = run(["--ledger", str(lp), "--focus", str(bill["focus"])], capsys)
+    assert rc == 2 and f"{lp}:3: x_GpuHours is nan, not a finite number" in err, err
+
+
+def test_an_unknown_schema_version_is_refused(
+    bill: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = ledger_rows()
+    events[0]["schema"] = "reclaimd.allocation/v9"
+    lp = write_jsonl(tmp_path / "v9.jsonl", events)
+    rc, err = run(["--ledger", str(lp), "--focus", str(bill["focus"])], capsys)
+    assert rc == 2 and f"{lp}:1: unknown schema 'reclaimd.allocation/v9'" in err, err
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (3, "EffectiveCost", "n/a", "EffectiveCost 'n/a' is not a number"),
+        (2, "ConsumedQuantity", "-250", "ConsumedQuantity '-250' is negative"),
+        (5, "EffectiveCost", "inf", "EffectiveCost 'inf' is not a finite number"),
+        (4, "ChargePeriodStart", "yesterday", "ChargePeriodStart 'yesterday' is not a time"),
+    ],
+)
+def test_bad_bill_values_are_refused_with_their_line(
+    bill: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    case: tuple[int, str, str, str],
+) -> None:
+    row, column, value, message = case
+    rows = bill_rows()
+    rows[row - 1][column] = value  # data row N is line N + 1 (the header is line 1)
+    focus = write_csv(tmp_path / "bad.csv", rows)
+    rc, err = run(["--ledger", str(bill["ledger"]), "--focus", str(focus)], capsys)
+    assert rc == 2 and f"{focus}:{row + 1}: {message}" in err, err
+
+
+def test_a_missing_column_and_a_reversed_window_are_refused(
+    bill: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{k: v for k, v in r.items() if k != "EffectiveCost"} for r in bill_rows()]
+    focus = tmp_path / "no-cost.csv"
+    with focus.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[c for c in FOCUS_COLUMNS if c != "EffectiveCost"])
+        w.writeheader()
+        w.writerows(rows)
+    rc, err = run(["--ledger", str(bill["ledger"]), "--focus", str(focus)], capsys)
+    assert rc == 2 and f"{focus}: missing FOCUS column(s) EffectiveCost" in err, err
+    rc, err = run(
+        ["--ledger", str(bill["ledger"]), "--focus", str(bill["focus"]),
+         "--since", "2026-03-02", "--until", "2026-03-01"],
+        capsys,
+    )  # fmt: skip
+    assert rc == 2 and "--since must be before --until" in err, err
