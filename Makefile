@@ -35,7 +35,8 @@ stack-down: venv
 stack-status: venv
 	$(STACK) status
 
-test: lint stack-up deploy-tools
+# trainer-deps (torch, Lightning; end of this file) first: mypy and the trainer tests import them.
+test: trainer-deps lint stack-up deploy-tools
 	$(BIN)/pytest -v -ra tests
 
 # One Spot warning shown step by step, then a zone-wide storm drill judged against ground truth.
@@ -108,3 +109,16 @@ bench-fuzz: stack-up
 .PHONY: bench-failover
 bench-failover: stack-up
 	$(BIN)/python -m reclaimd.chaos.campaign --out out/bench-failover.json $(FAILOVER_ARGS)
+
+# torch 2.15.0 (the PyPI CUDA build, used on CPU) and Lightning for the trainer SDK's tests and
+# bench: wheels cached under ~/.cache/reclaimd/wheels (about 2.9 GB once), installed offline.
+.PHONY: trainer-deps
+trainer-deps: venv
+	deploy/trainer/torch.sh
+
+# The trainer side (reclaimd.trainer.torch) with a real gloo job: save time (stash, upload),
+# ack latency, bytes/s against the disk's and moto's own rates, model sizes small to large:
+# out/bench-trainer.json and a table. BENCH_TRAINER_ARGS="--sizes 1,16" for a quick run.
+.PHONY: bench-trainer
+bench-trainer: trainer-deps
+	$(BIN)/python -m reclaimd.bench_trainer $(BENCH_TRAINER_ARGS)

@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (one job, read 
                 )
                 if args.stop_after_save:
                     break
+        emit("final", step=step, digest=digest(model, optimizer))
     finally:
         emit("stop", step=step, stopping=stopping)
         signal.stop()
