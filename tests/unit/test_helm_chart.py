@@ -166,6 +166,17 @@ def test_config_map_is_valid_reclaimd_settings(tmp_path: Path) -> None:
     assert s.tracing.span_file is None  # nothing written on the read-only root
 
 
+def test_pubsub_slots_follow_the_replicas_unless_set(tmp_path: Path) -> None:
+    def slots(values: dict[str, Any]) -> int:
+        cm = only(render(tmp_path, values), "ConfigMap")
+        return settings_of(cm, tmp_path).pubsub.slots
+
+    assert slots({}) == 2  # the default 2 replicas: a subscription each
+    assert slots({"controller": {"replicas": 3}}) == 3
+    # one subscription shared by every replica, as before slots
+    assert slots({"config": {"pubsub": {"enabled": True, "slots": 1}}}) == 1
+
+
 def test_a_config_change_rolls_the_pods(tmp_path: Path) -> None:
     def checksum(values: dict[str, Any]) -> str:
         dep = only(render(tmp_path, values), "Deployment")
@@ -390,6 +401,9 @@ BAD_VALUES = [
         id="bad-env",
     ),
     pytest.param({"logLevel": "verbose"}, "at '/logLevel'", id="unknown-log-level"),
+    pytest.param(
+        {"config": {"pubsub": {"slots": 0}}}, "at '/config/pubsub/slots'", id="no-pubsub-slot"
+    ),
     pytest.param(
         {"controller": {"antiAffinity": "maybe"}}, "at '/controller/antiAffinity'", id="anti"
     ),

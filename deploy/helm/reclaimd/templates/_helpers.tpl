@@ -46,6 +46,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "reclaimd.baseConfig" -}}
 {{- $chart := dict "lease_namespace" .Release.Namespace "metrics_port" (int .Values.metricsPort) "peer_probe" (dict "port" (int .Values.peerProbePort)) "ledger" (dict "outbox_path" "/var/lib/reclaimd/outbox.sqlite") -}}
 {{- $cfg := mustMergeOverwrite (deepCopy .Values.config) $chart -}}
+{{- /* A Pub/Sub subscription per replica (deploy/gcp/main.tf makes var.replicas of them),
+unless config.pubsub.slots says otherwise (1: one subscription shared by every replica). */ -}}
+{{- $pubsub := deepCopy (default dict (get $cfg "pubsub")) -}}
+{{- if not (hasKey $pubsub "slots") -}}
+{{- $_ := set $pubsub "slots" (int .Values.controller.replicas) -}}
+{{- end -}}
+{{- $_ := set $cfg "pubsub" $pubsub -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
