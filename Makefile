@@ -122,3 +122,12 @@ trainer-deps: venv
 .PHONY: bench-trainer
 bench-trainer: trainer-deps
 	$(BIN)/python -m reclaimd.bench_trainer $(BENCH_TRAINER_ARGS)
+
+# The FinOps report at fleet scale: a generated month of a 2,000-node GPU fleet (FOCUS in
+# Parquet, ~6.8 M rows; allocation rows; 100,000 restart-waste events), reported in DuckDB
+# against DuckDB's raw scan of the same files, then the same report.sql in a local Trino
+# (deploy/local/trino.sh; trino-server from Maven Central): out/bench-report.json and a table.
+# BENCH_REPORT_ARGS="--nodes 200 --hours 72 --events 5000" for a quick run.
+.PHONY: bench-report
+bench-report: venv
+	$(BIN)/python -m reclaimd.report.bench $(BENCH_REPORT_ARGS)

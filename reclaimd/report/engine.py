@@ -136,6 +136,9 @@ class Window:
         return f"{fmt(self.since)} to {fmt(self.until)}"
 
 
+ALL: Final = Window()  # no bounds
+
+
 def connect() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
@@ -462,5 +465,18 @@ def report_landed(
         load_focus(con, focus, window)
         load_rates(con, list(rates))
         return run_sql(con, by)
+    finally:
+        con.close()
+
+
+def land_ledger(ledger: Ledger, by: str, alloc: Path, waste: Path) -> None:
+    """Write the ledger as the landed ``alloc`` and ``waste`` tables (Parquet), as Kafka
+    Connect or Firehose would land the topics for Athena: what ``report_landed`` reads."""
+    con = connect()
+    try:
+        load_ledger(con, ledger, by, Window())
+        for name, path in (("alloc", alloc), ("waste", waste)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            con.execute(f"COPY {name} TO {_quote(path)} (FORMAT parquet)")
     finally:
         con.close()
