@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from reclaimd.trainer import Signal
-from reclaimd.trainer.torch import Checkpointer, S3Reader
+from reclaimd.trainer.torch import Checkpointer, S3Reader, SaveReport
 
 
 def build_model(hidden: int, layers: int, seed: int) -> nn.Module:
@@ -120,8 +120,28 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (one job, read 
         store = GuardedPut(s3, limits=limits).bind(args.tenant, args.bucket)
         reader = S3Reader(s3, args.bucket)
     prefix = f"checkpoints/{args.tenant}/{args.run}/"
+
+    def saved(report: SaveReport) -> None:
+        # logged before the ack: the log holds every save reclaimd can hear of
+        emit(
+            "saved",
+            step=report.step,
+            durable=report.result.durable,
+            uri=report.result.uri,
+            checkpoint_time=report.result.checkpoint_time.isoformat(),
+            stash_s=report.stash_s,
+            upload_s=report.upload_s,
+            commit_s=report.commit_s,
+            stash_bytes=report.stash_bytes,
+            parts=report.parts,
+            error=report.error,
+            digest=digest(model, optimizer),
+            shares=[x.to_json() if x else None for x in report.shares],
+        )
+
     ckpt = Checkpointer(
         signal,
+        on_saved=saved,
         run=args.run,
         stash_dir=args.stash or workdir / "stash",
         store=store,
@@ -160,25 +180,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (one job, read 
                 time.sleep(args.step_sleep)
             emit("step", step=step, loss=float(loss.item()))
             report = ckpt.maybe_save(step, model, optimizer)
-            if report is not None:
-                emit(
-                    "saved",
-                    step=report.step,
-                    durable=report.result.durable,
-                    uri=report.result.uri,
-                    checkpoint_time=report.result.checkpoint_time.isoformat(),
-                    stash_s=report.stash_s,
-                    upload_s=report.upload_s,
-                    commit_s=report.commit_s,
-                    stash_bytes=report.stash_bytes,
-                    parts=report.parts,
-                    error=report.error,
-                    digest=digest(model, optimizer),
-                    notices=sorted(signal.answered),
-                    shares=[s.to_json() if s else None for s in report.shares],
-                )
-                if args.stop_after_save:
-                    break
+            if report is not None and args.stop_after_save:
+                break
         emit("final", step=step, digest=digest(model, optimizer))
     finally:
         emit("stop", step=step, stopping=stopping)

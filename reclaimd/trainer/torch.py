@@ -40,7 +40,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -191,6 +191,7 @@ class Checkpointer:
         commit_margin_s: float = 1.0,
         group_timeout_s: float = 120.0,
         keep_stashes: int = 2,
+        on_saved: Callable[[SaveReport], None] | None = None,
     ) -> None:
         if check_every < 1:
             raise ValueError("check_every must be at least 1")
@@ -206,6 +207,7 @@ class Checkpointer:
         self.reply_margin_s = reply_margin_s
         self.commit_margin_s = commit_margin_s
         self.keep_stashes = keep_stashes
+        self.on_saved = on_saved  # called after the save, before the ack (a step log's line)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
@@ -306,6 +308,8 @@ class Checkpointer:
             report.error = "no deadline to upload against"
         if durable_uri:
             report.result = CheckpointResult(taken, step, durable_uri, True)
+        if self.on_saved is not None:
+            self.on_saved(report)
         self.signal.ack(report.result, covers=decision.notice_ids)
         self.saves.append(report)
         self._prune()
