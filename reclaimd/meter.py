@@ -5,6 +5,12 @@ Every ``interval_s`` the meter looks at the GPU pods in the cluster cache and ad
 hour becomes one ``reclaimd.allocation/v1`` row per key, through the same outbox, idempotence
 and label contract as the restart-waste events (``ledger.LedgerWriter``), on its own topic.
 
+**Open hours.** Every ``open_every_s`` (300 s) the meter also writes the open hour's running
+total of each key that changed: the same ``EventId`` as the key's closed row will have,
+``x_HourClosed: false`` and ``x_Revision`` (the look's time in ms). A consumer keeps, per
+``EventId``, the closed row, else the highest revision (``reclaimd report`` does); on the
+topic and in the outbox each revision is a record of its own (``EventId~revision``).
+
 * **GPU-hours** count whole GPUs (``nvidia.com/gpu`` and other ``*/gpu`` resources).
 * **MIG-profile-hours** count slices (``nvidia.com/mig-1g.10gb``, or ``nvidia.com/gpu`` on a
   node whose GKE partition-size label says the GPUs are slices); a slice is never also
@@ -197,8 +203,18 @@ class Integrator:
         return done
 
 
-def row(key: Key, usage: Usage, node: NodeFacts | None, cluster: str) -> dict[str, Any]:
-    """The ``reclaimd.allocation/v1`` row of one key's closed hour."""
+def row(
+    key: Key,
+    usage: Usage,
+    node: NodeFacts | None,
+    cluster: str,
+    *,
+    revision: int = 0,
+    closed: bool = True,
+) -> dict[str, Any]:
+    """The ``reclaimd.allocation/v1`` row of one key's hour: closed, or its running total so
+    far (``closed=False``). Every row of a key has the key's ``EventId``; ``x_Revision`` (the
+    look's time, ms since the epoch) orders them and a closed row replaces every open one."""
     place = placement(node.labels, node.provider_id) if node is not None else {}
     labels = dict(key.labels)
     sku = place.get("sku") or labels.get("sku")
@@ -235,15 +251,25 @@ def row(key: Key, usage: Usage, node: NodeFacts | None, cluster: str) -> dict[st
         "x_MigGpuEquivalentHours": round(usage.mig_gpu_s / 3600.0, 6),
         "x_HbmGbHours": round(usage.hbm_gb_s / 3600.0, 6),
         "x_NodeGpus": spec.gpus if spec else 0,
+        "x_Revision": revision,
+        "x_HourClosed": closed,
     }
 
 
+def record_id(r: Mapping[str, Any]) -> str:
+    """The outbox's and the topic's id of one row: a closed hour's is its ``EventId`` (a
+    re-sent row dedupes), an open hour's running total has one per revision."""
+    eid = str(r["EventId"])
+    return eid if r.get("x_HourClosed", True) else f"{eid}~{r.get('x_Revision', 0)}"
+
+
 def encode(r: Mapping[str, Any]) -> tuple[str, bytes, bytes, tuple[tuple[str, bytes], ...]]:
-    """(event id, Kafka key ``tenant|node``, JSON value, headers)."""
+    """(record id, Kafka key ``tenant|node``, JSON value, headers)."""
     key = f"{r['Tags'].get('tenant', '-')}|{r['x_K8sNodeName'] or '-'}".encode()[:200]
     value = json.dumps(r, sort_keys=True, separators=(",", ":")).encode()
-    headers = (("event_id", r["EventId"].encode()), ("schema", SCHEMA.encode()))
-    return r["EventId"], key, value, headers
+    rid = record_id(r)
+    headers = (("event_id", rid.encode()), ("schema", SCHEMA.encode()))
+    return rid, key, value, headers
 
 
 class Meter:
@@ -257,6 +283,7 @@ class Meter:
         *,
         cluster: str,
         interval_s: float = 30.0,
+        open_every_s: float = 300.0,
         policy: LabelPolicy | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -268,7 +295,11 @@ class Meter:
         self.integrator = Integrator(max_gap_s=max(4 * interval_s, 60.0))
         self._held_hours: dict[datetime, bool] = {}
         self._seen: dict[str, NodeFacts] = {}  # node -> its facts when last counted
-        self.rows_recorded = 0
+        self.rows_recorded = 0  # closed hours' rows
+        self.open_rows_recorded = 0  # running totals of the open hour
+        self.open_every_s = open_every_s
+        self._open_at: datetime | None = None  # when the open hour's totals were last written
+        self._open_written: dict[Key, tuple[float, float]] = {}
 
     async def _mine(self, hour: datetime) -> bool:
         if hour not in self._held_hours:
@@ -293,15 +324,33 @@ class Meter:
                     self._seen[h.node] = facts
             self.integrator.add(now, held, self._sku_of)
         n = 0
+        revision = int(now.timestamp() * 1000)
         for key, usage in sorted(self.integrator.closed(now).items(), key=lambda kv: str(kv[0])):
-            r = row(key, usage, self._node(key.node), self.cluster)
+            r = row(key, usage, self._node(key.node), self.cluster, revision=revision)
             await self.writer.record_encoded(*encode(r))
+            self._open_written.pop(key, None)
             n += 1
         self.rows_recorded += n
+        due = self._open_at is None or (now - self._open_at).total_seconds() >= self.open_every_s
+        if self.integrator.open and due:
+            await self._record_open(now, revision)
         if n:  # forget nodes no open hour needs any more
             still = {k.node for k in self.integrator.open}
             self._seen = {k: v for k, v in self._seen.items() if k in still}
         return n
+
+    async def _record_open(self, now: datetime, revision: int) -> None:
+        """The open hour's running total of every key that changed since it was last written
+        (replaced on the topic by a later revision, and by the closed row)."""
+        self._open_at = now
+        for key, usage in sorted(self.integrator.open.items(), key=lambda kv: str(kv[0])):
+            seen = (usage.gpu_s, usage.mig_s)
+            if self._open_written.get(key) == seen:
+                continue
+            r = row(key, usage, self._node(key.node), self.cluster, revision=revision, closed=False)
+            await self.writer.record_encoded(*encode(r))
+            self._open_written[key] = seen
+            self.open_rows_recorded += 1
 
     def _node(self, name: str) -> NodeFacts | None:
         return self._seen.get(name) or self.view.node(name)

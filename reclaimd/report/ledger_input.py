@@ -65,6 +65,8 @@ class AllocationRow:
 class Ledger:
     waste: list[WastePart] = field(default_factory=list)
     allocation: list[AllocationRow] = field(default_factory=list)
+    # the open hour's latest running total kept for a key: metered up to this time
+    open_until: datetime | None = None
 
 
 def _naive(t: datetime) -> datetime:
@@ -170,25 +172,45 @@ def allocation_row(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> Al
     )
 
 
+def _revision(ev: Mapping[str, Any], where: str) -> tuple[bool, int]:
+    """How an allocation row ranks among its EventId's: a closed hour (rows before open hours
+    were metered are closed), then the highest ``x_Revision``."""
+    closed = ev.get("x_HourClosed", True)
+    rev = ev.get("x_Revision", 0)
+    if not isinstance(closed, bool) or isinstance(rev, bool) or not isinstance(rev, int):
+        raise InputError(f"{where}: x_HourClosed / x_Revision are not a boolean and an integer")
+    return closed, rev
+
+
 def collect(events: Iterable[tuple[str, Mapping[str, Any]]], policy: LabelPolicy) -> Ledger:
-    """Sort events into waste parts and allocation rows, deduped on EventId."""
+    """Sort events into waste parts and allocation rows, deduped on EventId: a restart-waste
+    event's first copy, an allocation key's closed row or else its latest running total."""
     ledger = Ledger()
     seen: set[str] = set()
+    alloc: dict[str, tuple[tuple[bool, int], AllocationRow]] = {}
     for where, ev in events:
         event_id = str(ev.get("EventId") or "")
+        schema = ev.get("schema")
+        if schema == ALLOCATION_V1:
+            rank = _revision(ev, where)
+            row = allocation_row(ev, where, policy)
+            if event_id not in alloc or rank > alloc[event_id][0]:
+                alloc[event_id] = (rank, row)
+            continue
         if event_id and event_id in seen:
             continue
         seen.add(event_id)
-        schema = ev.get("schema")
         if schema in (WASTE_V1, WASTE_V2):
             ledger.waste.extend(waste_parts(ev, where, policy))
-        elif schema == ALLOCATION_V1:
-            ledger.allocation.append(allocation_row(ev, where, policy))
         else:
             known = ", ".join((WASTE_V1, WASTE_V2, ALLOCATION_V1))
             raise InputError(
                 f"{where}: unknown schema {str(schema)[:60]!r} (this report reads {known})"
             )
+    ledger.allocation = [r for _, r in alloc.values()]
+    opened = [rank[1] for rank, _ in alloc.values() if not rank[0]]
+    if opened:
+        ledger.open_until = datetime.fromtimestamp(max(opened) / 1000, UTC).replace(tzinfo=None)
     return ledger
 
 

@@ -80,12 +80,14 @@ class Clock:
         return self.times.pop(0)
 
 
-def rows(path: Path) -> list[dict[str, Any]]:
+def rows(path: Path, *, closed_only: bool = True) -> list[dict[str, Any]]:
+    """The outbox's rows; by default only closed hours' (not the open hour's running totals)."""
     box = Outbox(path)
     try:
-        return [json.loads(r.value) for r in box.pending(1000)]
+        got = [json.loads(r.value) for r in box.pending(1000)]
     finally:
         box.close()
+    return [r for r in got if r["x_HourClosed"] or not closed_only]
 
 
 FLEET = [
@@ -128,6 +130,8 @@ async def test_a_closed_hour_becomes_rows_by_node_labels_and_profile(tmp_path: P
         "2026-03-01T13:00:00Z",
     )
     assert a["schema"] == "reclaimd.allocation/v1" and a["x_NodeGpus"] == 8
+    # the closing look's time, ms since the epoch
+    assert a["x_Revision"] == int((H12 + timedelta(hours=1, minutes=10)).timestamp() * 1000)
     mig = got[("n-mig", "1g.10gb")]
     # two 1g.10gb slices for an hour: never also counted as a GPU
     assert (mig["x_GpuHours"], mig["x_MigProfileHours"], mig["x_HbmGbHours"]) == (0.0, 2.0, 20.0)
@@ -166,6 +170,51 @@ def test_the_hour_lease_name_is_per_cluster_and_hour() -> None:
     assert a != meter.lease_name("c2", H12) and a != meter.lease_name(
         "c1", H12 + timedelta(hours=1)
     )
+
+
+async def test_the_open_hour_is_metered_and_replaced_when_it_closes(tmp_path: Path) -> None:
+    box = tmp_path / "alloc.db"
+    writer = LedgerWriter(bootstrap_servers="", topic="alloc", outbox_path=box)
+    looks = [H12 + timedelta(minutes=m) for m in (0, 10, 15, 20, 65)]
+    m = meter.Meter(
+        Fleet(FLEET), writer, Lock(True), cluster="c1", interval_s=900, open_every_s=600,
+        clock=Clock(*looks),
+    )  # fmt: skip
+    for _ in looks:
+        await m.tick()
+    await writer.close()
+    every = rows(box, closed_only=False)
+    # 12:10 (3 keys), 12:20 (10 min after: 3 keys; 12:15 was too soon), 13:05: the 3 closed
+    # rows of hour 12, then hour 13's first 5 minutes (3 keys)
+    assert (m.open_rows_recorded, m.rows_recorded, len(every)) == (9, 3, 12)
+    spot = [r for r in every if r["x_K8sNodeName"] == "n-spot"]
+    assert [(r["ChargePeriodStart"][11:16], r["x_HourClosed"], r["x_GpuHours"]) for r in spot] == [
+        ("12:00", False, round(8 * 10 / 60, 6)),
+        ("12:00", False, round(8 * 20 / 60, 6)),
+        ("12:00", True, 8.0),
+        ("13:00", False, round(8 * 5 / 60, 6)),
+    ]
+    assert len({r["EventId"] for r in spot[:3]}) == 1  # one key: replaced, not added
+    assert [r["x_Revision"] for r in spot[:2]] == [
+        int(looks[1].timestamp() * 1000),
+        int(looks[3].timestamp() * 1000),
+    ]
+    rates = tmp_path / "rates.csv"
+    rates.write_text("sku,purchase_option,usd_per_gpu_hour\np5.48xlarge,spot,4\n")
+
+    def team_a(events: list[dict[str, Any]], window: Window) -> tuple[float, float]:
+        ledger = tmp_path / "l.jsonl"
+        ledger.write_text("".join(json.dumps(r) + "\n" for r in events))
+        g = {x.key: x.figures for x in build([str(ledger)], by="tenant", focus=None,
+                                              rates=rates, window=window)}  # fmt: skip
+        a = g["team-a"]
+        return float(a["allocated_gpu_hours"] or 0), round(float(a["allocated_cost"] or 0), 2)
+
+    # every row: hour 12 is its closed row alone, 8 GPU-h x $4; hour 13 its running total
+    assert team_a(every, Window(until=datetime(2026, 3, 1, 13))) == (8.0, 32.00)
+    assert team_a(every, Window(since=datetime(2026, 3, 1, 13))) == (round(8 * 5 / 60, 6), 2.67)
+    # the topic as it was at 12:20: the latest running total, 20 min x 8 GPUs x $4
+    assert team_a(every[:6], Window()) == (round(8 * 20 / 60, 6), 10.67)
 
 
 async def test_meter_rows_price_in_the_report(tmp_path: Path) -> None:
@@ -235,7 +284,7 @@ async def test_a_node_gone_before_its_hour_closes_keeps_its_instance(tmp_path: P
     times.times.append(H12 + timedelta(hours=1, minutes=1))
     await m.tick()
     await writer.close()
-    (r,) = rows(box)
+    (r,) = rows(box)  # the closed row (an open running total was written at 12:30)
     # priced on the instance it ran on, with the facts the node had when it was counted
     assert (r["ResourceId"], r["x_PurchaseOption"], r["SkuId"]) == (
         "i-0spot",
