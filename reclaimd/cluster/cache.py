@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -891,10 +892,21 @@ class ClusterCache:
         )
 
     def _build(self, key: GangKey, pids: Iterable[PodId], gone: Iterable[_Pod] = ()) -> Gang:
-        return gangs.build_gang(
+        gone = tuple(gone)
+        gang = gangs.build_gang(
             key,
             [self._idx.pods[pid].decode() for pid in pids] + [p.decode() for p in gone],
             labeler=self._labeler,
             node_labels=self.node_labels,
             url_policy=self._settings.url_policy,
         )
+        if not gone:
+            return gang
+        # A rank that left is charged, never asked: its address may be another pod's by now,
+        # and whatever answers there did not save this rank.
+        left = {p.uid for p in gone}
+        members = tuple(
+            dataclasses.replace(m, checkpoint_url="") if m.uid in left else m
+            for m in gang.members
+        )
+        return dataclasses.replace(gang, members=members)

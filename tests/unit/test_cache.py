@@ -494,6 +494,7 @@ def test_a_gang_whose_pods_left_after_the_notice_is_still_found() -> None:
     (gang,) = cache.gangs_of_workload(ref, since=issued)
     assert gang.key == GangKey("job", NS, "train")
     assert sorted(m.name for m in gang.members) == ["train-0", "train-1"]
+    assert all(not m.checkpoint_url for m in gang.members)  # charged, never asked
     assert cache.gangs_of_workload(WorkloadRef(NS, "wl-other"), since=issued) == ()
     # a node notice: the rank that was on n1, and its whole gang (train-1 ran on n2)
     (on_n1,) = cache.gangs_on_nodes(["n1"], since=issued)
@@ -510,4 +511,6 @@ def test_a_gang_half_gone_has_its_live_and_its_gone_ranks_once() -> None:
     apply(Changed("DELETED", gpu_pod("train-0", "n1", rank=0)))
     found = {g.key.name: g for g in cache.gangs_on_nodes(["n2"], since=issued)}
     assert sorted(found) == ["other", "train"]
-    assert sorted(m.name for m in found["train"].members) == ["train-0", "train-1"]
+    urls = {m.name: m.checkpoint_url for m in found["train"].members}
+    assert sorted(urls) == ["train-0", "train-1"]
+    assert not urls["train-0"] and urls["train-1"]  # the one left is not asked, the live one is
