@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +59,40 @@ def build(
     rates: Path | None,
     window: Window,
 ) -> list[Group]:
+    return build_with_window(sources, by=by, focus=focus, rates=rates, window=window)[0]
+
+
+def build_with_window(
+    sources: list[str],
+    *,
+    by: str,
+    focus: Path | None,
+    rates: Path | None,
+    window: Window,
+) -> tuple[list[Group], Window]:
+    """The groups, and the window they cover: an open bound is the ledger's own first hour
+    or the end of its last (a report always states its window)."""
     if focus is None and rates is None:
         raise InputError("give a FOCUS export (--focus), a rates file (--rates), or both")
     if window.since and window.until and window.since >= window.until:
         raise InputError("--since must be before --until")
     ledger = ledger_input.read(sources, window.since, LabelPolicy())
     rate_rows = engine.read_rates(rates) if rates is not None else []
-    return engine.report(ledger, by=by, focus=focus, rates=rate_rows, window=window)
+    groups = engine.report(ledger, by=by, focus=focus, rates=rate_rows, window=window)
+    return groups, _span(ledger, window)
+
+
+def _span(ledger: ledger_input.Ledger, window: Window) -> Window:
+    hours = [a.hour_start for a in ledger.allocation if window.holds(a.hour_start)]
+    stops = [w.stopped_at for w in ledger.waste if window.holds(w.stopped_at)]
+    firsts = hours + [t.replace(minute=0, second=0, microsecond=0) for t in stops]
+    lasts = [h + timedelta(hours=1) for h in firsts]
+    open_to = ledger.open_until
+    return Window(
+        since=window.since or (min(firsts) if firsts else None),
+        until=window.until or (max(lasts) if lasts else None),
+        metered_to=open_to if open_to is not None and window.holds(open_to) else None,
+    )
 
 
 def render_as(fmt: str, groups: list[Group], window: Window, by: str) -> str:
@@ -84,7 +111,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         until=args.until.replace(tzinfo=None) if args.until else None,
     )
     try:
-        groups = build(args.ledger, by=args.by, focus=args.focus, rates=args.rates, window=window)
+        groups, window = build_with_window(
+            args.ledger, by=args.by, focus=args.focus, rates=args.rates, window=window
+        )
         text = render_as(args.format, groups, window, args.by)
         if args.output is not None:
             args.output.write_text(text)

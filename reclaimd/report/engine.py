@@ -125,6 +125,7 @@ class Group:
 class Window:
     since: datetime | None = None  # naive UTC, inclusive
     until: datetime | None = None  # naive UTC, exclusive
+    metered_to: datetime | None = None  # the open hour's latest running total (naive UTC)
 
     def holds(self, t: datetime) -> bool:
         return (self.since is None or t >= self.since) and (self.until is None or t < self.until)
@@ -133,7 +134,10 @@ class Window:
         def fmt(t: datetime | None) -> str:
             return t.isoformat(timespec="seconds") + "Z" if t is not None else "..."
 
-        return f"{fmt(self.since)} to {fmt(self.until)}"
+        text = f"{fmt(self.since)} to {fmt(self.until)}"
+        if self.metered_to is not None:
+            text += f" (the last hour still open: metered to {fmt(self.metered_to)})"
+        return text
 
 
 ALL: Final = Window()  # no bounds

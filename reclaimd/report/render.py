@@ -67,7 +67,11 @@ def total(groups: Sequence[Group]) -> dict[str, float | int | None]:
 def as_json(groups: Sequence[Group], window: Window, by: str) -> str:
     doc: dict[str, Any] = {
         "by": by,
-        "window": {"since": _iso(window.since), "until": _iso(window.until)},
+        "window": {
+            "since": _iso(window.since),
+            "until": _iso(window.until),
+            "metered_to": _iso(window.metered_to),
+        },
         "currency": "USD",
         "groups": [{by: g.key, **{k: _round(k, v) for k, v in g.figures.items()}} for g in groups],
         "total": {k: _round(k, v) for k, v in total(groups).items()},
