@@ -70,7 +70,7 @@ MAX_REPLY_BYTES = 64 * 1024
 DRAIN_RESERVE_S = 30.0
 DRAIN_RESERVE_FRACTION = 0.34
 OPEN_BUDGET_S = 120.0
-PAST_DEADLINE_ASK_S = 2.0
+LAST_ASK_S = 1.0
 NOT_OPTED_IN = "not opted in"
 CUT_SHORT = "cut short: a notice with an earlier deadline joined the gang"
 _MAX_URI = 2048
@@ -100,18 +100,17 @@ def reserve_for(
 def budget_for(
     notice: Notice, now: datetime, *, reserve_s: float, open_budget_s: float = OPEN_BUDGET_S
 ) -> datetime:
-    """When reclaimd stops waiting for checkpoint acks: ``reserve_s`` before the deadline, never
-    before ``now`` (a notice inside its drain reserve gets an empty budget, not a negative one).
+    """When reclaimd stops waiting for checkpoint acks: ``reserve_s`` before the deadline.
 
-    A notice past its deadline (taken over from a peer that stopped, or woken from a pause)
-    still asks each rank once, for ``PAST_DEADLINE_ASK_S``: a rank that saved for it answers
-    with that save at once (one save per notice), so the gang is charged from it rather than
-    from an older checkpoint; a rank that is gone or never saved costs those seconds only."""
+    A notice whose budget is spent (taken over from a peer that stopped or paused, received
+    late) still asks each rank once, for ``LAST_ASK_S``: a rank that saved for it (asked by
+    the replica before) answers with that save at once, one save per notice, so the gang is
+    charged from it rather than from an older checkpoint. A rank that never saved costs the
+    drain that second only.
+    """
     if notice.deadline is None:
         return now + timedelta(seconds=open_budget_s)
-    if notice.deadline <= now:
-        return now + timedelta(seconds=PAST_DEADLINE_ASK_S)
-    return max(now, notice.deadline - timedelta(seconds=reserve_s))
+    return max(now + timedelta(seconds=LAST_ASK_S), notice.deadline - timedelta(seconds=reserve_s))
 
 
 # --- who is asked -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from reclaimd import annotations as ann
 from reclaimd.checkpoint import (
     CUT_SHORT,
     NOT_OPTED_IN,
-    PAST_DEADLINE_ASK_S,
+    LAST_ASK_S,
     budget_for,
     durable_since,
     leader_of,
@@ -329,10 +329,11 @@ def test_budget_splits_a_gce_window_about_20_10() -> None:
     assert (got - notice.issued_at).total_seconds() == pytest.approx(19.8)
 
 
-def test_budget_of_a_late_notice_is_now_not_the_past() -> None:
+def test_budget_of_a_late_notice_is_one_last_ask_not_the_past() -> None:
+    """Inside the drain reserve: the budget is spent, but a rank that saved still answers."""
     notice = make_notice(120.0, issued_ago_s=100.0)
     now = utcnow()
-    assert budget_for(notice, now, reserve_s=30.0) == now
+    assert budget_for(notice, now, reserve_s=30.0) == now + timedelta(seconds=LAST_ASK_S)
 
 
 def test_a_notice_past_its_deadline_still_asks_each_rank_briefly() -> None:
@@ -341,8 +342,8 @@ def test_a_notice_past_its_deadline_still_asks_each_rank_briefly() -> None:
     notice = make_notice(30.0, issued_ago_s=45.0)
     now = utcnow()
     got = budget_for(notice, now, reserve_s=10.0)
-    assert got == now + timedelta(seconds=PAST_DEADLINE_ASK_S)
-    assert 0 < PAST_DEADLINE_ASK_S <= 5
+    assert got == now + timedelta(seconds=LAST_ASK_S)
+    assert 0 < LAST_ASK_S <= 2  # the drain's reserve pays for it
 
 
 async def test_a_rank_that_saved_answers_a_notice_resumed_past_its_deadline(
@@ -836,11 +837,14 @@ class _ThreadedTrainer:
                     b'{"checkpoint_time": "2026-11-30T01:00:00Z", "step": 7,'
                     b' "uri": "s3://ckpt/r0/7", "durable": true}'
                 )
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # reclaimd stopped waiting and hung up: the answer is too late
 
             def log_message(self, *args: object) -> None:
                 return None
