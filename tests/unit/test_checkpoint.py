@@ -18,8 +18,8 @@ from aiohttp import web
 from reclaimd import annotations as ann
 from reclaimd.checkpoint import (
     CUT_SHORT,
-    NOT_OPTED_IN,
     LAST_ASK_S,
+    NOT_OPTED_IN,
     budget_for,
     durable_since,
     leader_of,
