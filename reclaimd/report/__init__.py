@@ -71,15 +71,17 @@ def build_with_window(
     window: Window,
 ) -> tuple[list[Group], Window]:
     """The groups, and the window they cover: an open bound is the ledger's own first hour
-    or the end of its last (a report always states its window)."""
+    or the end of its last (a report states its window, and prices no bill hour outside
+    the hours its ledger covers)."""
     if focus is None and rates is None:
         raise InputError("give a FOCUS export (--focus), a rates file (--rates), or both")
     if window.since and window.until and window.since >= window.until:
         raise InputError("--since must be before --until")
     ledger = ledger_input.read(sources, window.since, LabelPolicy())
     rate_rows = engine.read_rates(rates) if rates is not None else []
+    window = _span(ledger, window)
     groups = engine.report(ledger, by=by, focus=focus, rates=rate_rows, window=window)
-    return groups, _span(ledger, window)
+    return groups, window
 
 
 def _span(ledger: ledger_input.Ledger, window: Window) -> Window:

@@ -236,13 +236,18 @@ def bill(tmp_path: Path) -> dict[str, Path]:
     }
 
 
+# The bill's two hours. Without a window the report covers the ledger's own hours (12:00
+# only here): test_without_a_window_the_report_covers_and_states_the_ledgers_hours.
+BOTH_HOURS = Window(since=datetime(2026, 3, 1, 12), until=datetime(2026, 3, 1, 14))
+
+
 def report(files: dict[str, Path], **kw: Any) -> dict[str, dict[str, Any]]:
     groups = build(
         [str(files["ledger"])],
         by=kw.pop("by", "tenant"),
         focus=kw.pop("focus", files["focus"]),
         rates=None,
-        window=kw.pop("window", Window()),
+        window=kw.pop("window", BOTH_HOURS),
     )
     return {g.key: {k: (round(v, 6) if isinstance(v, float) else v) for k, v in g.figures.items()}
             for g in groups}  # fmt: skip
@@ -336,6 +341,23 @@ def test_by_purchase_option_keeps_reserved_idle_apart(bill: dict[str, Path]) -> 
 def test_a_window_takes_the_idle_hour_out(bill: dict[str, Path]) -> None:
     g = report(bill, window=Window(since=datetime(2026, 3, 1, 12), until=datetime(2026, 3, 1, 13)))
     assert round(g["reserved-idle"]["reserved_idle_cost"], 2) == 24.00  # 12:00 only: 4 x $6
+
+
+def test_without_a_window_the_report_covers_and_states_the_ledgers_hours(
+    bill: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = cli.main(["report", "--ledger", str(bill["ledger"]), "--focus", str(bill["focus"]),
+                   "--format", "json"])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    # allocation hour 12:00 and waste at 12:30: [12:00, 13:00); i-rsv's 13:00 hour is outside
+    assert rc == 0 and doc["window"] == {
+        "since": "2026-03-01T12:00:00Z",
+        "until": "2026-03-01T13:00:00Z",
+        "metered_to": None,
+    }
+    idle = next(g for g in doc["groups"] if g["tenant"] == "reserved-idle")
+    assert idle["reserved_idle_cost"] == 24.00  # 4 GPU-h x $6
+    assert doc["total"]["effective_cost"] == 100 + 64 + 108 + 20 + 24
 
 
 # --- bad input: one line naming the file and line, exit 2 --------------------------------
