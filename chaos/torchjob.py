@@ -203,7 +203,16 @@ def free_port() -> int:
 class TorchGang:
     """One incarnation of the job: ``world`` rank processes on loopback."""
 
-    def __init__(self, workdir: Path, world: int, *, incarnation: int = 0, **options: Any) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        world: int,
+        *,
+        incarnation: int = 0,
+        module: str = "reclaimd.chaos.torchjob",  # or reclaimd.chaos.lightningjob
+        **options: Any,
+    ) -> None:
+        self.module = module
         self.workdir = workdir
         self.world = world
         self.incarnation = incarnation
@@ -231,7 +240,7 @@ class TorchGang:
                     [
                         sys.executable,
                         "-m",
-                        "reclaimd.chaos.torchjob",
+                        self.module,
                         "--rank",
                         str(r),
                         "--world",

@@ -262,35 +262,50 @@ class Checkpointer:
 
     # --- the save ----------------------------------------------------------------------------
 
-    def save(self, decision: Decision, state: Stateful) -> SaveReport:
+    def save(
+        self,
+        decision: Decision,
+        state: Stateful | None = None,
+        *,
+        write: Callable[[Path], Sequence[Path]] | None = None,
+    ) -> SaveReport:
         """Collective: stash, upload this rank's shards, commit, ack. Never raises for a failed
-        upload (the ack says not durable); a failed stash acks ``500``."""
+        upload (the ack says not durable); a failed stash acks ``500`` and raises.
+
+        ``state`` is saved with DCP; or ``write(directory)`` writes the stash itself (every
+        rank calls it) and returns the files this rank uploads (the Lightning callback saves
+        Lightning's own checkpoint this way)."""
+        if (state is None) == (write is None):
+            raise ValueError("save takes a state or a write function")
         step = decision.step
         taken = utcnow()
         directory = self.step_dir(step)
         report = SaveReport(step, CheckpointResult(taken, step, _file_uri(directory), False))
         t0 = time.perf_counter()
+        mine: list[Path] = []
         try:
-            if step in self.saved_steps and _complete_locally(directory):
-                pass  # a second notice at the same step: the stash stands
-            else:
-                if self.rank == 0 and directory.exists():
-                    shutil.rmtree(directory)
+            if self.rank == 0 and directory.exists():
+                shutil.rmtree(directory)
+            self._barrier()
+            if write is not None:
+                directory.mkdir(parents=True, exist_ok=True)
+                mine = list(write(directory))
                 self._barrier()
+            else:
                 dcp_save(
                     {"train": state},
                     storage_writer=FileSystemWriter(directory),
                     process_group=self.group,
                     no_dist=not self.distributed,
                 )
-                self.saved_steps.add(step)
+                mine = self._my_files(directory)
+            self.saved_steps.add(step)
         except Exception as e:
             report.error = one_line(f"stash failed: {type(e).__name__}: {e}")
             self.signal.fail(report.error, covers=decision.notice_ids)
             self.saves.append(report)
             raise
         report.stash_s = time.perf_counter() - t0
-        mine = self._my_files(directory)
         report.stash_bytes = sum(p.stat().st_size for p in mine)
         durable_uri = ""
         if self.store is not None and decision.deadline is not None:
@@ -303,7 +318,7 @@ class Checkpointer:
             committed = self._commit(decision, ok, report)
             report.commit_s = time.perf_counter() - t2
             if committed:
-                durable_uri = uri
+                durable_uri = self._from_rank0(uri)  # a rank without files has no uri of its own
         elif self.store is not None:
             report.error = "no deadline to upload against"
         if durable_uri:
@@ -331,6 +346,8 @@ class Checkpointer:
         self, decision: Decision, files: list[Path], report: SaveReport
     ) -> tuple[bool, str, str]:
         assert self.store is not None and decision.deadline is not None
+        if not files:
+            return True, "", ""  # nothing of this rank's in the stash (Lightning: rank 0 writes)
         store = self.store
         # The shards must leave room for the commit and the answer.
         deadline = decision.deadline - timedelta(seconds=self.commit_margin_s)
@@ -402,15 +419,7 @@ class Checkpointer:
     # --- restore -----------------------------------------------------------------------------
 
     def durable_steps(self) -> list[int]:
-        if self.reader is None:
-            return []
-        steps = []
-        for key in self.reader.list_keys(self.prefix):
-            rest = key[len(self.prefix) :]
-            m = _STEP_DIR.fullmatch(rest.removesuffix("/" + COMMITTED))
-            if m and rest.endswith("/" + COMMITTED):
-                steps.append(int(m[1]))
-        return sorted(steps)
+        return durable_steps(self.reader, self.prefix) if self.reader is not None else []
 
     def stashed_steps(self) -> list[int]:
         """Steps whose stash on this node is complete (every file its ``.metadata`` names)."""
@@ -494,6 +503,13 @@ class Checkpointer:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return bool(t.item())
 
+    def _from_rank0(self, value: str) -> str:
+        if not self.distributed:
+            return value
+        box: list[Any] = [value]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return str(box[0])
+
     def _prune(self) -> None:
         if self.rank != 0 or self.keep_stashes < 1:
             return
@@ -505,6 +521,17 @@ class Checkpointer:
         if self.group is not None:
             dist.destroy_process_group(self.group)
             self.group = None
+
+
+def durable_steps(reader: ObjectRead, prefix: str) -> list[int]:
+    """The run's steps whose ``COMMITTED`` marker is in the object store, oldest first."""
+    steps = []
+    for key in reader.list_keys(prefix):
+        rest = key[len(prefix) :]
+        m = _STEP_DIR.fullmatch(rest.removesuffix("/" + COMMITTED))
+        if m and rest.endswith("/" + COMMITTED):
+            steps.append(int(m[1]))
+    return sorted(steps)
 
 
 def _complete_locally(directory: Path) -> bool:

@@ -263,3 +263,57 @@ async def test_spot_notice_through_sqs_drains_a_real_torch_gang_that_restores(
     )
     assert event["x_WastedGpuSeconds"] == pytest.approx(true_lost, abs=tolerance)
     assert event["x_WastedGpuSeconds"] <= upper  # never charged past the kill
+
+
+async def test_lightning_ranks_save_with_the_callback_and_resume_from_it(
+    tmp_path: Path, s3: Any, bucket: str, stack: Any, gangs: list[TorchGang]
+) -> None:
+    """The same with a Lightning ``Trainer`` (DDP on gloo) and ``ReclaimdCallback``: one
+    Lightning checkpoint at the agreed step, uploaded and COMMITTED; ``fit(ckpt_path=
+    callback.resume_path())`` resumes the global step and the state bit for bit."""
+    world = 2
+    first = job(tmp_path, world, bucket, stack, 0, module="reclaimd.chaos.lightningjob")
+    gangs.append(first)
+    urls = await asyncio.to_thread(first.start, 240)
+    await asyncio.sleep(1.0)
+    now = utcnow()
+    notice = Notice(
+        id=f"ec2-lightning-{uuid.uuid4().hex[:8]}",
+        source="ec2",
+        kind=NoticeKind.SPOT_INTERRUPTION,
+        target=Target(instance_id="i-0abc", node_name="n"),
+        issued_at=now,
+        deadline=now + timedelta(seconds=60),
+        received_at=now,
+    )
+    gang = Gang(
+        key=GangKey("jobset", "team-a", "gloo-job"),
+        members=tuple(member(i, u) for i, u in enumerate(urls)),
+    )
+    async with aiohttp.ClientSession() as session:
+        acks = await signal_gang(
+            gang,
+            notice,
+            budget_deadline=now + timedelta(seconds=30),
+            session=session,
+            put_budgets=TenantPutBudgets(),
+        )
+    assert all(a.acked and a.durable for a in acks), acks
+    step = acks[0].step
+    assert step is not None and {a.step for a in acks} == {step}
+    first.kill()
+    keys = {
+        o["Key"].rsplit("/", 1)[-1]
+        for o in s3.list_objects_v2(
+            Bucket=bucket, Prefix=f"checkpoints/team-a/gloo-job/step-{step:010d}/"
+        )["Contents"]
+    }
+    assert keys == {"lightning.ckpt", "COMMITTED"}  # once, by rank 0: never saved twice
+
+    second = job(
+        tmp_path, world, bucket, stack, 1, module="reclaimd.chaos.lightningjob", steps=step + 15
+    )
+    gangs.append(second)
+    await asyncio.to_thread(second.start, 240)
+    assert await asyncio.to_thread(second.wait, 240) == [0] * world, second.stderr()
+    assert judge_restart(tmp_path, world, s3, bucket) == step
