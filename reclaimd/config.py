@@ -205,6 +205,8 @@ class AllocationSettings(_Strict):
     # None: next to the ledger's outbox (``<outbox>-allocation.sqlite``).
     outbox_path: Path | None = None
     interval_s: float = Field(30.0, gt=0)
+    # The open hour's running total is written this often (replaced when the hour closes).
+    open_every_s: float = Field(300.0, gt=0)
 
 
 class EventsSettings(_Strict):
@@ -248,6 +250,9 @@ class ClaimsConfig(_Strict):
     """The claim store (``ClaimSettings``; its lease is ``claim_stale_s``)."""
 
     max_conflicts: int = Field(20, ge=1, le=1000)  # re-reads after 409 before giving up
+    # A claim is given up (its message back to the transport, for a peer) once the API server
+    # has answered nothing of ours for this long: a replica cut off must not hold it.
+    unanswered_s: float = Field(10.0, gt=0, le=300)
 
 
 class CheckpointConfig(_Strict):

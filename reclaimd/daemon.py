@@ -131,7 +131,9 @@ class Daemon:
             s.holder,
             limiter=limiter,
             settings=claims.ClaimSettings(
-                lease_s=s.claim_stale_s, max_conflicts=s.claims.max_conflicts
+                lease_s=s.claim_stale_s,
+                max_conflicts=s.claims.max_conflicts,
+                unanswered_s=s.claims.unanswered_s,
             ),
             liveness=alive.renewed,
             death=alive.dead,
@@ -322,7 +324,12 @@ class Daemon:
             api, s.lease_namespace, s.holder, s.cluster_name, limiter=limiter
         )
         return meter.Meter(
-            meter.CacheFleet(view), rows, lock, cluster=s.cluster_name, interval_s=a.interval_s
+            meter.CacheFleet(view),
+            rows,
+            lock,
+            cluster=s.cluster_name,
+            interval_s=a.interval_s,
+            open_every_s=a.open_every_s,
         )
 
     async def run(self, *, ready: asyncio.Event | None = None) -> None:
