@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# torch (CPU use of the PyPI CUDA build: the CPU-only index is not reachable here) and
-# Lightning for the trainer SDK's tests and bench, into the project venv. The wheels are
+# torch (CPU use of the PyPI CUDA build: the CPU-only index is not reachable here), Lightning
+# and transformers (+ accelerate) for the trainer SDK's tests and bench, into the project venv. The wheels are
 # downloaded once into ~/.cache/reclaimd/wheels (about 2.9 GB, most of it nvidia-* wheels) and
 # installed offline from there; a venv that already has these versions is left alone.
 set -euo pipefail
@@ -9,18 +9,22 @@ cd "$(dirname "$0")/../.."
 source deploy/trainer/versions.env
 PY=${VENV:-.venv}/bin/python
 CACHE=${RECLAIMD_CACHE:-$HOME/.cache/reclaimd}/wheels
-REQS=("torch==$TORCH_VERSION" "lightning==$LIGHTNING_VERSION")
+REQS=("torch==$TORCH_VERSION" "lightning==$LIGHTNING_VERSION" "transformers==$TRANSFORMERS_VERSION"
+      "accelerate==$ACCELERATE_VERSION")
 
 have() {
-  "$PY" - "$TORCH_VERSION" "$LIGHTNING_VERSION" <<'PYEOF' 2>/dev/null
+  "$PY" - "$TORCH_VERSION" "$LIGHTNING_VERSION" "$TRANSFORMERS_VERSION" "$ACCELERATE_VERSION" \
+    <<'PYEOF' 2>/dev/null
 import sys
 from importlib.metadata import version
-sys.exit(0 if (version("torch").split("+")[0], version("lightning")) == tuple(sys.argv[1:3]) else 1)
+have = (version("torch").split("+")[0], version("lightning"), version("transformers"),
+        version("accelerate"))
+sys.exit(0 if have == tuple(sys.argv[1:5]) else 1)
 PYEOF
 }
 
 if have; then
-  echo "torch $TORCH_VERSION, lightning $LIGHTNING_VERSION: installed"
+  echo "torch $TORCH_VERSION, lightning $LIGHTNING_VERSION, transformers $TRANSFORMERS_VERSION: installed"
   exit 0
 fi
 mkdir -p "$CACHE"

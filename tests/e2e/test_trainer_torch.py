@@ -317,3 +317,141 @@ async def test_lightning_ranks_save_with_the_callback_and_resume_from_it(
     await asyncio.to_thread(second.start, 240)
     assert await asyncio.to_thread(second.wait, 240) == [0] * world, second.stderr()
     assert judge_restart(tmp_path, world, s3, bucket) == step
+
+
+def model_digest(model: Any) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode() + p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+async def test_hf_trainer_saves_with_the_callback_and_resumes_from_it(  # noqa: PLR0915
+    tmp_path: Path, s3: Any, bucket: str, stack: Any
+) -> None:
+    """A Hugging Face ``Trainer`` (one process, CPU) with ``ReclaimdTrainerCallback``: asked by
+    reclaimd's signaller, it writes its own checkpoint-<step> once, uploads and commits it;
+    a new Trainer resumes from ``resume_path`` at that step with the same parameters."""
+    import time as _time
+
+    import torch
+    from torch.nn import functional
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from reclaimd.chaos.torchjob import build_model
+    from reclaimd.objectstore import GuardedPut
+    from reclaimd.trainer import Signal
+    from reclaimd.trainer.hf import ReclaimdTrainerCallback
+    from reclaimd.trainer.torch import S3Reader
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = build_model(32, 1, 7)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            out = self.net(x)
+            return {"loss": functional.mse_loss(out, labels), "logits": out}
+
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(4096, 32, generator=g)
+    data = [{"x": x, "labels": x.sum().sin().reshape(1)} for x in xs]
+
+    class Slow(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *a: Any, **kw: Any) -> None:
+            _time.sleep(0.03)
+
+    def run(output_dir: Path, max_steps: int, signal: Signal) -> tuple[Any, Any, Any]:
+        s3c: Any = make_s3_client(endpoint_url=stack.aws_endpoint)
+        cb = ReclaimdTrainerCallback(
+            signal,
+            run="hf-job",
+            store=GuardedPut(s3c).bind("team-a", bucket),
+            reader=S3Reader(s3c, bucket),
+            prefix="checkpoints/team-a/hf-job/",
+            stop_after_save=True,
+        )
+        args = TrainingArguments(
+            output_dir=str(output_dir),
+            max_steps=max_steps,
+            per_device_train_batch_size=16,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            logging_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        model = Tiny()
+        trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Slow(), cb])
+        resume = cb.resume_path(output_dir)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer, cb, model
+
+    with Signal(host="127.0.0.1", port=0) as signal:
+        job1 = asyncio.create_task(asyncio.to_thread(run, tmp_path / "out-0", 10_000, signal))
+        await asyncio.sleep(3.0)
+        now = utcnow()
+        notice = Notice(
+            id=f"ec2-hf-{uuid.uuid4().hex[:8]}",
+            source="ec2",
+            kind=NoticeKind.SPOT_INTERRUPTION,
+            target=Target(instance_id="i-0", node_name="n"),
+            issued_at=now,
+            deadline=now + timedelta(seconds=60),
+            received_at=now,
+        )
+        gang = Gang(key=GangKey("jobset", "team-a", "hf-job"), members=(member(0, signal.url),))
+        async with aiohttp.ClientSession() as session:
+            acks = await signal_gang(
+                gang,
+                notice,
+                budget_deadline=now + timedelta(seconds=30),
+                session=session,
+                put_budgets=TenantPutBudgets(),
+            )
+        trainer1, cb1, model1 = await job1
+    assert acks[0].acked and acks[0].durable, acks
+    step = acks[0].step
+    assert step is not None and step == trainer1.state.global_step  # stopped after the save
+    assert len(cb1.saves) == 1
+    keys = {
+        o["Key"].rsplit("/", 1)[-1]
+        for o in s3.list_objects_v2(
+            Bucket=bucket, Prefix=f"checkpoints/team-a/hf-job/step-{step:010d}/"
+        )["Contents"]
+    }
+    assert {"COMMITTED", "trainer_state.json", "optimizer.pt", "model.safetensors"} <= keys
+    saved = model_digest(model1)
+
+    with Signal(host="127.0.0.1", port=0) as signal:
+        loaded: list[str] = []
+
+        class Peek(TrainerCallback):  # type: ignore[misc]
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                loaded.append(model_digest(kw["model"]))
+                loaded.append(str(state.global_step))
+
+        s3c: Any = make_s3_client(endpoint_url=stack.aws_endpoint)
+        cb2 = ReclaimdTrainerCallback(
+            signal, run="hf-job", reader=S3Reader(s3c, bucket), prefix="checkpoints/team-a/hf-job/"
+        )
+        out = tmp_path / "out-1"
+        path = cb2.resume_path(out)
+        assert path == str(out / f"checkpoint-{step}")
+        args = TrainingArguments(
+            output_dir=str(out),
+            max_steps=step + 5,
+            per_device_train_batch_size=16,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            logging_strategy="no",
+            disable_tqdm=True,
+        )
+        t2 = Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[Peek(), cb2])
+        await asyncio.to_thread(t2.train, resume_from_checkpoint=path)
+    assert loaded == [saved, str(step)]  # the saved parameters, bit for bit, at the saved step
+    assert t2.state.global_step == step + 5
