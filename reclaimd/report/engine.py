@@ -8,7 +8,7 @@ so that a bad one is a one-line ``InputError``, not a DuckDB traceback.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -146,6 +146,7 @@ ALL: Final = Window()  # no bounds
 def connect() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET enable_progress_bar = false")
     return con
 
 
@@ -206,11 +207,6 @@ def _waste_tuple(w: WastePart, by: str) -> tuple[Any, ...]:
     )
 
 
-def _columns(con: duckdb.DuckDBPyConnection, source: str) -> list[str]:
-    rows = con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()
-    return [str(r[0]) for r in rows]
-
-
 def _quote(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
@@ -219,39 +215,59 @@ def _literal(t: datetime) -> str:
     return f"TIMESTAMP '{t:%Y-%m-%d %H:%M:%S}'"
 
 
-def focus_view(source: str, cols: Iterable[str], window: Window, *, typed: bool) -> str:
+def kind_of(sql_type: str) -> str:
+    """A column's type as ``focus_view`` needs it: text, double, timestamp, timestamptz, other."""
+    t = sql_type.upper()
+    if t.startswith("VARCHAR") or t == "TEXT":
+        return "text"
+    if t == "DOUBLE":
+        return "double"
+    if t.startswith("TIMESTAMP"):
+        return "timestamptz" if "TIME ZONE" in t or t.endswith("TZ") else "timestamp"
+    return "other"
+
+
+def focus_view(source: str, kinds: Mapping[str, str], window: Window) -> str:
     """The SELECT that makes relation ``focus`` of report.sql from a FOCUS table or file.
 
-    One definition for every engine: it is valid DuckDB and Trino SQL. ``typed``: the source's
-    columns have their FOCUS types (Parquet); else they are text (CSV) and are cast here.
+    One definition for every engine: it is valid DuckDB and Trino SQL. ``kinds``: each column
+    of the source and its ``kind_of``; a column already of its FOCUS type is used as it is
+    (Parquet), text (CSV) is cast here. A ResourceId is reduced once per distinct value.
     """
-    present = set(cols)
 
     def text(c: str) -> str:
-        return f'CAST("{c}" AS VARCHAR)' if c in present else "CAST(NULL AS VARCHAR)"
+        if c not in kinds:
+            return "CAST(NULL AS VARCHAR)"
+        return f'f."{c}"' if kinds[c] == "text" else f'CAST(f."{c}" AS VARCHAR)'
 
     def number(c: str) -> str:
-        if c not in present:
+        if c not in kinds:
             return "CAST(NULL AS DOUBLE)"
-        return f'CAST("{c}" AS DOUBLE)' if typed else f'TRY_CAST("{c}" AS DOUBLE)'
+        return f'f."{c}"' if kinds[c] == "double" else f'TRY_CAST(f."{c}" AS DOUBLE)'
 
-    start = (
-        '"ChargePeriodStart"'
-        if typed
-        else 'CAST(TRY_CAST("ChargePeriodStart" AS TIMESTAMP WITH TIME ZONE) AS TIMESTAMP)'
+    start = {
+        "timestamp": 'f."ChargePeriodStart"',
+        "timestamptz": 'CAST(f."ChargePeriodStart" AS TIMESTAMP)',
+    }.get(
+        kinds.get("ChargePeriodStart", ""),
+        'CAST(TRY_CAST(f."ChargePeriodStart" AS TIMESTAMP WITH TIME ZONE) AS TIMESTAMP)',
     )
     meter = text("SkuMeter")
-    if "x_SkuDescription" in present:
+    if "x_SkuDescription" in kinds:
         meter = f"COALESCE({meter}, {text('x_SkuDescription')})"
-    rid = 'CAST("ResourceId" AS VARCHAR)'
-    last = f"regexp_extract({rid}, '[^/:]+$')"
-    # GCE names an instance within its project: the project of the resource name, else the
-    # row's SubAccountId (FOCUS: the project), joined to the name as 'project/name'.
-    in_name = f"NULLIF(regexp_extract({rid}, 'projects/([^/]+)/', 1), '')"
-    project = f"COALESCE({in_name}, {text('SubAccountId')})"
+    # The instance id is the last '/' or ':' segment; GCE names an instance within its
+    # project: the project of the resource name, else the row's SubAccountId (FOCUS: the
+    # project), joined to the name as 'project/name'.
+    ids = (
+        "SELECT raw, regexp_extract(raw, '[^/:]+$') AS last,"
+        " NULLIF(regexp_extract(raw, 'projects/([^/]+)/', 1), '') AS project"
+        f' FROM (SELECT DISTINCT CAST("ResourceId" AS VARCHAR) AS raw FROM {source}'
+        ' WHERE "ResourceId" IS NOT NULL) d'
+    )
     google = f"LOWER({text('ProviderName')}) LIKE 'google%'"
+    project = f"COALESCE(m.project, {text('SubAccountId')})"
     resource = (
-        f"CASE WHEN {google} THEN COALESCE({project} || '/' || {last}, {last}) ELSE {last} END"
+        f"CASE WHEN {google} THEN COALESCE({project} || '/' || m.last, m.last) ELSE m.last END"
     )
     fields = [
         f"{start} AS ChargePeriodStart",
@@ -259,13 +275,16 @@ def focus_view(source: str, cols: Iterable[str], window: Window, *, typed: bool)
         *(f"{meter if c == 'SkuMeter' else text(c)} AS {c}" for c in FOCUS_TEXT),
         *(f"{number(c)} AS {c}" for c in FOCUS_NUMERIC),
     ]
-    inner = f'SELECT {", ".join(fields)} FROM {source} WHERE "ResourceId" IS NOT NULL'
+    rid = (
+        'f."ResourceId"' if kinds.get("ResourceId") == "text" else 'CAST(f."ResourceId" AS VARCHAR)'
+    )
+    inner = f"SELECT {', '.join(fields)} FROM {source} f JOIN ({ids}) m ON m.raw = {rid}"
     where = []
     if window.since is not None:
         where.append(f"ChargePeriodStart >= {_literal(window.since)}")
     if window.until is not None:
         where.append(f"ChargePeriodStart < {_literal(window.until)}")
-    return f"SELECT * FROM ({inner}) f" + (f" WHERE {' AND '.join(where)}" if where else "")
+    return f"SELECT * FROM ({inner}) v" + (f" WHERE {' AND '.join(where)}" if where else "")
 
 
 def _open_focus(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[bool, str]:
@@ -290,11 +309,14 @@ def _open_focus(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[bool, str]:
     raise InputError(f"{path}: a FOCUS export must be .csv, .csv.gz or .parquet")
 
 
-def _check_focus(con: duckdb.DuckDBPyConnection, path: Path, cols: set[str], unit: str) -> None:
-    """One scan: the first row (file line) of each kind of bad value, refused by name."""
+def _check_focus(
+    con: duckdb.DuckDBPyConnection, path: Path, kinds: Mapping[str, str], unit: str
+) -> None:
+    """One scan: the first row (file line) of each kind of bad value, refused by name. A
+    column already of its type (Parquet) is only checked for what its type allows."""
     checks: list[tuple[str, str, str]] = []  # (column, condition, what is wrong)
-    if "ChargePeriodStart" in cols:
-        v = 'CAST("ChargePeriodStart" AS VARCHAR)'
+    if kinds.get("ChargePeriodStart") == "text":
+        v = '"ChargePeriodStart"'
         checks.append(
             (
                 "ChargePeriodStart",
@@ -303,21 +325,25 @@ def _check_focus(con: duckdb.DuckDBPyConnection, path: Path, cols: set[str], uni
             )
         )
     for c in FOCUS_NUMERIC:
-        if c not in cols:
+        if c not in kinds:
             continue
-        v = f'CAST("{c}" AS VARCHAR)'
-        d = f'TRY_CAST("{c}" AS DOUBLE)'
-        checks.append((c, f"{v} IS NOT NULL AND {v} <> '' AND {d} IS NULL", "is not a number"))
+        if kinds[c] == "double":
+            d = f'"{c}"'
+        else:
+            v = f'CAST("{c}" AS VARCHAR)'
+            d = f'TRY_CAST("{c}" AS DOUBLE)'
+            checks.append((c, f"{v} IS NOT NULL AND {v} <> '' AND {d} IS NULL", "is not a number"))
         checks.append((c, f"{d} IS NOT NULL AND NOT isfinite({d})", "is not a finite number"))
     correction = "false"
-    if "ChargeClass" in cols:
+    if "ChargeClass" in kinds:
         correction = "CAST(\"ChargeClass\" AS VARCHAR) = 'Correction'"
+    qty = (
+        '"ConsumedQuantity"'
+        if kinds.get("ConsumedQuantity") == "double"
+        else ('TRY_CAST("ConsumedQuantity" AS DOUBLE)')
+    )
     checks.append(
-        (
-            "ConsumedQuantity",
-            f'TRY_CAST("ConsumedQuantity" AS DOUBLE) < 0 AND NOT COALESCE({correction}, false)',
-            "is negative",
-        )
+        ("ConsumedQuantity", f"{qty} < 0 AND NOT COALESCE({correction}, false)", "is negative")
     )
     firsts = ", ".join(f"MIN(CASE WHEN {cond} THEN __line END)" for _, cond, _ in checks)
     row = con.execute(f"SELECT {firsts} FROM focus_raw").fetchone() or ()
@@ -345,16 +371,14 @@ def load_focus(con: duckdb.DuckDBPyConnection, path: Path | None, window: Window
         return
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    typed, unit = _open_focus(con, path)
-    cols = set(_columns(con, "focus_raw"))
-    missing = [c for c in FOCUS_REQUIRED if c not in cols]
+    _, unit = _open_focus(con, path)
+    described = con.execute("SELECT column_name, column_type FROM (DESCRIBE focus_raw)")
+    kinds = {str(n): kind_of(str(t)) for n, t in described.fetchall() if n != "__line"}
+    missing = [c for c in FOCUS_REQUIRED if c not in kinds]
     if missing:
         raise InputError(f"{path}: missing FOCUS column(s) {', '.join(missing)}")
-    _check_focus(con, path, cols, unit)
-    # DuckDB casts whatever the file holds (text, decimals, either kind of timestamp)
-    del typed
-    source = "focus_raw"
-    con.execute(f"CREATE VIEW focus AS {focus_view(source, cols, window, typed=False)}")
+    _check_focus(con, path, kinds, unit)
+    con.execute(f"CREATE VIEW focus AS {focus_view('focus_raw', kinds, window)}")
 
 
 def read_rates(path: Path) -> list[tuple[str, str, float]]:

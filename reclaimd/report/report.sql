@@ -50,7 +50,7 @@ instances AS (
   WHERE resource_id IS NOT NULL
   GROUP BY resource_id
 ),
-compute_rows AS (
+bill_rows AS (
   SELECT
     ResourceId AS resource_id,
     ChargePeriodStart AS hour_start,
@@ -58,31 +58,39 @@ compute_rows AS (
     PricingCategory,
     EffectiveCost,
     ListCost,
-    CASE
-      WHEN LOWER(ConsumedUnit) IN ('s', 'second', 'seconds') THEN ConsumedQuantity / 3600.0
-      ELSE ConsumedQuantity
-    END AS quantity_hours,
-    CASE
-      WHEN LOWER(ProviderName) LIKE 'google%' THEN 0
-      WHEN ConsumedUnit IS NULL THEN 1
-      WHEN LOWER(ConsumedUnit) IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds')
-        THEN 1
-      ELSE 0
-    END AS is_instance_row,
-    CASE
-      WHEN LOWER(ProviderName) LIKE 'google%' AND LOWER(SkuMeter) LIKE '%gpu%' THEN 1
-      ELSE 0
-    END AS is_gpu_sku_row
+    ConsumedQuantity,
+    LOWER(ConsumedUnit) AS unit,
+    CASE WHEN LOWER(ProviderName) LIKE 'google%' THEN 1 ELSE 0 END AS is_google,
+    CASE WHEN LOWER(SkuMeter) LIKE '%gpu%' THEN 1 ELSE 0 END AS names_gpu
   FROM focus
   WHERE ResourceId IS NOT NULL
     AND (ChargeCategory = 'Usage' OR ChargeCategory IS NULL)
     AND (ServiceCategory = 'Compute' OR ServiceCategory IS NULL)
-    AND (
-      ConsumedUnit IS NULL
-      OR LOWER(ConsumedUnit) IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds')
-      OR LOWER(ConsumedUnit) LIKE '%hour%'
-      OR LOWER(ConsumedUnit) LIKE '%second%'
-    )
+),
+compute_rows AS (
+  SELECT
+    resource_id,
+    hour_start,
+    SkuId,
+    PricingCategory,
+    EffectiveCost,
+    ListCost,
+    CASE
+      WHEN unit IN ('s', 'second', 'seconds') THEN ConsumedQuantity / 3600.0
+      ELSE ConsumedQuantity
+    END AS quantity_hours,
+    CASE
+      WHEN is_google = 1 THEN 0
+      WHEN unit IS NULL THEN 1
+      WHEN unit IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds') THEN 1
+      ELSE 0
+    END AS is_instance_row,
+    is_google * names_gpu AS is_gpu_sku_row
+  FROM bill_rows
+  WHERE unit IS NULL
+    OR unit IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds')
+    OR unit LIKE '%hour%'
+    OR unit LIKE '%second%'
 ),
 bill AS (
   SELECT
@@ -160,29 +168,42 @@ alloc_priced AS (
   LEFT JOIN od_file odf ON odf.sku = a.sku
   LEFT JOIN od_bill odb ON odb.sku = a.sku
 ),
+committed AS (
+  SELECT
+    br.resource_id,
+    br.hour_start,
+    br.gpu_hours,
+    br.rate,
+    CASE WHEN br.purchase_option = 'capacity_block' THEN 'capacity_block' ELSE 'reserved' END
+      AS purchase_option
+  FROM bill_rate br
+  JOIN instances i ON i.resource_id = br.resource_id
+  WHERE br.pricing_category = 'Committed' OR br.purchase_option IN ('reserved', 'capacity_block')
+),
 held AS (
-  SELECT resource_id, hour_start, SUM(gpu_hours + mig_gpu_hours) AS gpu_hours
-  FROM alloc
-  WHERE resource_id IS NOT NULL
-  GROUP BY resource_id, hour_start
+  SELECT a.resource_id, a.hour_start, SUM(a.gpu_hours + a.mig_gpu_hours) AS gpu_hours
+  FROM alloc a
+  JOIN committed c ON c.resource_id = a.resource_id AND c.hour_start = a.hour_start
+  GROUP BY a.resource_id, a.hour_start
 ),
 reserved_idle AS (
   SELECT
-    CASE WHEN br.purchase_option = 'capacity_block' THEN 'capacity_block' ELSE 'reserved' END
-      AS purchase_option,
-    br.gpu_hours - COALESCE(h.gpu_hours, 0) AS gpu_hours,
-    (br.gpu_hours - COALESCE(h.gpu_hours, 0)) * br.rate AS cost
-  FROM bill_rate br
-  JOIN instances i ON i.resource_id = br.resource_id
-  LEFT JOIN held h ON h.resource_id = br.resource_id AND h.hour_start = br.hour_start
-  WHERE (br.pricing_category = 'Committed' OR br.purchase_option IN ('reserved', 'capacity_block'))
-    AND br.gpu_hours > COALESCE(h.gpu_hours, 0)
+    c.purchase_option,
+    c.gpu_hours - COALESCE(h.gpu_hours, 0) AS gpu_hours,
+    (c.gpu_hours - COALESCE(h.gpu_hours, 0)) * c.rate AS cost
+  FROM committed c
+  LEFT JOIN held h ON h.resource_id = c.resource_id AND h.hour_start = c.hour_start
+  WHERE c.gpu_hours > COALESCE(h.gpu_hours, 0)
+),
+waste_hours AS (
+  SELECT DISTINCT node, hour_start FROM waste
 ),
 node_instance AS (
-  SELECT node, hour_start, MAX(resource_id) AS resource_id
-  FROM alloc
-  WHERE resource_id IS NOT NULL
-  GROUP BY node, hour_start
+  SELECT a.node, a.hour_start, MAX(a.resource_id) AS resource_id
+  FROM alloc a
+  JOIN waste_hours w ON w.node = a.node AND w.hour_start = a.hour_start
+  WHERE a.resource_id IS NOT NULL
+  GROUP BY a.node, a.hour_start
 ),
 waste_placed AS (
   SELECT

@@ -107,7 +107,7 @@ def parquet_columns(path: Path) -> list[tuple[str, str]]:
     return [(str(r[0]), _sql_type(str(r[1]))) for r in rows]
 
 
-def _table(c: Client, name: str, path: Path) -> list[str]:
+def _table(c: Client, name: str, path: Path) -> dict[str, str]:
     """An external table over the directory holding ``path`` (one file per directory)."""
     cols = parquet_columns(path)
     c.query(f"DROP TABLE IF EXISTS {name}")
@@ -116,7 +116,7 @@ def _table(c: Client, name: str, path: Path) -> list[str]:
         f"CREATE TABLE {name} ({spec}) WITH"
         f" (external_location = 'local://{path.resolve().parent}', format = 'PARQUET')"
     )
-    return [n for n, _ in cols]
+    return {n: engine.kind_of(t) for n, t in cols}
 
 
 def _values(rows: Iterable[Sequence[Any]], types: Sequence[str]) -> str:
@@ -157,8 +157,8 @@ def run_report(
             holds.append(f"hour_start < {engine._literal(window.until)}")
         where = f" WHERE {' AND '.join(holds)}" if holds else ""
         c.query(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {name}{where}")
-    cols = _table(c, "focus_raw", focus)
-    view = engine.focus_view("focus_raw", cols, window, typed=True)
+    kinds = _table(c, "focus_raw", focus)
+    view = engine.focus_view("focus_raw", kinds, window)
     c.query(f"CREATE OR REPLACE VIEW focus AS {view}")
     rate_rows = list(rates)
     rates_sql = (
