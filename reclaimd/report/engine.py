@@ -255,20 +255,26 @@ def focus_view(source: str, kinds: Mapping[str, str], window: Window) -> str:
     meter = text("SkuMeter")
     if "x_SkuDescription" in kinds:
         meter = f"COALESCE({meter}, {text('x_SkuDescription')})"
+
     # The instance id is the last '/' or ':' segment; GCE names an instance within its
     # project: the project of the resource name, else the row's SubAccountId (FOCUS: the
-    # project), joined to the name as 'project/name'.
+    # project), joined to the name as 'project/name'. Worked out once per distinct
+    # (ResourceId, ProviderName, SubAccountId), not per row.
+    def key(c: str) -> str:
+        return f"COALESCE({text(c)}, '')"
+
+    rid = (
+        'f."ResourceId"' if kinds.get("ResourceId") == "text" else 'CAST(f."ResourceId" AS VARCHAR)'
+    )
+    last = "regexp_extract(raw, '[^/:]+$')"
+    project = "COALESCE(NULLIF(regexp_extract(raw, 'projects/([^/]+)/', 1), ''), NULLIF(sub, ''))"
     ids = (
-        "SELECT raw, regexp_extract(raw, '[^/:]+$') AS last,"
-        " NULLIF(regexp_extract(raw, 'projects/([^/]+)/', 1), '') AS project"
-        f' FROM (SELECT DISTINCT CAST("ResourceId" AS VARCHAR) AS raw FROM {source}'
-        ' WHERE "ResourceId" IS NOT NULL) d'
+        "SELECT raw, provider, sub, CASE WHEN LOWER(provider) LIKE 'google%'"
+        f" THEN COALESCE({project} || '/' || {last}, {last}) ELSE {last} END AS resource_id"
+        f" FROM (SELECT DISTINCT {rid} AS raw, {key('ProviderName')} AS provider,"
+        f' {key("SubAccountId")} AS sub FROM {source} f WHERE f."ResourceId" IS NOT NULL) d'
     )
-    google = f"LOWER({text('ProviderName')}) LIKE 'google%'"
-    project = f"COALESCE(m.project, {text('SubAccountId')})"
-    resource = (
-        f"CASE WHEN {google} THEN COALESCE({project} || '/' || m.last, m.last) ELSE m.last END"
-    )
+    resource = "m.resource_id"
     fields = [
         f"{start} AS ChargePeriodStart",
         f"{resource} AS ResourceId",
