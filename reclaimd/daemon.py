@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 20.0  # alone (no live peer): notices in flight may finish this long
 HAND_BACK_S = 3.0  # transports returning their messages, runbooks unwinding
+FLUSH_SPANS_MS = 2000  # a notice's trace written out before its claim is done, at most
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,10 @@ class Daemon:
         """Begin a graceful stop (SIGTERM): see ``run``."""
         self._stopping.set()
 
-    def _wire(self, api: Any, tracer: Any, session: aiohttp.ClientSession) -> _Parts:
+    def _wire(self, api: Any, provider: Any, session: aiohttp.ClientSession) -> _Parts:
         """Build every part from the settings; nothing runs yet."""
         s = self.settings
+        tracer = provider.get_tracer(tracing.TRACER_NAME)
         limiter = ratelimit.RateLimiter(
             ratelimit.RateSettings(**s.kube.fields("kubeconfig", "connections"))
         )
@@ -249,6 +251,8 @@ class Daemon:
             on_report=keep,
             ledger_topic=s.ledger.topic,
             narrator=events.NoticeEvents(recorder) if recorder is not None else None,
+            # Off the loop: an exporter's flush blocks (a file write, an OTLP round trip).
+            flush_spans=lambda: asyncio.to_thread(provider.force_flush, FLUSH_SPANS_MS),
         )
 
         scheduler = Scheduler(
@@ -342,12 +346,11 @@ class Daemon:
                 "service.instance.id": s.holder,
             },
         )
-        tracer = provider.get_tracer(tracing.TRACER_NAME)
         api = await client.build_api_client(
             str(s.kube.kubeconfig) if s.kube.kubeconfig else None, pool_size=s.kube.connections
         )
         session = checkpoint.session(s.checkpoint_connections)
-        parts = self._wire(api, tracer, session)
+        parts = self._wire(api, provider, session)
         self.limiter = parts.limiter
         self.dry_run = parts.dry_run.counters if parts.dry_run is not None else None
         view, scheduler, ledger_writer = parts.view, parts.scheduler, parts.ledger

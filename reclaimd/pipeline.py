@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -241,8 +241,12 @@ class Runbook:
         narrator: Narrator | None = None,
         records: GangRecords | None = None,
         after_drain: AfterDrain | None = None,
+        flush_spans: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.view, self.writer, self.signaller = view, writer, signaller
+        # Before a claim is marked done: its trace must outlive a SIGKILL that follows, since
+        # nobody runs a done notice again (a crash before ``done`` is resumed and traced anew).
+        self.flush_spans = flush_spans
         self.narrator: Narrator = narrator or Silent()
         self.ledger, self.progress, self.budget = ledger, progress, budget
         self.owners = owners
@@ -279,9 +283,15 @@ class Runbook:
                     root.set_attribute("reclaimd.took_over_from", admitted.claim.took_over_from)
             self._claim_spans(admitted, report)
             try:
-                await self._run(admitted, report, recorded)
+                facts = await self._run(admitted, report, recorded)
             finally:
                 root.set_attribute("reclaimd.deadline_met", report.deadline_met)
+        if self.flush_spans is not None:
+            try:
+                await self.flush_spans()
+            except Exception as e:  # a collector down must not keep the claim open
+                logs.event(log, "spans not flushed", logging.WARNING, error=str(e)[:200])
+        await self.progress.done(admitted, **facts)
         if self.on_report is not None:
             self.on_report(report)
         return report
@@ -299,7 +309,8 @@ class Runbook:
 
     async def _run(
         self, admitted: Admitted, report: Report, recorded: Mapping[GangKey, Recorded]
-    ) -> None:
+    ) -> dict[str, Any]:
+        """The runbook; what the claim records as done (``handle`` writes it, last)."""
         notice = admitted.notice
         plan = with_recorded(self.resolve(notice), recorded)
         report.plan = plan
@@ -309,8 +320,7 @@ class Runbook:
             # An early warning takes nothing away: it asks every gang to save and charges
             # none, so it must not own the gangs the interruption that follows will charge.
             await asyncio.gather(*(self.checkpoint(notice, g, None, report) for g in plan.gangs))
-            await self.progress.done(admitted, outcome="checkpoint-only")
-            return
+            return {"outcome": "checkpoint-only"}
         flights, joined = await self.own(plan, report)
         if not flights and not joined:
             # Every gang here was charged by another notice, already done or on another
@@ -331,7 +341,7 @@ class Runbook:
         # Before ``done``: a crash in between completes again on resume ("already done").
         drained = not KEPT_RUNNING.intersection(report.evictions.values())
         await self.after_drain.finished(notice, drained=drained)
-        await self.progress.done(admitted, deadline_met=report.deadline_met)
+        return {"deadline_met": report.deadline_met}
 
     def _claim_spans(self, admitted: Admitted, report: Report) -> None:
         """The claim (and, on a node, the cordon: the same write) as spans of this trace."""

@@ -331,3 +331,33 @@ async def test_a_process_paused_in_the_drain_charges_nothing() -> None:
         await runbook(world).handle(admitted(spot("a", "i-1")))
     assert [line for line in world.log if line.startswith("evict")]  # it had begun to drain
     assert world.recorded == []
+
+
+async def test_the_trace_is_written_out_before_the_claim_is_done() -> None:
+    """A SIGKILL right after ``done`` must not take the notice's trace with it: nobody runs
+    a done notice again. So the root span has ended, and the spans are flushed, first."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    world = World()
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    rb = runbook(world)
+    rb.tracer = provider.get_tracer("t")
+    seen_at_done: list[str] = []
+
+    async def flush() -> None:
+        world.log.append("flush")
+
+    async def done(admitted: Admitted, **facts: object) -> None:
+        seen_at_done.extend(s.name for s in exported.get_finished_spans())
+        world.log.append("phase done")
+
+    rb.flush_spans = flush
+    world.done = done  # type: ignore[method-assign]
+    await rb.handle(admitted(spot("a", "i-1")))
+    assert world.log[-2:] == ["flush", "phase done"]
+    from reclaimd.tracing import ROOT_SPAN
+
+    assert ROOT_SPAN in seen_at_done and "reclaimd.drain" in seen_at_done
