@@ -28,7 +28,7 @@ from opentelemetry import trace
 
 from reclaimd import checkpoint, logs, tracing
 from reclaimd.afterdrain import AfterDrain, NoAfterDrain
-from reclaimd.intake import Admitted, ClaimLost
+from reclaimd.intake import Admission, Admitted, ClaimLost
 from reclaimd.model import (
     Gang,
     GangKey,
@@ -297,8 +297,9 @@ class Runbook:
         return report
 
     async def _recorded(self, admitted: Admitted) -> Mapping[GangKey, Recorded]:
-        if admitted.claim_times is not None or self.records is None:
+        if admitted.claim.admission is Admission.CLAIMED or self.records is None:
             return {}  # a fresh claim: nobody owned its gangs for it before
+        # Ours already or taken over, by the resume scan or by a redelivered message alike.
         try:
             return await self.records.owned_by(admitted.notice)
         except Exception as e:  # without the records the notice is still worth running

@@ -295,6 +295,23 @@ async def test_a_taken_over_notice_charges_from_what_the_dead_owner_recorded() -
     assert report.deadline_met
 
 
+async def test_a_notice_taken_over_through_its_redelivered_message_reads_the_records() -> None:
+    """Not the resume scan but the transport (a relisted Workload, a redelivered message)
+    took the dead owner's claim over: the admission has claim times, and still the gangs
+    the dead owner recorded are charged (the pods Kueue deleted meanwhile included)."""
+    world = Silent()
+    notice = spot("a", "i-1")
+    world.owners = {SOLO.key: "a"}
+    world.records["a"] = {SOLO.key: Recorded(SOLO)}
+    world.gone = {"solo-0"}
+    now = utcnow()
+    taken = Admitted(
+        notice, Claimed(Admission.RESUMED, node="n1", took_over_from="dead"), (now, now)
+    )
+    await recording_runbook(world).handle(taken)
+    assert SOLO.key in {w.gang.key for w in world.recorded}
+
+
 def test_merge_keeps_the_newer_durable_checkpoint() -> None:
     m0, m1 = GANG.members
     old, new = T0 - timedelta(seconds=30), T0
