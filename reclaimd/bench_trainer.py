@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -157,6 +158,8 @@ def one_size(
     if not all(saved) or not all(a.acked for a in acks):
         return {"mparams": mparams, "error": [a.error for a in acks] or first.stderr()}
     step = saved[0][0]["step"]
+    step_ts = [e["t"] for e in read_log(workdir, 0) if e["event"] in ("start", "step")]
+    step_s = max((b - a for a, b in itertools.pairwise(step_ts)), default=0.0)
     t0 = time.time()
     second = TorchGang(
         workdir, world, incarnation=1, stash=str(workdir / "stash-1"), steps=step + 1, **common
@@ -185,6 +188,9 @@ def one_size(
         "upload_s": round(upload_s, 3),
         "commit_s": round(max(x["commit_s"] for x in s), 3),
         "ack_latency_s": [round(a.latency_s, 3) for a in acks],
+        # the longest step (or start to first step) before the save: a request waits for the
+        # step boundary, so the ack latency is about a step plus the save
+        "step_s_max": round(step_s, 3),
         "stash_bytes_per_s": round(stash_bytes / stash_s) if stash_s else None,
         "upload_bytes_per_s": round(stash_bytes / upload_s) if upload_s else None,
         "restore_s": round(max(x["restore_s"] or 0.0 for x in starts), 3),
@@ -242,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(
-        f"{'Mparams':>8} {'MB':>8} {'stash s':>8} {'upload s':>9} {'ack s':>7} "
+        f"{'Mparams':>8} {'MB':>8} {'step s':>7} {'stash s':>8} {'upload s':>9} {'ack s':>7} "
         f"{'stash MB/s':>10} {'upload MB/s':>11} {'restore s':>9} {'restart s':>9} equal"
     )
     for r in rows:
@@ -250,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['mparams']:>8g} error: {r['error']}")
             continue
         print(
-            f"{r['mparams']:>8g} {r['checkpoint_bytes'] / 1e6:>8.1f} {r['stash_s']:>8.2f} "
+            f"{r['mparams']:>8g} {r['checkpoint_bytes'] / 1e6:>8.1f} {r['step_s_max']:>7.2f} "
+            f"{r['stash_s']:>8.2f} "
             f"{r['upload_s']:>9.2f} {max(r['ack_latency_s']):>7.2f} "
             f"{(r['stash_bytes_per_s'] or 0) / 1e6:>10.0f} "
             f"{(r['upload_bytes_per_s'] or 0) / 1e6:>11.0f} {r['restore_s']:>9.2f} "
