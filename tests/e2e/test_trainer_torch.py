@@ -455,3 +455,46 @@ async def test_hf_trainer_saves_with_the_callback_and_resumes_from_it(  # noqa: 
         await asyncio.to_thread(t2.train, resume_from_checkpoint=path)
     assert loaded == [saved, str(step)]  # the saved parameters, bit for bit, at the saved step
     assert t2.state.global_step == step + 5
+
+
+async def test_ranks_asked_seconds_apart_save_one_step_and_the_late_one_answers_at_once(
+    tmp_path: Path, s3: Any, bucket: str, stack: Any, gangs: list[TorchGang]
+) -> None:
+    """Only rank 0 is asked; the gang agrees and saves anyway (DCP is collective). Rank 1's own
+    request, 2 s later, is answered at once with that save: no second save, same step."""
+    import time
+    import urllib.request
+
+    from reclaimd.model import rfc3339
+
+    world = 2
+    first = job(tmp_path, world, bucket, stack, 0)
+    gangs.append(first)
+    urls = await asyncio.to_thread(first.start)
+    await asyncio.sleep(1.0)
+    body = {"notice_id": "ec2-apart", "deadline": rfc3339(utcnow() + timedelta(seconds=30))}
+
+    def post(url: str) -> tuple[float, dict[str, Any]]:
+        req = urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        start = utcnow()
+        with urllib.request.urlopen(req, timeout=30) as r:
+            doc = json.loads(r.read())
+        took = (utcnow() - start).total_seconds()
+        for _ in range(60):  # a save longer than the 1 s window: poll its status URL
+            if "status_url" not in doc:
+                break
+            time.sleep(0.5)
+            with urllib.request.urlopen(url.rsplit("/", 1)[0] + doc["status_url"]) as r:
+                doc = json.loads(r.read())
+        return took, doc
+
+    _, doc0 = await asyncio.to_thread(post, urls[0])
+    await asyncio.sleep(2.0)
+    took, doc1 = await asyncio.to_thread(post, urls[1])
+    same = ("step", "uri", "durable")
+    assert doc0["durable"] and [doc1[k] for k in same] == [doc0[k] for k in same]
+    assert took < 0.5  # answered from the save already made, not held for a new one
+    for r in range(world):
+        assert [e["step"] for e in events(tmp_path, r, "saved", 0)] == [doc0["step"]]
