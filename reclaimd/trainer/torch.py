@@ -511,7 +511,8 @@ class Checkpointer:
         return str(box[0])
 
     def _prune(self) -> None:
-        if self.rank != 0 or self.keep_stashes < 1:
+        # Every rank: on a real cluster each node has its own stash (here they may share one).
+        if self.keep_stashes < 1 or not self.stash_root.is_dir():
             return
         steps = sorted(d for d in self.stash_root.iterdir() if _STEP_DIR.fullmatch(d.name))
         for d in steps[: -self.keep_stashes]:

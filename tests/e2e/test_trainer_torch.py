@@ -498,3 +498,55 @@ async def test_ranks_asked_seconds_apart_save_one_step_and_the_late_one_answers_
     assert took < 0.5  # answered from the save already made, not held for a new one
     for r in range(world):
         assert [e["step"] for e in events(tmp_path, r, "saved", 0)] == [doc0["step"]]
+
+
+def test_restore_skips_a_newer_step_without_committed_and_an_incomplete_stash(
+    tmp_path: Path, s3: Any, bucket: str
+) -> None:
+    """One process (no process group): step 5 is saved and COMMITTED; step 9's shards are in
+    the bucket without COMMITTED (the gang died mid-upload) and its stash lost a shard file.
+    restore() takes step 5, bit for bit."""
+    import torch
+
+    from reclaimd.chaos.torchjob import build_model, digest
+    from reclaimd.objectstore import GuardedPut
+    from reclaimd.trainer import Signal
+    from reclaimd.trainer.torch import Checkpointer, Decision, S3Reader, TrainState
+
+    model = build_model(16, 1, 3)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 32)).sum().backward()
+    opt.step()
+    prefix = "checkpoints/team-a/solo/"
+    with Signal(host="127.0.0.1", port=0) as signal:
+        ckpt = Checkpointer(
+            signal,
+            run="solo",
+            stash_dir=tmp_path / "stash",
+            prefix=prefix,
+            store=GuardedPut(s3).bind("team-a", bucket),
+            reader=S3Reader(s3, bucket),
+        )
+        deadline = utcnow() + timedelta(seconds=30)
+        saved = digest(model, opt)
+        r5 = ckpt.save(Decision(5, (), deadline), TrainState(model, opt))
+        assert r5.result.durable
+        opt.step()
+        r9 = ckpt.save(Decision(9, (), deadline), TrainState(model, opt))
+        assert r9.result.durable
+    s3.delete_object(Bucket=bucket, Key=f"{prefix}step-0000000009/COMMITTED")
+    next((tmp_path / "stash" / "solo" / "step-0000000009").glob("__0_*.distcp")).unlink()
+    assert ckpt.durable_steps() == [5] and ckpt.stashed_steps() == [5]
+
+    fresh = build_model(16, 1, 3)
+    fresh_opt = torch.optim.Adam(fresh.parameters())
+    with Signal(host="127.0.0.1", port=0) as signal:
+        again = Checkpointer(
+            signal,
+            run="solo",
+            stash_dir=tmp_path / "other-node",
+            prefix=prefix,
+            reader=S3Reader(s3, bucket),
+        )
+        assert again.restore(fresh, fresh_opt) == 5
+    assert digest(fresh, fresh_opt) == saved
