@@ -260,9 +260,15 @@ def child(argv: list[str]) -> int:
         from reclaimd.report import trino
 
         window = engine.Window(files.start, files.end)
-        groups = trino.run_report(
-            trino.start(), alloc=files.alloc, waste=files.waste, focus=files.focus, window=window
-        )
+        was_up = trino.is_up()
+        try:
+            groups = trino.run_report(
+                trino.start(), alloc=files.alloc, waste=files.waste, focus=files.focus,
+                window=window,
+            )  # fmt: skip
+        finally:
+            if not was_up:
+                trino.stop()  # leave the machine as the bench found it
         result = {"groups": _raw(groups)}
     else:
         raise SystemExit(f"unknown measurement {what}")

@@ -45,6 +45,14 @@ def start() -> str:
     return out.stdout.strip()
 
 
+def is_up(url: str = "http://127.0.0.1:18480") -> bool:
+    try:
+        Client(url).query("SELECT 1", timeout_s=5)
+    except (OSError, TrinoError):
+        return False
+    return True
+
+
 def stop() -> None:
     subprocess.run([str(SCRIPT), "down"], check=False, stdout=subprocess.DEVNULL)
 

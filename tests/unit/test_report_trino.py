@@ -24,19 +24,11 @@ from reclaimd.report.render import _round
 
 @pytest.fixture(scope="module")
 def trino_url() -> Iterator[str]:
-    was_up = _up()
+    was_up = trino.is_up()
     url = trino.start()
     yield url
     if not was_up:
         trino.stop()
-
-
-def _up() -> bool:
-    try:
-        trino.Client("http://127.0.0.1:18480").query("SELECT 1")
-    except Exception:
-        return False
-    return True
 
 
 def shown(groups: list[Group]) -> dict[str, dict[str, float | int | None]]:
