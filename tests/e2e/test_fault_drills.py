@@ -41,16 +41,11 @@ FAULT_PASSING: list[str] = [
     "failover-1059485652",  # 2/2 after the fixes of 2026-12-02
     "failover-1135209167",  # 3/3
     "failover-820738344",  # 3/3
+    "failover-2258512585",  # 3/3 once a lone replica adopts the slot nobody holds
 ]
 # Not PASS every run yet: the scenario, and the guarantee that is missing (reclaimd's, not the
 # rig's; docs/drills.md has the figures).
-FAULTS_NOT_YET: dict[str, str] = {
-    "failover-2258512585": "GCE notices sent during a 12-19 s apiserver outage while one"
-    " replica stops for good (SIGTERM, no successor) and the other is SIGKILLed and back 6 s"
-    " later miss their 30 s window: the stopped replica's slot has no consumer (a lone"
-    " replica does not adopt a free slot) and the emulator redelivers the killed stream's"
-    " copies 20-40 s later; nothing is lost, doubled or over-charged",
-}
+FAULTS_NOT_YET: dict[str, str] = {}
 
 
 def test_every_fault_scenario_is_accounted_for() -> None:
