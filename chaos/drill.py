@@ -34,7 +34,7 @@ import logging
 import socket
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -716,6 +716,12 @@ class Drill:
         api = h.api
         assert api is not None
         await asyncio.sleep(n.pods_stop_after_s)
+        # A pod that is gone answers nothing: its trainer stops with it (a save under way is
+        # cut short), rather than outliving it as a drill's in-process trainer could.
+        for pod in pods:
+            trainer = self.built.trainers.get(pod)
+            if trainer is not None:
+                await trainer.server.stop()
         await _retrying(lambda: inject.stop_pods(api, h.namespace, pods))
 
     async def _send_garbage(self, h: Harness, g: PlannedGarbage) -> None:
@@ -1079,13 +1085,22 @@ class Drill:
         daemons = tuple((d.name, d.stats()) for d in h.daemons)
         return dataclasses.replace(verdict, span_files=files, daemons=daemons)
 
+    def _pauses(self) -> list[tuple[datetime, datetime]]:
+        """When a replica was stopped (SIGSTOP to SIGCONT; to now if never continued)."""
+        return [
+            (f.started_at, f.ended_at or utcnow()) for f in self.faults if f.fault.kind == "pause"
+        ]
+
     def _gang_facts(self, g: PlannedGang, namespace: str, alive: set[str]) -> report.GangFacts:
         ranks = []
         for r in g.ranks:
             pod = f"{g.name}-{r.rank}"
             trainer = self.built.trainers.get(pod)
             saves = (
-                {nid: _save_facts(trainer, nid, s) for nid, s in trainer.saves.items()}
+                {
+                    nid: _save_facts(trainer, nid, s, self._pauses())
+                    for nid, s in trainer.saves.items()
+                }
                 if trainer is not None
                 else {}
             )
@@ -1349,10 +1364,18 @@ def describe_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _save_facts(trainer: ScriptedTrainer, notice_id: str, s: SaveRecord) -> report.Save:
+def _save_facts(
+    trainer: ScriptedTrainer,
+    notice_id: str,
+    s: SaveRecord,
+    pauses: Sequence[tuple[datetime, datetime]] = (),
+) -> report.Save:
     """One save as the judge sees it: answered when the trainer first answered it done, by
     the deadline of the latest request for it before that answer (a replica that took a
-    notice over asks the rank again, with a deadline of its own)."""
+    notice over asks the rank again, with a deadline of its own). An answer given while a
+    replica was paused, past a deadline that also fell in the pause, is one reclaimd cannot
+    place before or after the deadline (the kernel took it; the process saw it on waking):
+    too close to call (``unplaceable``)."""
     answered = trainer.server.answered.get(notice_id)
     asked = [
         r.deadline
@@ -1368,6 +1391,8 @@ def _save_facts(trainer: ScriptedTrainer, notice_id: str, s: SaveRecord) -> repo
         checkpoint_time=s.checkpoint_time,
         answered_at=answered,
         answers_known=True,
+        unplaceable=answered is not None
+        and any(a <= answered <= b and a <= s.deadline <= b for a, b in pauses),
     )
 
 

@@ -139,21 +139,21 @@ def pod_body(gang: GangSpec, rank: int, namespace: str) -> dict[str, Any]:
 
 
 async def ensure_namespace(api: k8s.ApiClient, name: str) -> None:
-    """The namespace and its ``default`` ServiceAccount: pods are refused (403) until it
-    exists, and the controller-manager that makes it may lag minutes behind a restarted
-    apiserver (a campaign restarts it run after run)."""
+    """The namespace, and for a new one its ``default`` ServiceAccount: pods are refused
+    (403) until it exists, and the controller-manager that makes it may lag behind a
+    restarted apiserver (a campaign restarts it run after run)."""
     core = k8s.CoreV1Api(api)
-    for create in (
-        lambda: core.create_namespace(_any({"metadata": {"name": name}})),
-        lambda: core.create_namespaced_service_account(
-            name, _any({"metadata": {"name": "default"}})
-        ),
-    ):
-        try:
-            await create()
-        except ApiException as e:
-            if e.status != 409:
-                raise
+    try:
+        await core.create_namespace(_any({"metadata": {"name": name}}))
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        return  # there already (its ServiceAccount too, or it is being deleted)
+    try:
+        await core.create_namespaced_service_account(name, _any({"metadata": {"name": "default"}}))
+    except ApiException as e:
+        if e.status != 409:
+            raise
 
 
 async def create_nodes(api: k8s.ApiClient, nodes: Iterable[NodeSpec]) -> None:

@@ -51,6 +51,9 @@ class Save:
     # poll); None: never. ``answers_known`` says the trainer recorded it.
     answered_at: datetime | None = None
     answers_known: bool = False
+    # Answered while a replica was paused, past a deadline inside the same pause: reclaimd
+    # cannot tell whether it came in before the deadline (``chaos.drill._save_facts``).
+    unplaceable: bool = False
 
     def counted(self) -> bool | None:
         """Did reclaimd get a durable ack in time? ``None`` when it was too close to call.
@@ -61,6 +64,8 @@ class Save:
         done_at = self.answered_at if self.answers_known else self.finished_at
         if not (self.saved and self.durable) or done_at is None:
             return False
+        if self.unplaceable:
+            return None
         slack = (self.deadline - done_at).total_seconds()
         if slack > ACK_MARGIN_S:
             return True

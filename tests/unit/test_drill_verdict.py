@@ -78,6 +78,21 @@ def test_an_ack_is_judged_by_the_latest_request_before_the_answer() -> None:
     assert report.Save(**{**s.__dict__, "deadline": _at(10)}).counted() is False
 
 
+def test_an_answer_inside_a_pause_that_spans_the_deadline_is_too_close_to_call() -> None:
+    """reclaimd-0 was SIGSTOPped from 5 to 30; the rank's deadline (10) and its answer (14)
+    both fell in the pause: the answer sat in the kernel until 30, and reclaimd cannot place
+    it before or after 10. Outside such a pause the ordinary rule decides."""
+    trainer = _Trainer(requests=[_Request("n", _at(10), _at(1))], server=_Server({"n": _at(14)}))
+    record = _record(finished_at=_at(13))
+    paused = _save_facts(trainer, "n", record, [(_at(5), _at(30))])  # type: ignore[arg-type]
+    assert paused.unplaceable and paused.counted() is None
+    plain = _save_facts(trainer, "n", record)  # type: ignore[arg-type]
+    assert not plain.unplaceable and plain.counted() is False  # 4 s late
+    # the pause ended before the deadline: reclaimd was awake at 10, the answer was late
+    woke = _save_facts(trainer, "n", record, [(_at(5), _at(9))])  # type: ignore[arg-type]
+    assert woke.counted() is False
+
+
 def test_an_unanswered_save_takes_every_request_and_does_not_count() -> None:
     trainer = _Trainer(
         requests=[_Request("n", _at(10), _at(1)), _Request("n", _at(30), _at(20))],
