@@ -46,6 +46,7 @@ from reclaimd.trainer.contract import (
     CheckpointRequest,
     CheckpointResult,
     ObjectPut,
+    served_url,
     upload_checkpoint,
     upload_parts,
 )
@@ -166,10 +167,7 @@ class CheckpointServer:
 
     @property
     def url(self) -> str:
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host, self._host)
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self._port}{self.path}"
+        return served_url(self._host, self._port, self.path)
 
     @property
     def save_count(self) -> int:

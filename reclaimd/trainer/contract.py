@@ -110,6 +110,14 @@ def one_line(text: str, limit: int = 240) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def served_url(host: str, port: int, path: str) -> str:
+    """The URL a server bound to ``host:port`` answers at (a wildcard bind: loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}{path}"
+
+
 # --- stash, then upload ---------------------------------------------------------------------
 
 

@@ -51,6 +51,7 @@ from reclaimd.trainer.contract import (
     CheckpointRequest,
     CheckpointResult,
     one_line,
+    served_url,
 )
 
 log = logging.getLogger(__name__)
@@ -144,10 +145,7 @@ class Signal:
 
     @property
     def url(self) -> str:
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host, self._host)
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self._port}{self.path}"
+        return served_url(self._host, self._port, self.path)
 
     # --- what the training loop reads ----------------------------------------------------------
 
