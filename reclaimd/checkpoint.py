@@ -357,6 +357,7 @@ async def _signal_member(
                 poll_headers=poll_headers,
                 poll_interval_s=poll_interval_s,
                 progress=progress,
+                end=end,
             ),
         )
     except TimeoutError:
@@ -423,7 +424,11 @@ async def _exchange(
     poll_headers: Callable[[], Mapping[str, str]],
     poll_interval_s: float,
     progress: _Progress,
+    end: float,
 ) -> _Saved:
+    """One rank's request, then its status polls until a ``200``; no poll is sent at or
+    after loop time ``end`` (a late look reads what came in, it asks nothing new)."""
+    loop = asyncio.get_running_loop()
     status, reply, location = await _call(session, "POST", URL(url), body, headers)
     if status == 200:
         return _parse_saved(reply)
@@ -434,6 +439,8 @@ async def _exchange(
     progress.answered_at = asyncio.get_running_loop().time()
     while True:
         await asyncio.sleep(poll_interval_s)
+        if loop.time() >= end:
+            raise TimeoutError  # the budget is over: an answer now would be a late one
         try:
             # Every poll carries the rank's current share (it moves as ranks come and go).
             if poll is None:

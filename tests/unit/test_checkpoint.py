@@ -901,3 +901,64 @@ async def test_a_rank_silent_through_a_pause_is_still_not_acked() -> None:
         waited = loop.time() - started
     assert not acks[0].acked and "no reply" in acks[0].error, acks[0]
     assert waited < 1.6 + SLACK_S  # the look is bounded: no wait for the 5 s answer
+
+
+class _ThreadedSavingTrainer(_ThreadedTrainer):
+    """Answers the POST ``202`` (saving) at once and any status poll ``200`` (done)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        done = (
+            b'{"checkpoint_time": "2026-11-30T01:00:00Z", "step": 9,'
+            b' "uri": "s3://ckpt/r0/9", "durable": true}'
+        )
+        self.polls = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _send(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                if code == 202:
+                    self.send_header("Location", "/status")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                self._send(202, b"{}")
+
+            def do_GET(self) -> None:
+                outer.polls += 1
+                self._send(200, done)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/checkpoint"
+
+
+async def test_a_process_that_wakes_past_the_budget_sends_no_new_status_poll() -> None:
+    """Saving (202) when the loop is blocked from 0.1 s to 2.1 s, past the 1 s budget: on
+    waking, a poll now would be answered after the deadline. None is sent; no ack."""
+    import time
+
+    with _ThreadedSavingTrainer() as t:
+        gang = make_gang(make_member("r0", rank=0, url=t.url))
+        asyncio.get_running_loop().call_later(0.1, time.sleep, 2.0)
+        async with aiohttp.ClientSession() as s:
+            acks = await signal_gang(
+                gang,
+                make_notice(),
+                budget_deadline=utcnow() + timedelta(seconds=1.0),
+                session=s,
+                poll_interval_s=0.5,
+            )
+        polls = t.polls
+    assert not acks[0].acked and "still saving" in acks[0].error, acks[0]
+    assert polls == 0
