@@ -103,6 +103,7 @@ class _Built:
     trainers: dict[str, ScriptedTrainer] = field(default_factory=dict)  # by pod name
     annotated: dict[str, datetime] = field(default_factory=dict)  # gang -> last checkpoint
     started: dict[str, datetime] = field(default_factory=dict)  # pod -> status.startTime
+    stopped: dict[str, datetime] = field(default_factory=dict)  # pod -> stopped by the drill
     imds: dict[str, ImdsMock] = field(default_factory=dict)  # node key -> its mock
     gce: dict[str, GceMetadataServer] = field(default_factory=dict)  # node key -> stand-in
     pubsub_topic: str = ""
@@ -719,6 +720,7 @@ class Drill:
         # A pod that is gone answers nothing: its trainer stops with it (a save under way is
         # cut short), rather than outliving it as a drill's in-process trainer could.
         for pod in pods:
+            self.built.stopped[pod] = utcnow()
             trainer = self.built.trainers.get(pod)
             if trainer is not None:
                 await trainer.server.stop()
@@ -1111,6 +1113,7 @@ class Drill:
                     gpus=g.gpus_per_rank,
                     annotated_checkpoint=self.built.annotated[g.name],
                     started_at=self.built.started.get(pod),
+                    stopped_at=self.built.stopped.get(pod),
                     opted_in=g.opt_in,
                     leader=r.rank == 0,
                     saves=saves,

@@ -84,6 +84,9 @@ class RankFacts:
     opted_in: bool
     leader: bool
     saves: Mapping[str, Save] = field(default_factory=dict)  # by notice id
+    # When the drill stopped the pod itself (a scheduler's reclaim): asked or not by then,
+    # a rank that is gone cannot be asked after.
+    stopped_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -947,8 +950,9 @@ def _gang_row(g: GangFacts, events: Sequence[Mapping[str, Any]], expect: Expecta
 
 
 def _asked(g: GangFacts, notice_id: str) -> tuple[int, int]:
-    """(ranks that got the request, ranks that had to): every opted-in rank, or the leader."""
-    opted = [r for r in g.ranks if r.opted_in]
+    """(ranks that got the request, ranks that had to): every opted-in rank, or the leader,
+    but for a rank whose pod the drill stopped before the request (nothing to ask then)."""
+    opted = [r for r in g.ranks if r.opted_in and (r.stopped_at is None or notice_id in r.saves)]
     if g.scope == "leader" and opted:
         opted = [next((r for r in opted if r.leader), min(opted, key=lambda r: r.rank))]
     return sum(1 for r in opted if notice_id in r.saves), len(opted)

@@ -554,3 +554,30 @@ async def test_partition_cuts_and_heals_the_replicas_proxy() -> None:
     assert rec.successor == "reclaimd-1" and rec.held == {"node-b": "B"}
     assert rec.ended_at is not None and (rec.ended_at - rec.started_at).total_seconds() >= 0.1
     assert procs[1].signals == []  # the process itself is untouched
+
+
+def test_a_rank_the_drill_stopped_before_it_was_asked_is_not_owed_a_request() -> None:
+    def rank(i: int, *, asked: bool, stopped: bool) -> report.RankFacts:
+        return report.RankFacts(
+            pod=f"g-{i}",
+            rank=i,
+            gpus=8,
+            annotated_checkpoint=_at(0),
+            started_at=_at(0),
+            opted_in=True,
+            leader=i == 0,
+            saves={"n": _save_facts(_Trainer([], _Server({})), "n", _record())} if asked else {},  # type: ignore[arg-type]
+            stopped_at=_at(5) if stopped else None,
+        )
+
+    g = report.GangFacts(
+        name="g",
+        namespace="ns",
+        scope="rank",
+        ranks=(
+            rank(0, asked=True, stopped=True),  # asked, then stopped: counted
+            rank(1, asked=False, stopped=True),  # gone before anyone asked: not owed
+            rank(2, asked=False, stopped=False),  # still there and never asked: short
+        ),
+    )
+    assert report._asked(g, "n") == (1, 2)
