@@ -41,11 +41,15 @@ FAULT_PASSING: list[str] = [
     "failover-1059485652",  # 2/2 after the fixes of 2026-12-02
     "failover-1135209167",  # 3/3
     "failover-820738344",  # 3/3
-    "failover-2258512585",  # 3/3 once a lone replica adopts the slot nobody holds
 ]
 # Not PASS every run yet: the scenario, and the guarantee that is missing (reclaimd's, not the
 # rig's; docs/drills.md has the figures).
-FAULTS_NOT_YET: dict[str, str] = {}
+FAULTS_NOT_YET: dict[str, str] = {
+    "failover-2258512585": "2 of 5 runs lose a Kueue reclaim sent while no replica ran (one"
+    " stopped for good, the other SIGKILLed and back 6 s later) whose pods Kueue deleted"
+    " before the restarted replica's cache saw them: nobody saw the gang with its notice."
+    " Its GCE deadlines are met since a lone replica adopts the slot nobody holds",
+}
 
 
 def test_every_fault_scenario_is_accounted_for() -> None:
