@@ -21,17 +21,9 @@ rolling upgrade) waits, and takes the first slot released or expired. A stopping
 releases its slot after its transport handed back its unsettled messages (the Pub/Sub source
 nacks them when cancelled).
 
-A replica also *adopts* every other slot nobody holds (released, expired, its holder dead, or
-never taken: a replica stopped for good, a scale-down): it consumes that subscription too,
-so a copy there is admitted now rather than when a successor comes, and a lone survivor
-whose own stream is stuck (a killed stream's leases) still has the stopped peer's copies.
-An adopted slot's Lease says so (``reclaimd.io/adopted``), and a replica without a slot of its
-own takes it at once: the adopter sees its next renewal refused and stops consuming it.
-
-Two replicas on one slot for a moment (a partition healed, an adoption handed back) are
-harmless: that is the shared subscription of one slot. A slot nobody holds loses nothing
-either: its subscription keeps its messages (retention) and the other slots carry the same
-notices.
+Two replicas on one slot for a moment (a partition healed) are harmless: that is the shared
+subscription of one slot. A slot nobody holds loses nothing either: its subscription keeps
+its messages (retention) and the other slots carry the same notices.
 """
 
 from __future__ import annotations
@@ -61,7 +53,6 @@ PREFIX = "reclaimd-pubsub-slot-"
 SLOT_LABEL = "reclaimd.io/pubsub-slot"
 HOLDER_ANNOTATION = "reclaimd.io/holder"
 SUBSCRIPTION_ANNOTATION = "reclaimd.io/subscription"
-ADOPTED_ANNOTATION = "reclaimd.io/adopted"  # "true": held for nobody, yielded on demand
 # A released Lease is renewed "long ago" (as a released holder Lease is).
 RELEASED = datetime(1970, 1, 2, tzinfo=UTC)
 FIRST = RELEASED  # sorts before any deadline in the write budget: renewals go first
@@ -87,7 +78,6 @@ class SlotLease:
     renewed: datetime | None
     duration_s: float
     version: str | None = None  # resourceVersion: a takeover's precondition
-    adopted: bool = False  # held by a replica that has a slot of its own
 
     @classmethod
     def of(cls, lease: Any) -> SlotLease:
@@ -101,21 +91,14 @@ class SlotLease:
             renewed=at,
             duration_s=float((spec.lease_duration_seconds if spec is not None else None) or 0),
             version=lease.metadata.resource_version,
-            adopted=(lease.metadata.annotations or {}).get(ADOPTED_ANNOTATION) == "true",
         )
 
 
 def why_free(
-    lease: SlotLease | None,
-    me: str,
-    now: datetime,
-    dead: Callable[[str], bool],
-    *,
-    adopting: bool = False,
+    lease: SlotLease | None, me: str, now: datetime, dead: Callable[[str], bool]
 ) -> str | None:
-    """Why ``me`` may take the slot now ("new", "released", "own", "dead", "expired", and,
-    for a replica without a slot of its own, "adopted"), or None while another live replica
-    holds it. ``adopting``: ``me`` has a slot already and would take this one besides."""
+    """Why ``me`` may take the slot now ("new", "released", "own", "dead", "expired"), or
+    None while another live replica holds it."""
     if lease is None:
         return "new"
     if not lease.holder or lease.renewed is None or lease.renewed <= RELEASED:
@@ -126,31 +109,21 @@ def why_free(
         return "dead"
     if now - lease.renewed > timedelta(seconds=lease.duration_s):
         return "expired"
-    if lease.adopted and not adopting:
-        return "adopted"  # held for nobody: a replica without a slot takes it
     return None
 
 
 def pick(
-    leases: Mapping[int, SlotLease | None],
-    me: str,
-    now: datetime,
-    dead: Callable[[str], bool],
-    *,
-    adopting: bool = False,
+    leases: Mapping[int, SlotLease | None], me: str, now: datetime, dead: Callable[[str], bool]
 ) -> list[tuple[int, str]]:
     """The slots ``me`` may try, in order: its own first, then the rest by index."""
     free = [
-        (i, why)
-        for i, lease in sorted(leases.items())
-        if (why := why_free(lease, me, now, dead, adopting=adopting))
+        (i, why) for i, lease in sorted(leases.items()) if (why := why_free(lease, me, now, dead))
     ]
     return sorted(free, key=lambda f: (f[1] != "own", f[0]))
 
 
-class SlotLeases:
-    """The slots' Lease calls (read them all, take, renew, release) and, per slot held, the
-    version we last wrote (a renewal's precondition) and when it landed."""
+class PubSubSlots:
+    """Hold one slot at a time and run ``consume(slot)`` only while holding it."""
 
     def __init__(
         self,
@@ -161,16 +134,128 @@ class SlotLeases:
         subscriptions: Sequence[str],
         lease_s: float,
         limiter: RateLimiter,
+        dead: Callable[[str], bool] | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
+        if not subscriptions:
+            raise ValueError("pubsub slots: no subscription")
         self._coord = k8s.CoordinationV1Api(api_client)
         self.namespace, self.holder, self.lease_s = namespace, holder, lease_s
         self.subscriptions = tuple(subscriptions)
         self.names = tuple(lease_name(s) for s in self.subscriptions)
         self._limiter = limiter
-        self._versions: dict[int, str | None] = {}
-        self.renewed_at: dict[int, datetime] = {}
+        self._dead = dead or (lambda _holder: False)
+        # Every retry here, a wait for a free slot as much as a failed call, uses this one.
+        cap = max(WAIT_BASE_S, min(WAIT_CAP_S, lease_s / 3))
+        self._backoff = backoff or Backoff(WAIT_BASE_S, cap, floor_s=WAIT_BASE_S / 2)
+        self.held: int | None = None  # the slot held now
+        self._version: str | None = None  # its Lease's resourceVersion, as we last wrote it
+        self._renewed_at: datetime | None = None
 
-    async def read_all(self) -> dict[int, SlotLease | None]:
+    async def run(self, consume: Callable[[int], Coroutine[Any, Any, None]]) -> None:
+        """Take a slot, consume it while it is held, take one again when it is lost; until
+        cancelled, when ``consume`` is cancelled (and has handed its messages back) before
+        the slot is released. A ``consume`` that fails is raised."""
+        try:
+            while True:
+                index = await self.acquire()
+                consuming = asyncio.create_task(consume(index), name=f"pubsub-slot-{index}")
+                keeping = asyncio.create_task(self.keep(), name=f"pubsub-slot-{index}-lease")
+                try:
+                    await asyncio.wait({consuming, keeping}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in (consuming, keeping):
+                        task.cancel()
+                    # The source nacks what it holds when cancelled: only then may a
+                    # successor take the slot.
+                    await asyncio.gather(consuming, keeping, return_exceptions=True)
+                if consuming.done() and not consuming.cancelled() and consuming.exception():
+                    raise cast(BaseException, consuming.exception())
+                logs.event(
+                    log,
+                    "pubsub slot lost",
+                    logging.WARNING,
+                    slot=index,
+                    subscription=self.subscriptions[index],
+                )
+                self.held = None
+        finally:
+            if self.held is not None:
+                await _shielded(self.release())
+
+    async def acquire(self) -> int:
+        """Take the first free slot (our own first), waiting for one if none is."""
+        while True:
+            try:
+                leases = await self._read_all()
+                for index, why in pick(leases, self.holder, utcnow(), self._dead):
+                    if await self._take(index, leases[index]):
+                        previous = leases[index]
+                        logs.event(
+                            log,
+                            "pubsub slot taken",
+                            slot=index,
+                            subscription=self.subscriptions[index],
+                            lease=self.names[index],
+                            why=why,
+                            previous_holder=previous.holder if previous is not None else "",
+                        )
+                        self._backoff.reset()
+                        return index
+            except client.KubeError as e:
+                logs.event(log, "pubsub slot not taken", logging.WARNING, error=str(e)[:200])
+            await self._backoff.sleep()
+
+    async def keep(self) -> None:
+        """Renew the held slot every ``lease_s / 3``; return when it is lost."""
+        index = self.held
+        assert index is not None, "keep() without a slot"
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                if not await self._renew(index):
+                    return  # a peer holds it now
+            except client.KubeError as e:
+                logs.event(log, "pubsub slot renewal failed", logging.WARNING, error=str(e)[:200])
+                last = self._renewed_at
+                if last is None or utcnow() - last > timedelta(seconds=self.lease_s):
+                    return  # expired for everyone: a peer may take it now
+
+    async def release(self) -> None:
+        """Give the held slot up (renewed "long ago"): a waiting replica takes it at once.
+        Best effort: unreleased, it expires in ``lease_s``."""
+        index, self.held = self.held, None
+        if index is None:
+            return
+        name = self.names[index]
+        body = {
+            "metadata": {"resourceVersion": self._version},
+            "spec": {
+                "holderIdentity": None,
+                "renewTime": _micro(RELEASED),
+                "leaseDurationSeconds": 1,
+            },
+        }
+        try:
+            await self._limiter.call(
+                f"release lease/{name}",
+                FIRST,
+                lambda: self._coord.patch_namespaced_lease(
+                    name, self.namespace, body, **MERGE_PATCH
+                ),
+                retry_until=utcnow() + timedelta(seconds=RELEASE_S),
+            )
+        except client.KubeError as e:
+            # A Conflict: a peer holds it already. Else it expires.
+            logs.event(
+                log, "pubsub slot not released", logging.WARNING, slot=index, error=str(e)[:200]
+            )
+            return
+        logs.event(log, "pubsub slot released", slot=index, subscription=self.subscriptions[index])
+
+    # --- the Lease calls --------------------------------------------------------------------
+
+    async def _read_all(self) -> dict[int, SlotLease | None]:
         """Every slot's Lease (None: never created), from one LIST."""
         listed = await self._limiter.read(
             "list pubsub slot leases",
@@ -183,16 +268,13 @@ class SlotLeases:
         by_name = {lease.metadata.name: SlotLease.of(lease) for lease in listed.items or ()}
         return {i: by_name.get(name) for i, name in enumerate(self.names)}
 
-    def _body(
-        self, index: int, now: datetime, version: str | None, *, adopted: bool
-    ) -> dict[str, Any]:
+    def _body(self, index: int, now: datetime, version: str | None) -> dict[str, Any]:
         metadata: dict[str, Any] = {
             "name": self.names[index],
             "labels": {SLOT_LABEL: "true"},
             "annotations": {
                 HOLDER_ANNOTATION: self.holder,
                 SUBSCRIPTION_ANNOTATION: self.subscriptions[index],
-                ADOPTED_ANNOTATION: "true" if adopted else "false",
             },
         }
         if version is not None:
@@ -206,11 +288,11 @@ class SlotLeases:
             },
         }
 
-    async def take(self, index: int, seen: SlotLease | None, *, adopted: bool = False) -> bool:
+    async def _take(self, index: int, seen: SlotLease | None) -> bool:
         """Create the slot's Lease, or take it over at the version read; False when a peer
         was first."""
         name, now = self.names[index], utcnow()
-        body = self._body(index, now, seen.version if seen is not None else None, adopted=adopted)
+        body = self._body(index, now, seen.version if seen is not None else None)
         holding = (
             seen is not None
             and seen.holder == self.holder
@@ -238,13 +320,13 @@ class SlotLeases:
                 )
         except (client.Conflict, client.NotFound):
             return False  # created, taken or deleted since we read it
-        self._versions[index], self.renewed_at[index] = written.metadata.resource_version, now
+        self.held, self._version, self._renewed_at = index, written.metadata.resource_version, now
         return True
 
-    async def renew(self, index: int, *, adopted: bool = False) -> bool:
+    async def _renew(self, index: int) -> bool:
         """One renewal at the version we last wrote; False when the slot is no longer ours."""
         name, now = self.names[index], utcnow()
-        body = self._body(index, now, self._versions.get(index), adopted=adopted)
+        body = self._body(index, now, self._version)
         try:
             written = await self._limiter.call(
                 f"renew lease/{name}",
@@ -271,201 +353,10 @@ class SlotLeases:
             current = SlotLease.of(lease)
             if current.holder != self.holder or (current.renewed or RELEASED) <= RELEASED:
                 return False
-            self._versions[index] = current.version
+            self._version = current.version
             return True
-        self._versions[index], self.renewed_at[index] = written.metadata.resource_version, now
+        self._version, self._renewed_at = written.metadata.resource_version, now
         return True
-
-    async def release(self, index: int) -> None:
-        """Give the slot up (renewed "long ago"): a waiting replica takes it at once. Best
-        effort: unreleased, it expires in ``lease_s``."""
-        name = self.names[index]
-        body = {
-            "metadata": {"resourceVersion": self._versions.pop(index, None)},
-            "spec": {
-                "holderIdentity": None,
-                "renewTime": _micro(RELEASED),
-                "leaseDurationSeconds": 1,
-            },
-        }
-        self.renewed_at.pop(index, None)
-        try:
-            await self._limiter.call(
-                f"release lease/{name}",
-                FIRST,
-                lambda: self._coord.patch_namespaced_lease(
-                    name, self.namespace, body, **MERGE_PATCH
-                ),
-                retry_until=utcnow() + timedelta(seconds=RELEASE_S),
-            )
-        except client.KubeError as e:
-            # A Conflict: a peer holds it already. Else it expires.
-            logs.event(
-                log, "pubsub slot not released", logging.WARNING, slot=index, error=str(e)[:200]
-            )
-            return
-        logs.event(log, "pubsub slot released", slot=index, subscription=self.subscriptions[index])
-
-
-Consume = Callable[[int], Coroutine[Any, Any, None]]
-
-
-class PubSubSlots:
-    """Hold one slot of our own and run ``consume(slot)`` only while holding it; adopt, and
-    consume too, every other slot nobody holds, until a replica without one wants it."""
-
-    def __init__(
-        self,
-        api_client: k8s.ApiClient,
-        namespace: str,
-        holder: str,
-        *,
-        subscriptions: Sequence[str],
-        lease_s: float,
-        limiter: RateLimiter,
-        dead: Callable[[str], bool] | None = None,
-        backoff: Backoff | None = None,
-        adopt: bool = True,
-    ) -> None:
-        if not subscriptions:
-            raise ValueError("pubsub slots: no subscription")
-        self.leases = SlotLeases(
-            api_client,
-            namespace,
-            holder,
-            subscriptions=subscriptions,
-            lease_s=lease_s,
-            limiter=limiter,
-        )
-        self.holder, self.lease_s = holder, lease_s
-        self.subscriptions = self.leases.subscriptions
-        self._dead = dead or (lambda _holder: False)
-        # Every retry here, a wait for a free slot as much as a failed call, uses this one.
-        cap = max(WAIT_BASE_S, min(WAIT_CAP_S, lease_s / 3))
-        self._backoff = backoff or Backoff(WAIT_BASE_S, cap, floor_s=WAIT_BASE_S / 2)
-        self._adopt = adopt
-        self.held: int | None = None  # our own slot
-        self.adopted: set[int] = set()  # the others consumed for nobody
-
-    async def run(self, consume: Consume) -> None:
-        """Take a slot, consume it while it is held (and adopt the free ones meanwhile), take
-        one again when it is lost; until cancelled, when every ``consume`` is cancelled (and
-        has handed its messages back) before its slot is released. A ``consume`` of our own
-        slot that fails is raised."""
-        try:
-            while True:
-                index = await self.acquire()
-                consuming = asyncio.create_task(consume(index), name=f"pubsub-slot-{index}")
-                keeping = asyncio.create_task(self.keep(index), name=f"pubsub-slot-{index}-lease")
-                adopting = asyncio.create_task(self.adopt(consume), name="pubsub-slots-adopt")
-                try:
-                    await asyncio.wait({consuming, keeping}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for task in (consuming, keeping, adopting):
-                        task.cancel()
-                    # The sources nack what they hold when cancelled: only then may a
-                    # successor take the slots.
-                    await asyncio.gather(consuming, keeping, adopting, return_exceptions=True)
-                if consuming.done() and not consuming.cancelled() and consuming.exception():
-                    raise cast(BaseException, consuming.exception())
-                logs.event(
-                    log,
-                    "pubsub slot lost",
-                    logging.WARNING,
-                    slot=index,
-                    subscription=self.subscriptions[index],
-                )
-                self.held = None
-        finally:
-            if self.held is not None:
-                index, self.held = self.held, None
-                await _shielded(self.leases.release(index))
-
-    async def acquire(self) -> int:
-        """Take the first free slot (our own first), waiting for one if none is."""
-        while True:
-            try:
-                leases = await self.leases.read_all()
-                for index, why in pick(leases, self.holder, utcnow(), self._dead):
-                    if await self.leases.take(index, leases[index]):
-                        self.held = index
-                        self._taken("pubsub slot taken", index, why, leases[index])
-                        self._backoff.reset()
-                        return index
-            except client.KubeError as e:
-                logs.event(log, "pubsub slot not taken", logging.WARNING, error=str(e)[:200])
-            await self._backoff.sleep()
-
-    async def adopt(self, consume: Consume) -> None:
-        """Every ``lease_s / 3``: consume each other slot nobody holds, and stop consuming an
-        adopted one a replica without a slot took. Adopted slots are released on the way out."""
-        running: dict[int, tuple[asyncio.Task[None], asyncio.Task[None]]] = {}
-        try:
-            while self._adopt:
-                for index, pair in list(running.items()):
-                    if any(t.done() for t in pair):  # yielded, or its source failed
-                        await _stop(pair)
-                        del running[index]
-                        self.adopted.discard(index)
-                        logs.event(log, "pubsub slot yielded", slot=index)
-                try:
-                    leases = await self.leases.read_all()
-                    free = pick(leases, self.holder, utcnow(), self._dead, adopting=True)
-                    for index, why in free:
-                        if index == self.held or index in running:
-                            continue
-                        if not await self.leases.take(index, leases[index], adopted=True):
-                            continue
-                        self.adopted.add(index)
-                        self._taken("pubsub slot adopted", index, why, leases[index])
-                        running[index] = (
-                            asyncio.create_task(consume(index), name=f"pubsub-slot-{index}"),
-                            asyncio.create_task(self.keep(index, adopted=True)),
-                        )
-                except client.KubeError as e:
-                    logs.event(log, "pubsub slot not adopted", logging.WARNING, error=str(e)[:200])
-                await asyncio.sleep(self.lease_s / 3)
-        finally:
-            for index, pair in running.items():
-                await _shielded(_stop(pair))
-                await _shielded(self.leases.release(index))
-            self.adopted.clear()
-
-    async def keep(self, index: int, *, adopted: bool = False) -> None:
-        """Renew a held slot every ``lease_s / 3``; return when it is lost."""
-        while True:
-            await asyncio.sleep(self.lease_s / 3)
-            try:
-                if not await self.leases.renew(index, adopted=adopted):
-                    return  # a peer holds it now
-            except client.KubeError as e:
-                logs.event(log, "pubsub slot renewal failed", logging.WARNING, error=str(e)[:200])
-                last = self.leases.renewed_at.get(index)
-                if last is None or utcnow() - last > timedelta(seconds=self.lease_s):
-                    return  # expired for everyone: a peer may take it now
-
-    async def release(self) -> None:
-        """Give our own slot up (see ``SlotLeases.release``)."""
-        index, self.held = self.held, None
-        if index is not None:
-            await self.leases.release(index)
-
-    def _taken(self, what: str, index: int, why: str, previous: SlotLease | None) -> None:
-        logs.event(
-            log,
-            what,
-            slot=index,
-            subscription=self.subscriptions[index],
-            lease=self.leases.names[index],
-            why=why,
-            previous_holder=previous.holder if previous is not None else "",
-        )
-
-
-async def _stop(tasks: tuple[asyncio.Task[None], ...]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _shielded(release: Awaitable[None]) -> None:

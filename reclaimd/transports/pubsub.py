@@ -297,7 +297,7 @@ class SlottedPubSubSource:
         self._admit, self._windows, self._parser = admit, windows, parser
         self._factory = subscriber_factory
         self.counters = Counters()
-        self.sources: dict[int, PubSubSource] = {}  # by slot: our own, and those adopted
+        self.current: PubSubSource | None = None  # the held slot's source
         self._released_before = 0  # by the sources of slots given up earlier
 
     @property
@@ -307,7 +307,8 @@ class SlottedPubSubSource:
     @property
     def released(self) -> int:
         """Unsettled messages nacked because a slot's source stopped."""
-        return self._released_before + sum(s.released for s in self.sources.values())
+        now = self.current.released if self.current is not None else 0
+        return self._released_before + now
 
     async def run(self) -> None:
         await self.slots.run(self._consume)
@@ -316,7 +317,9 @@ class SlottedPubSubSource:
         one = self.settings.model_copy(
             update={"subscription": self.settings.slot_subscription(slot), "slots": 1}
         )
-        source = PubSubSource(
+        if self.current is not None:
+            self._released_before += self.current.released
+        self.current = PubSubSource(
             one,
             admit=self._admit,
             windows=self._windows,
@@ -324,13 +327,7 @@ class SlottedPubSubSource:
             subscriber_factory=self._factory,
             counters=self.counters,
         )
-        self.sources[slot] = source
-        try:
-            await source.run()
-        finally:
-            self._released_before += source.released
-            if self.sources.get(slot) is source:
-                del self.sources[slot]
+        await self.current.run()
 
 
 def _default_subscriber(settings: PubSubSettings) -> Any:

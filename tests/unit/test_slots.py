@@ -99,20 +99,6 @@ def test_a_slot_is_free_when_absent_released_ours_dead_or_expired() -> None:
     assert why_free(alive("peer", age_s=19), "me", NOW, nobody_dead) is None
 
 
-def test_an_adopted_slot_is_free_for_a_replica_without_one_not_for_another_adopter() -> None:
-    adopted = SlotLease("peer", NOW, 20, "5", adopted=True)
-    assert why_free(adopted, "me", NOW, nobody_dead) == "adopted"
-    assert why_free(adopted, "me", NOW, nobody_dead, adopting=True) is None
-    assert why_free(alive("peer"), "me", NOW, nobody_dead, adopting=True) is None
-    # what a lone replica adopts: whatever it could take as its own slot
-    leases = {0: alive("me"), 1: SlotLease("gone", RELEASED, 1, "4"), 2: None, 3: adopted}
-    assert pick(leases, "me", NOW, nobody_dead, adopting=True) == [
-        (0, "own"),
-        (1, "released"),
-        (2, "new"),
-    ]
-
-
 def test_a_replica_tries_its_own_slot_first_then_the_free_ones_by_index() -> None:
     leases = {
         0: alive("peer"),
