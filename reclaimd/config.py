@@ -99,6 +99,12 @@ class PubSubSettings(_Strict):
     # (``reclaimd.cluster.slots``), and the claim decides which replica acts. 1: every
     # replica shares ``<subscription>`` (a killed replica's messages wait out its lease).
     slots: int = Field(1, ge=1, le=64)
+    # A replica taking a slot first seeks its subscription this far back (slots > 1 only):
+    # what the slot's last holder had leased and not settled (it was killed) comes back at
+    # once instead of after the lease, which on the emulator is 20-40 s. Unacked messages
+    # published before that are dropped: older than any window plus policy.expired_after_s.
+    # 0: no seek.
+    rewind_s: int = Field(900, ge=0)
 
     def slot_subscription(self, index: int) -> str:
         """The subscription id slot ``index`` consumes (``subscription`` with one slot)."""

@@ -49,6 +49,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -65,6 +66,7 @@ RETRY_PAUSE_S = 1.0  # hold a message we could not claim this long before the na
 MAX_BACKOFF_S = 30.0
 STABLE_STREAM_S = 60.0  # a stream that lived this long resets the backoff
 SHUTDOWN_TIMEOUT_S = 10.0
+SEEK_TIMEOUT_S = 5.0  # a slot's rewind; past it the stream opens anyway
 
 
 class Verdict(StrEnum):
@@ -319,6 +321,7 @@ class SlottedPubSubSource:
         )
         if self.current is not None:
             self._released_before += self.current.released
+        await self._rewind(one)
         self.current = PubSubSource(
             one,
             admit=self._admit,
@@ -328,6 +331,44 @@ class SlottedPubSubSource:
             counters=self.counters,
         )
         await self.current.run()
+
+    async def _rewind(self, one: PubSubSettings) -> None:
+        """Seek the slot's subscription back ``rewind_s``: a dead holder's leases end now.
+
+        The slot is this replica's alone, so whatever is outstanding on it was leased to a
+        holder that is gone; a seek marks it unacked and the stream opened next gets it at
+        once. Acked messages stay acked (no retained acks). A failed seek costs only time:
+        those messages come back when their lease runs out.
+        """
+        if one.rewind_s <= 0:
+            return
+        path = f"projects/{one.project}/subscriptions/{one.subscription}"
+        since = datetime.now(UTC) - timedelta(seconds=one.rewind_s)
+
+        def seek() -> None:
+            subscriber = (self._factory or _default_subscriber)(one)
+            try:
+                subscriber.seek(request={"subscription": path, "time": since})
+            finally:
+                with contextlib.suppress(Exception):
+                    subscriber.close()
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(seek), SEEK_TIMEOUT_S)
+            logs.event(
+                log, "pubsub slot rewound", subscription=one.subscription, rewind_s=one.rewind_s
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.counters.transport_errors += 1
+            logs.event(
+                log,
+                "pubsub slot rewind failed",
+                logging.WARNING,
+                subscription=one.subscription,
+                error=f"{type(e).__name__}: {e}"[:200],
+            )
 
 
 def _default_subscriber(settings: PubSubSettings) -> Any:

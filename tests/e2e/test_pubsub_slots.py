@@ -196,6 +196,62 @@ def _admissions(d: DaemonProcess, notice_id: str) -> list[str]:
     ]
 
 
+async def test_a_slot_taken_gets_back_at_once_what_its_dead_holder_had_leased(
+    h: Harness, channel: SlotChannel
+) -> None:
+    """A holder killed with a message leased (here: pulled by hand, its deadline pushed to
+    600 s, never settled) would strand it for that long. The next holder of the slot seeks
+    the subscription back (``pubsub.rewind_s``): the leased message is admitted now, and one
+    the dead holder had acked is not seen again."""
+    api = h.api
+    assert api is not None
+    raw = channel.inner.subscriber
+    path = raw.subscription_path(channel.project, channel.ids[0])
+
+    def dead_holder() -> str:
+        # One settled (acked) and one leased for 600 s and never settled.
+        for i in range(2):
+            entry = inject.gce_log_entry(
+                project="reclaimd-local", zone="us-central1-a", instance=f"vm{i}-{h.run_id}"
+            )
+            channel.inner.publish(entry)
+            got: list[Any] = []
+            for _ in range(20):
+                got = list(raw.pull(subscription=path, max_messages=1, timeout=5).received_messages)
+                if got:
+                    break
+            (m,) = got
+            if i == 0:
+                raw.acknowledge(subscription=path, ack_ids=[m.ack_id])
+            else:
+                raw.modify_ack_deadline(
+                    subscription=path, ack_ids=[m.ack_id], ack_deadline_seconds=600
+                )
+        return f"vm1-{h.run_id}"
+
+    leased = await asyncio.to_thread(dead_holder)
+    admit = Scripted()
+    leases = PubSubSlots(
+        api,
+        NAMESPACE,
+        f"n-{h.run_id}",
+        subscriptions=channel.ids[:1],
+        lease_s=6.0,
+        limiter=RateLimiter(),
+    )
+    source = SlottedPubSubSource(channel.settings, leases, admit=admit, windows=Windows())
+    run = asyncio.create_task(source.run())
+    try:
+        await _until(lambda: source.counters.acked == 1, timeout_s=30)  # not 600 s
+        await asyncio.sleep(2.0)  # time for a redelivered acked message to show, if it would
+        (seen,) = admit.seen
+        assert leased in seen.target.describe() + seen.target.provider_id
+        assert source.counters.transport_errors == 0
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+
+
 async def test_a_replica_killed_holding_its_copy_strands_nothing_and_its_slot_goes_to_a_successor(
     h: Harness, channel: SlotChannel
 ) -> None:
