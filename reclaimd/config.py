@@ -249,6 +249,9 @@ class CacheConfig(_Strict):
     # which looks this often.
     stall_after_s: float = Field(150.0, gt=0)
     supervise_interval_s: float = Field(2.0, gt=0)
+    # The pods, kept on the replica's disk for its next process (a pod deleted while no
+    # replica ran is still charged). None: next to the ledger's outbox, ``pods.snapshot``.
+    snapshot_path: Path | None = None
     watch: WatchConfig = WatchConfig()
 
 

@@ -27,6 +27,7 @@ from reclaimd import (
     checkpoint,
     dryrun,
     health,
+    heldnotices,
     ledger,
     logs,
     meter,
@@ -107,9 +108,13 @@ class Daemon:
             api,
             labeler=ledger.cost_labels,
             settings=cache.CacheSettings(
-                **s.cache.fields("watch"),
+                **s.cache.fields("watch", "snapshot_path"),
                 watch=watch.WatchSettings(**s.cache.watch.fields()),
                 url_policy=s.checkpoint.url_policy(),
+                snapshot_path=None
+                if s.dry_run
+                else s.cache.snapshot_path
+                or s.ledger.outbox_path.with_name(f"{s.ledger.outbox_path.stem}-pods.snapshot"),
             ),
         )
         pp = s.peer_probe
@@ -268,6 +273,11 @@ class Daemon:
             expire_after=timedelta(seconds=s.policy.expired_after_s),
             on_admission=admitted,
             memory=s.intake.memory,
+            held=None
+            if would is not None
+            else heldnotices.HeldNotices(
+                s.ledger.outbox_path.with_name(f"{s.ledger.outbox_path.stem}-held.sqlite")
+            ),
         )
         return _Parts(
             view,
@@ -398,10 +408,7 @@ class Daemon:
                     ),
                 ]
                 acting = self._acting(tg, parts)
-                sources = [
-                    tg.create_task(source.run(), name=f"source-{name}")
-                    for name, source in sources_by_name.items()
-                ]
+                sources = _receiving(tg, parts, sources_by_name)
                 logs.event(
                     log,
                     "reclaimd running",
@@ -429,6 +436,8 @@ class Daemon:
                 with contextlib.suppress(Exception):
                     await parts.meter.writer.close()
             await view.stop()
+            if parts.intake.held is not None:
+                parts.intake.held.close()
             await api.close()
             provider.shutdown()
 
@@ -505,6 +514,20 @@ class Daemon:
             dead=parts.holders.dead,
         )
         return {e.name: e.build(e, wiring) for e in registry.enabled(self.settings)}
+
+
+def _receiving(
+    tg: asyncio.TaskGroup, parts: _Parts, sources: Mapping[str, registry.Source]
+) -> list[asyncio.Task[None]]:
+    """Every transport's task, and the one admitting what this disk's last process held."""
+    tasks = [
+        tg.create_task(source.run(), name=f"source-{name}") for name, source in sources.items()
+    ]
+    intake = parts.intake
+    if intake.held is not None:
+        held = heldnotices.HeldSource(intake.held, intake.admit, busy=intake.in_flight)
+        tasks.append(tg.create_task(held.run(), name="source-held"))
+    return tasks
 
 
 def _address_of(listener: probe.Listener | None) -> Callable[[], str]:

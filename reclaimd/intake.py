@@ -23,6 +23,7 @@ from typing import Protocol
 from opentelemetry.trace import SpanContext
 
 from reclaimd import logs
+from reclaimd.heldnotices import HeldNotices
 from reclaimd.model import Notice, Target, utcnow
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Intake:
         expire_after: timedelta = timedelta(minutes=5),
         on_admission: Callable[[Notice, Admission], SpanContext | None] | None = None,
         memory: int = 50_000,
+        held: HeldNotices | None = None,
     ) -> None:
         """``on_admission`` sees every admission (metrics, the receive span) and may return
         the receive span's context, which the ``Admitted`` carries to the notice's trace."""
@@ -104,6 +106,8 @@ class Intake:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._memory = memory
         self._flights: dict[str, asyncio.Future[Admission]] = {}
+        # Notices not claimed yet, on this disk: the next process here admits them at once.
+        self.held = held
 
     async def admit(self, notice: Notice) -> Admission:
         """Admit ``notice``; concurrent deliveries of one notice share one admission."""
@@ -112,6 +116,8 @@ class Intake:
             return await asyncio.shield(flight)
         flight = asyncio.get_running_loop().create_future()
         self._flights[notice.id] = flight
+        if self.held is not None and notice.id not in self._seen:
+            self.held.hold(notice)  # before the claim, which may wait on a server out of reach
         try:
             admission = await self._admit_logged(notice)
         except BaseException:
@@ -120,9 +126,14 @@ class Intake:
             raise
         else:
             flight.set_result(admission)
+            if self.held is not None and admission.ack:
+                self.held.release(notice.id)
             return admission
         finally:
             del self._flights[notice.id]
+
+    def in_flight(self, notice_id: str) -> bool:
+        return notice_id in self._flights
 
     async def resume(self, notice: Notice, node: str | None) -> Admission:
         """Claim again a notice found open in the cluster (ours from before a restart, or a

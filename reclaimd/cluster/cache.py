@@ -31,7 +31,8 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
@@ -39,7 +40,7 @@ from kubernetes_asyncio import client as k8s
 from reclaimd import kueueapi, logs
 from reclaimd.annotations import UrlPolicy
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import client, gangs
+from reclaimd.cluster import client, gangs, podsnapshot
 from reclaimd.cluster.pdbs import PdbIndex
 from reclaimd.cluster.watch import (
     Changed,
@@ -60,6 +61,9 @@ PodId = tuple[str, str]  # namespace, name
 # whose gang left before it was resolved (Kueue deletes a reclaimed Workload's pods itself)
 # still finds the gang. Bounded: a storm's worth.
 MAX_GONE = 20_000
+# The snapshot keeps the pods that left this recently: a notice older than that is past any
+# window plus policy.expired_after_s, and needs none of them.
+SNAPSHOT_GONE_FOR = timedelta(minutes=15)
 Labeler = gangs.Labeler
 
 # Node metadata that names the cloud instance when the providerID does not (or in another
@@ -118,6 +122,10 @@ class CacheSettings:
     the supervisor restarts it."""
 
     supervise_interval_s: float = 2.0
+
+    snapshot_path: Path | None = None
+    """Where the pods are kept on the replica's disk for its next process (``podsnapshot``);
+    None: nowhere. Written at most every ``supervise_interval_s``, when they changed."""
 
 
 def instance_ids(node: RawObject) -> frozenset[str]:
@@ -330,6 +338,7 @@ class _Indexes:
         self.workloads: dict[tuple[str, str], _Workload] = {}
         # pod uid -> when it left, and what it was (oldest first)
         self.gone: dict[str, tuple[datetime, _Pod]] = {}
+        self.changes = 0  # pods added or dropped: the snapshot is written when it moved
 
     # nodes
 
@@ -385,6 +394,7 @@ class _Indexes:
 
     def _add_pod(self, pod: _Pod) -> None:
         pid = pod.pid
+        self.changes += 1
         self.gone.pop(pod.uid, None)  # back (a relist drops and re-adds every pod)
         self.pods[pid] = pod
         self.by_gang[pod.gang].add(pid)
@@ -399,17 +409,28 @@ class _Indexes:
         pod = self.pods.pop(pid, None)
         if pod is None:
             return
-        if pod.uid:  # deleted, finished or no longer a GPU pod: stopped, as far as we know
-            self.gone.pop(pod.uid, None)  # to the end: the dict stays in the order they left
-            self.gone[pod.uid] = (utcnow(), pod)
-            if len(self.gone) > MAX_GONE:
-                del self.gone[next(iter(self.gone))]
+        self.changes += 1
+        self.mark_gone(pod, utcnow())  # deleted, finished, no GPUs: stopped, as far as we know
         _discard(self.by_gang, pod.gang, pid)
         _discard(self.by_node, pod.node, pid)
         for name in pod.workload_names:
             _discard(self.by_workload_name, (pid[0], name), pid)
         for uid in pod.owner_uids:
             _discard(self.by_owner_uid, (pid[0], uid), pid)
+
+    def mark_gone(self, pod: _Pod, at: datetime) -> None:
+        if not pod.uid:
+            return
+        self.gone.pop(pod.uid, None)  # to the end: the dict stays in the order they left
+        self.gone[pod.uid] = (at, pod)
+        if len(self.gone) > MAX_GONE:
+            del self.gone[next(iter(self.gone))]
+
+    def snapshot_rows(self, since: datetime) -> list[podsnapshot.Row]:
+        """The pods held, and those that left after ``since``: what a successor may need."""
+        rows: list[podsnapshot.Row] = [(at, p.blob) for at, p in self.gone.values() if at >= since]
+        rows += [(None, p.blob) for p in self.pods.values()]
+        return rows
 
     # workloads
 
@@ -523,6 +544,7 @@ class ClusterCache:
         self._listing = asyncio.Lock()
         self.workloads_available = False
         self._pdbs = PdbIndex()
+        self._written = 0  # ``_idx.changes`` as of the last snapshot written
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -597,7 +619,40 @@ class ClusterCache:
                 streams.append((f"pdbs/{ns}", pdbs, self._pdb_applier(ns), False))
             if self._settings.watch_workloads:
                 streams.append((f"workloads/{ns}", workloads, self._workload_applier(ns), True))
+        self._restore()
         self._begin([_Stream(n, TakingTurns(e, self._listing), a, o) for n, e, a, o in streams])
+
+    def _restore(self) -> None:
+        """The last process's pods, from this disk, as gone now: the first LIST brings back
+        those still there, and the rest left while no process here watched."""
+        path = self._settings.snapshot_path
+        if path is None:
+            return
+        now, restored = utcnow(), 0
+        for gone, blob in podsnapshot.read(path):
+            try:
+                pod = pod_record(json.loads(zlib.decompress(blob)))
+            except (zlib.error, ValueError):
+                pod = None
+            if pod is not None and pod.uid:
+                self._idx.mark_gone(pod, gone or now)
+                restored += 1
+        self._written = self._idx.changes
+        if restored:
+            logs.event(log, "pod snapshot restored", path=str(path), pods=restored)
+
+    async def _save(self) -> None:
+        """Write the snapshot if the pods changed since the last write; never raises."""
+        path = self._settings.snapshot_path
+        if path is None or self._idx.changes == self._written or not self.synced:
+            return
+        changes = self._idx.changes
+        rows = self._idx.snapshot_rows(utcnow() - SNAPSHOT_GONE_FOR)
+        try:
+            await asyncio.to_thread(podsnapshot.write, path, rows)
+            self._written = changes
+        except OSError as e:
+            logs.event(log, "pod snapshot not written", logging.WARNING, error=str(e)[:200])
 
     def _begin(self, streams: Iterable[_Stream]) -> None:
         for stream in streams:
@@ -619,6 +674,7 @@ class ClusterCache:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every)
+            await self._save()
             for name, task in list(self._tasks.items()):
                 silent = loop.time() - self._states[name].progress_at
                 if task.done():
@@ -669,6 +725,7 @@ class ClusterCache:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._save()
 
     async def _run(self, stream: _Stream) -> None:
         name, endpoint, apply, optional = (
@@ -906,7 +963,6 @@ class ClusterCache:
         # and whatever answers there did not save this rank.
         left = {p.uid for p in gone}
         members = tuple(
-            dataclasses.replace(m, checkpoint_url="") if m.uid in left else m
-            for m in gang.members
+            dataclasses.replace(m, checkpoint_url="") if m.uid in left else m for m in gang.members
         )
         return dataclasses.replace(gang, members=members)

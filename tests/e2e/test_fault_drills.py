@@ -41,16 +41,11 @@ FAULT_PASSING: list[str] = [
     "failover-1059485652",  # 2/2 after the fixes of 2026-12-02
     "failover-1135209167",  # 3/3
     "failover-820738344",  # 3/3
+    "failover-2258512585",  # 3/3 with held notices and the pod snapshot (2026-12-02)
 ]
 # Not PASS every run yet: the scenario, and the guarantee that is missing (reclaimd's, not the
 # rig's; docs/drills.md has the figures).
-FAULTS_NOT_YET: dict[str, str] = {
-    "failover-2258512585": "2 of 5 runs lose a Kueue reclaim sent while no replica ran (one"
-    " stopped for good, the other SIGKILLed and back 6 s later) whose pods Kueue deleted"
-    " before the restarted replica's cache saw them: nobody saw the gang with its notice."
-    "; and its GCE notices sent during the apiserver outage miss their 30 s window when the"
-    " stopped replica's slot has no consumer and the emulator holds the killed stream's copies",
-}
+FAULTS_NOT_YET: dict[str, str] = {}
 
 
 def test_every_fault_scenario_is_accounted_for() -> None:

@@ -514,3 +514,66 @@ def test_a_gang_half_gone_has_its_live_and_its_gone_ranks_once() -> None:
     urls = {m.name: m.checkpoint_url for m in found["train"].members}
     assert sorted(urls) == ["train-0", "train-1"]
     assert not urls["train-0"] and urls["train-1"]  # the one left is not asked, the live one is
+
+
+def _kueue_workload(cache: ClusterCache) -> WorkloadRef:
+    cache._workload_applier("")(
+        Listed(
+            ({"metadata": {"namespace": NS, "name": "wl-train", "uid": "wl-uid",
+                           "labels": {gangs.KUEUE_JOB_UID: "uid-train"}}},),
+            "5",
+        )
+    )  # fmt: skip
+    return WorkloadRef(NS, "wl-train")
+
+
+async def test_a_restarted_process_finds_the_gang_whose_pods_left_while_it_was_down(
+    tmp_path: Any,
+) -> None:
+    """The last process wrote its pods to its disk; the pods of a reclaimed Workload went
+    while no process ran. The next one, on that disk, counts every snapshot pod its first
+    LIST lacks as gone when it started: the notice issued before finds its whole gang. A pod
+    that left before the notice (by the snapshot's own record) is not the notice's."""
+    path = tmp_path / "pods.snapshot"
+    first = ClusterCache(cast(Any, None), settings=CacheSettings(snapshot_path=path))
+    apply = first._pod_applier("")
+    apply(listed_projected(fleet()))
+    apply(Changed("DELETED", gpu_pod("other-0", "n2", job="other")))  # left, long before
+    await first._save()
+    assert not path.exists()  # nothing written before the first LIST of every stream
+    first._synced_event.set()
+    await first._save()
+    assert path.exists()
+
+    issued = utcnow()  # the reclaim; then Kueue deletes train-0 and train-1, nobody watching
+    second = ClusterCache(cast(Any, None), settings=CacheSettings(snapshot_path=path))
+    second._restore()
+    started = utcnow()
+    ref = _kueue_workload(second)
+    second._pod_applier("")(
+        listed_projected([p for p in fleet() if p["metadata"]["name"] in ("web-0", "done-0")])
+    )
+    (gang,) = second.gangs_of_workload(ref, since=issued)
+    assert sorted(m.name for m in gang.members) == ["train-0", "train-1"]
+    assert all(not m.checkpoint_url for m in gang.members)  # charged, never asked
+    for m in gang.members:
+        gone = second.pod_gone_at(m.uid)
+        assert gone is not None and issued <= gone <= started
+    # left before the notice, by the snapshot's record: not the notice's
+    assert [g.key.name for g in second.gangs_on_nodes(["n2"], since=issued)] == ["train"]
+
+    # Without the snapshot (a fresh disk) nothing is known of them.
+    fresh = ClusterCache(cast(Any, None), settings=CacheSettings(snapshot_path=tmp_path / "x"))
+    fresh._restore()
+    ref = _kueue_workload(fresh)
+    fresh._pod_applier("")(listed_projected([]))
+    assert fresh.gangs_of_workload(ref, since=issued) == ()
+
+
+def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path: Any) -> None:
+    path = tmp_path / "pods.snapshot"
+    for text in ("", "not json\n", '{"format": 99}\n', '{"format": 1}\n{"gone": 5}\n'):
+        path.write_text(text)
+        cache = ClusterCache(cast(Any, None), settings=CacheSettings(snapshot_path=path))
+        cache._restore()
+        assert cache._idx.gone == {}
