@@ -478,18 +478,11 @@ def test_a_gang_whose_pods_left_after_the_notice_is_still_found() -> None:
     cache = new_cache()
     apply = cache._pod_applier("")
     apply(listed_projected(fleet()))
-    cache._workload_applier("")(
-        Listed(
-            ({"metadata": {"namespace": NS, "name": "wl-train", "uid": "wl-uid",
-                           "labels": {gangs.KUEUE_JOB_UID: "uid-train"}}},),
-            "5",
-        )
-    )  # fmt: skip
+    ref = _kueue_workload(cache)
     apply(Changed("DELETED", gpu_pod("other-0", "n2", job="other")))  # gone before the notice
     issued = utcnow()
     apply(Changed("DELETED", gpu_pod("train-0", "n1", rank=0)))
     apply(Changed("DELETED", gpu_pod("train-1", "n2", rank=1)))
-    ref = WorkloadRef(NS, "wl-train")
     assert cache.gangs_of_workload(ref) == ()  # today's pods only: none left
     (gang,) = cache.gangs_of_workload(ref, since=issued)
     assert gang.key == GangKey("job", NS, "train")
