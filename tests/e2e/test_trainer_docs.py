@@ -17,11 +17,12 @@ import aiohttp
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+from trainer_helpers import jobset_gang, spot_notice
 
 from reclaimd.chaos.lightningjob import Module
 from reclaimd.chaos.torchjob import batch, build_model
 from reclaimd.checkpoint import signal_gang
-from reclaimd.model import Gang, GangKey, Member, Notice, NoticeKind, RankAck, Target, utcnow
+from reclaimd.model import Member, RankAck, utcnow
 from reclaimd.objectstore import make_s3_client
 from reclaimd.putbudget import TenantPutBudgets
 
@@ -54,15 +55,7 @@ class Tiny(torch.nn.Module):
 
 async def ask(url: str) -> RankAck:
     now = utcnow()
-    notice = Notice(
-        id=f"ec2-doc-{uuid.uuid4().hex[:8]}",
-        source="ec2",
-        kind=NoticeKind.SPOT_INTERRUPTION,
-        target=Target(instance_id="i-0", node_name="n"),
-        issued_at=now,
-        deadline=now + timedelta(seconds=60),
-        received_at=now,
-    )
+    notice = spot_notice("doc", now=now, instance_id="i-0")
     member = Member(
         namespace="team-a",
         name="doc-0",
@@ -73,7 +66,7 @@ async def ask(url: str) -> RankAck:
         pod_ip="127.0.0.1",
         checkpoint_url=url,
     )
-    gang = Gang(key=GangKey("jobset", "team-a", "doc"), members=(member,))
+    gang = jobset_gang("doc", (member,))
     async with aiohttp.ClientSession() as session:
         acks = await signal_gang(
             gang,

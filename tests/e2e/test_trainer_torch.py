@@ -26,22 +26,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from trainer_helpers import jobset_gang, spot_notice
 
 from reclaimd.chaos import fleet
 from reclaimd.chaos import stack as stackenv
 from reclaimd.chaos.harness import Harness
 from reclaimd.chaos.torchjob import TorchGang, read_log
 from reclaimd.checkpoint import signal_gang
-from reclaimd.model import (
-    Gang,
-    GangKey,
-    Member,
-    Notice,
-    NoticeKind,
-    Target,
-    parse_time,
-    utcnow,
-)
+from reclaimd.model import Member, parse_time, utcnow
 from reclaimd.objectstore import make_s3_client
 from reclaimd.putbudget import TenantPutBudgets
 
@@ -154,19 +146,8 @@ async def test_real_gloo_ranks_save_on_reclaimds_ask_restore_and_continue(
     urls = await asyncio.to_thread(first.start)
     await asyncio.sleep(1.0)  # some steps
     now = utcnow()
-    notice = Notice(
-        id=f"ec2-torch-{uuid.uuid4().hex[:8]}",
-        source="ec2",
-        kind=NoticeKind.SPOT_INTERRUPTION,
-        target=Target(instance_id="i-0abc", node_name="node-0"),
-        issued_at=now,
-        deadline=now + timedelta(seconds=60),
-        received_at=now,
-    )
-    gang = Gang(
-        key=GangKey("jobset", "team-a", "gloo-job"),
-        members=tuple(member(i, u) for i, u in enumerate(urls)),
-    )
+    notice = spot_notice("torch", now=now, node_name="node-0")
+    gang = jobset_gang("gloo-job", (member(i, u) for i, u in enumerate(urls)))
     budgets = TenantPutBudgets(qps_per_tenant=4.0)
     async with aiohttp.ClientSession() as session:
         acks = await signal_gang(
@@ -277,19 +258,8 @@ async def test_lightning_ranks_save_with_the_callback_and_resume_from_it(
     urls = await asyncio.to_thread(first.start, 240)
     await asyncio.sleep(1.0)
     now = utcnow()
-    notice = Notice(
-        id=f"ec2-lightning-{uuid.uuid4().hex[:8]}",
-        source="ec2",
-        kind=NoticeKind.SPOT_INTERRUPTION,
-        target=Target(instance_id="i-0abc", node_name="n"),
-        issued_at=now,
-        deadline=now + timedelta(seconds=60),
-        received_at=now,
-    )
-    gang = Gang(
-        key=GangKey("jobset", "team-a", "gloo-job"),
-        members=tuple(member(i, u) for i, u in enumerate(urls)),
-    )
+    notice = spot_notice("lightning", now=now)
+    gang = jobset_gang("gloo-job", (member(i, u) for i, u in enumerate(urls)))
     async with aiohttp.ClientSession() as session:
         acks = await signal_gang(
             gang,
@@ -394,16 +364,8 @@ async def test_hf_trainer_saves_with_the_callback_and_resumes_from_it(  # noqa: 
         job1 = asyncio.create_task(asyncio.to_thread(run, tmp_path / "out-0", 10_000, signal))
         await asyncio.sleep(3.0)
         now = utcnow()
-        notice = Notice(
-            id=f"ec2-hf-{uuid.uuid4().hex[:8]}",
-            source="ec2",
-            kind=NoticeKind.SPOT_INTERRUPTION,
-            target=Target(instance_id="i-0", node_name="n"),
-            issued_at=now,
-            deadline=now + timedelta(seconds=60),
-            received_at=now,
-        )
-        gang = Gang(key=GangKey("jobset", "team-a", "hf-job"), members=(member(0, signal.url),))
+        notice = spot_notice("hf", now=now, instance_id="i-0")
+        gang = jobset_gang("hf-job", (member(0, signal.url),))
         async with aiohttp.ClientSession() as session:
             acks = await signal_gang(
                 gang,

@@ -14,10 +14,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from trainer_helpers import jobset_gang, spot_notice
 
 from reclaimd import putbudget
 from reclaimd.checkpoint import signal_gang
-from reclaimd.model import Gang, GangKey, Member, Notice, NoticeKind, Target, rfc3339, utcnow
+from reclaimd.model import Member, rfc3339, utcnow
 from reclaimd.putbudget import Share, TenantPutBudgets
 from reclaimd.trainer import CheckpointResult, Signal
 
@@ -153,15 +154,7 @@ async def test_reclaimds_signaller_gets_every_ranks_ack_from_the_loop_thread() -
     """reclaimd's real fan-out (signal_gang: POST, 202, polls with the share) against two
     Signals whose 'training loops' ack at a step boundary 0.8 s and 1.6 s after the ask."""
     now = utcnow()
-    notice = Notice(
-        id="ec2-trainer-sdk",
-        source="ec2",
-        kind=NoticeKind.SPOT_INTERRUPTION,
-        target=Target(instance_id="i-0abc", node_name="gpu-node-1"),
-        issued_at=now,
-        deadline=now + timedelta(seconds=60),
-        received_at=now,
-    )
+    notice = spot_notice("trainer-sdk", now=now, node_name="gpu-node-1", unique=False)
     signals = [Signal(host="127.0.0.1", port=0).start() for _ in range(2)]
     loops = []
     for i, s in enumerate(signals):
@@ -174,10 +167,7 @@ async def test_reclaimds_signaller_gets_every_ranks_ack_from_the_loop_thread() -
         loops.append(threading.Thread(target=loop))
         loops[-1].start()
     try:
-        gang = Gang(
-            key=GangKey("jobset", "team-a", "llama"),
-            members=tuple(member(i, s.url) for i, s in enumerate(signals)),
-        )
+        gang = jobset_gang("llama", (member(i, s.url) for i, s in enumerate(signals)))
         async with aiohttp.ClientSession() as session:
             acks = await signal_gang(
                 gang,
