@@ -7,10 +7,11 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+from test_intake import Claims, Resolver, notice
+
 from reclaimd.heldnotices import HeldNotices, HeldSource
 from reclaimd.intake import Admission, Admitted, Claimed, Intake
 from reclaimd.model import Notice, Target
-from tests.unit.test_intake import Claims, Resolver, notice
 
 
 def intake(claims: Claims, held: HeldNotices, submitted: list[str]) -> Intake:
