@@ -148,6 +148,8 @@ class Drill:
         self.claim_history: dict[str, list[report.ClaimSeen]] = {}
         self.arrivals: list[report.Arrival] = []
         self._resend: dict[str, Callable[[], Any]] = {}  # notice label -> send it again
+        # Set (and replaced) each time the Pub/Sub topic is put back after a restart.
+        self._topic_back = asyncio.Event()
         self._under_way: dict[str, Source] = {}  # notices whose send has not returned yet
         self._claims_seen: dict[str, str] = {}  # the last phases read (the apiserver may be down)
         self._ports: dict[str, int] = {}  # central replica name -> its /readyz port
@@ -648,7 +650,22 @@ class Drill:
             project=node.project, zone=node.zone, instance=node.name, kind=n.kind, at=issued
         )
         topic = self.built.pubsub_topic
-        await self._copies(n, lambda: inject.publish_pubsub(self._publisher, topic, entry))
+
+        async def publish() -> str:
+            from google.api_core import exceptions
+
+            back = self._topic_back
+            try:
+                return await inject.publish_pubsub(self._publisher, topic, entry)
+            except exceptions.NotFound:
+                # A restarted emulator lost the topic (a real one would have taken the
+                # message): wait for the rig to put it back, however long that took, then
+                # publish again.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(back.wait(), SEND_RETRY_S)
+                return await inject.publish_pubsub(self._publisher, topic, entry)
+
+        await self._copies(n, publish)
         return "gke", json.dumps(entry).encode()
 
     async def _send_gce_metadata(
@@ -836,6 +853,8 @@ class Drill:
                         topic=self.built.pubsub_topic,
                         ack_deadline_seconds=10,
                     )
+            self._topic_back.set()
+            self._topic_back = asyncio.Event()
         finally:
             await asyncio.to_thread(subscriber.close)
 
