@@ -201,6 +201,11 @@ class LedgerSettings(_Strict):
     label_allowlist: tuple[str, ...] = ("tenant", "queue", "sku", "cell", "purchase_option")
     writer: LedgerWriterSettings = LedgerWriterSettings()
 
+    def beside_outbox(self, suffix: str) -> Path:
+        """A file of this replica's state next to the outbox (same volume, same lifetime):
+        ``outbox.sqlite`` -> ``outbox-<suffix>``."""
+        return self.outbox_path.with_name(f"{self.outbox_path.stem}-{suffix}")
+
 
 class AllocationSettings(_Strict):
     """The allocation meter: GPU-, MIG- and HBM-hours per hour and instance, by cost label,

@@ -113,8 +113,7 @@ class Daemon:
                 url_policy=s.checkpoint.url_policy(),
                 snapshot_path=None
                 if s.dry_run
-                else s.cache.snapshot_path
-                or s.ledger.outbox_path.with_name(f"{s.ledger.outbox_path.stem}-pods.snapshot"),
+                else s.cache.snapshot_path or s.ledger.beside_outbox("pods.snapshot"),
             ),
         )
         pp = s.peer_probe
@@ -275,9 +274,7 @@ class Daemon:
             memory=s.intake.memory,
             held=None
             if would is not None
-            else heldnotices.HeldNotices(
-                s.ledger.outbox_path.with_name(f"{s.ledger.outbox_path.stem}-held.sqlite")
-            ),
+            else heldnotices.HeldNotices(s.ledger.beside_outbox("held.sqlite")),
         )
         return _Parts(
             view,
@@ -324,9 +321,7 @@ class Daemon:
         a, s = self.settings.allocation, self.settings
         if not a.enabled:
             return None
-        outbox = a.outbox_path or s.ledger.outbox_path.with_name(
-            f"{s.ledger.outbox_path.stem}-allocation.sqlite"
-        )
+        outbox = a.outbox_path or s.ledger.beside_outbox("allocation.sqlite")
         rows = ledger.LedgerWriter(
             bootstrap_servers=s.ledger.bootstrap,
             topic=a.topic,

@@ -104,11 +104,15 @@ class HeldSource:
         self.replayed = 0  # admissions tried from here
 
     async def run(self) -> None:
+        told: set[str] = set()  # logged once per set of notices, not once a second
         while True:
             pending = self.held.notices(skip=self._busy)
+            ids = {n.id for n in pending}
+            if ids and ids != told:
+                logs.event(log, "held notices admitted again", notices=len(pending))
+            told = ids
             if pending:
                 self.replayed += len(pending)
-                logs.event(log, "held notices admitted again", notices=len(pending))
                 # The intake decides and updates ``held``; an error is the intake's to log.
                 await asyncio.gather(*(self._admit(n) for n in pending), return_exceptions=True)
             await asyncio.sleep(self.every_s)

@@ -162,6 +162,10 @@ _TRANSPORT_FIELDS = {
         "messages left for redelivery because a notice in them could not be claimed",
     ),
     "transport_errors": ("transport_errors", "errors talking to the transport"),
+    "released": (
+        "transport_released",
+        "unsettled messages handed back at once (nack, visibility 0) as the source stopped",
+    ),
 }
 
 

@@ -51,7 +51,8 @@ def write(path: Path, rows: Iterable[Row]) -> int:
 
 
 def read(path: Path) -> list[Row]:
-    """The rows of the snapshot at ``path``, oldest departure first; [] if there is none."""
+    """The rows of the snapshot at ``path`` as written (``ClusterCache`` writes the departed
+    pods oldest first, then the pods it holds); [] if there is none."""
     try:
         lines = path.read_text(encoding="ascii").splitlines()
     except FileNotFoundError:
@@ -67,8 +68,7 @@ def read(path: Path) -> list[Row]:
     except (ValueError, KeyError, TypeError, binascii.Error) as e:
         logs.event(log, "pod snapshot ignored", logging.WARNING, path=str(path), error=str(e))
         return []
-    gone = sorted((r for r in rows if r[0] is not None), key=lambda r: r[0] or utcnow())
-    return gone + [r for r in rows if r[0] is None]
+    return rows
 
 
 def _row(line: dict[str, object]) -> Row:

@@ -45,6 +45,7 @@ class Counters:
     acked: int = 0
     left_for_redelivery: int = 0
     transport_errors: int = 0
+    released: int = 0  # unsettled messages handed back at once because the source stopped
     by_admission: dict[str, int] = field(default_factory=dict)
 
     def admitted(self, admission: Admission) -> None:

@@ -95,7 +95,6 @@ class PubSubSource:
         self.settings, self.windows, self.parser = settings, windows, parser
         self.admit = admit
         self.counters = counters if counters is not None else Counters()
-        self.released = 0  # unsettled messages nacked because the source stopped
         self._factory = subscriber_factory or _default_subscriber
         # Settlements scheduled from client threads; shared with those threads, as are
         # ``_held`` and ``_closing``, all under ``_lock``.
@@ -216,7 +215,7 @@ class PubSubSource:
         for message in held:
             with contextlib.suppress(Exception):  # best effort: else its lease lapses
                 message.nack()
-        self.released += len(held)
+        self.counters.released += len(held)
         if held:
             logs.event(
                 log,
@@ -251,6 +250,43 @@ class PubSubSource:
                 message.nack()
                 self.counters.left_for_redelivery += 1
         return outcome
+
+    async def rewind(self) -> None:
+        """Seek the subscription back ``rewind_s``: a dead holder's leases end now.
+
+        Called on a slot's subscription (``SlottedPubSubSource``), which is this replica's
+        alone: whatever is outstanding on it was leased to a holder that is gone; a seek
+        marks it unacked and the stream opened next gets it at once. Acked messages stay
+        acked (no retained acks). A failed seek costs only time: those messages come back
+        when their lease runs out.
+        """
+        if self.settings.rewind_s <= 0:
+            return
+        since = datetime.now(UTC) - timedelta(seconds=self.settings.rewind_s)
+
+        def seek() -> None:
+            subscriber = self._factory(self.settings)
+            try:
+                subscriber.seek(request={"subscription": self.subscription_path, "time": since})
+            finally:
+                with contextlib.suppress(Exception):
+                    subscriber.close()
+
+        subscription, rewind_s = self.settings.subscription, self.settings.rewind_s
+        try:
+            await asyncio.wait_for(asyncio.to_thread(seek), SEEK_TIMEOUT_S)
+            logs.event(log, "pubsub slot rewound", subscription=subscription, rewind_s=rewind_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.counters.transport_errors += 1
+            logs.event(
+                log,
+                "pubsub slot rewind failed",
+                logging.WARNING,
+                subscription=subscription,
+                error=f"{type(e).__name__}: {e}"[:200],
+            )
 
     # --- the decision, free of the client ----------------------------------------------------
 
@@ -300,17 +336,10 @@ class SlottedPubSubSource:
         self._factory = subscriber_factory
         self.counters = Counters()
         self.current: PubSubSource | None = None  # the held slot's source
-        self._released_before = 0  # by the sources of slots given up earlier
 
     @property
     def held_slot(self) -> int | None:
         return self.slots.held
-
-    @property
-    def released(self) -> int:
-        """Unsettled messages nacked because a slot's source stopped."""
-        now = self.current.released if self.current is not None else 0
-        return self._released_before + now
 
     async def run(self) -> None:
         await self.slots.run(self._consume)
@@ -319,9 +348,6 @@ class SlottedPubSubSource:
         one = self.settings.model_copy(
             update={"subscription": self.settings.slot_subscription(slot), "slots": 1}
         )
-        if self.current is not None:
-            self._released_before += self.current.released
-        await self._rewind(one)
         self.current = PubSubSource(
             one,
             admit=self._admit,
@@ -330,45 +356,8 @@ class SlottedPubSubSource:
             subscriber_factory=self._factory,
             counters=self.counters,
         )
+        await self.current.rewind()
         await self.current.run()
-
-    async def _rewind(self, one: PubSubSettings) -> None:
-        """Seek the slot's subscription back ``rewind_s``: a dead holder's leases end now.
-
-        The slot is this replica's alone, so whatever is outstanding on it was leased to a
-        holder that is gone; a seek marks it unacked and the stream opened next gets it at
-        once. Acked messages stay acked (no retained acks). A failed seek costs only time:
-        those messages come back when their lease runs out.
-        """
-        if one.rewind_s <= 0:
-            return
-        path = f"projects/{one.project}/subscriptions/{one.subscription}"
-        since = datetime.now(UTC) - timedelta(seconds=one.rewind_s)
-
-        def seek() -> None:
-            subscriber = (self._factory or _default_subscriber)(one)
-            try:
-                subscriber.seek(request={"subscription": path, "time": since})
-            finally:
-                with contextlib.suppress(Exception):
-                    subscriber.close()
-
-        try:
-            await asyncio.wait_for(asyncio.to_thread(seek), SEEK_TIMEOUT_S)
-            logs.event(
-                log, "pubsub slot rewound", subscription=one.subscription, rewind_s=one.rewind_s
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self.counters.transport_errors += 1
-            logs.event(
-                log,
-                "pubsub slot rewind failed",
-                logging.WARNING,
-                subscription=one.subscription,
-                error=f"{type(e).__name__}: {e}"[:200],
-            )
 
 
 def _default_subscriber(settings: PubSubSettings) -> Any:

@@ -58,7 +58,6 @@ class SqsSource:
         self.client, self.settings, self.admit, self.windows = client, settings, admit, windows
         self.parser = parser
         self.counters = Counters()
-        self.released = 0  # unsettled messages made visible because the source stopped
         # boto3 blocks; a pool of our own keeps long polls from starving other to_thread users.
         self._pool = ThreadPoolExecutor(
             max_workers=settings.receivers + min(settings.concurrency, 32),
@@ -141,7 +140,7 @@ class SqsSource:
                 self._held.update((m["ReceiptHandle"], m) for m in messages)
         if closing and messages:
             self._set_visibility_now(messages, 0)
-            self.released += len(messages)
+            self.counters.released += len(messages)
             return []
         return messages
 
@@ -170,7 +169,7 @@ class SqsSource:
                 await asyncio.gather(*requests, return_exceptions=True)
         except TimeoutError:
             self.counters.transport_errors += 1  # what did not go comes back after its timeout
-        self.released += len(held)
+        self.counters.released += len(held)
         logs.event(log, "sqs released unsettled messages", released=len(held))
         return len(held)
 

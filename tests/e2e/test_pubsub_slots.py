@@ -243,9 +243,16 @@ async def test_a_slot_taken_gets_back_at_once_what_its_dead_holder_had_leased(
     run = asyncio.create_task(source.run())
     try:
         await _until(lambda: source.counters.acked == 1, timeout_s=30)  # not 600 s
-        await asyncio.sleep(2.0)  # time for a redelivered acked message to show, if it would
-        (seen,) = admit.seen
+        # A marker sent after the seek: an acked message redelivered by it would come first.
+        marker = f"vm-marker-{h.run_id}"
+        entry = inject.gce_log_entry(
+            project="reclaimd-local", zone="us-central1-a", instance=marker
+        )
+        await asyncio.to_thread(channel.inner.publish, entry)
+        await _until(lambda: source.counters.acked == 2, timeout_s=30)
+        seen, last = admit.seen
         assert leased in seen.target.describe() + seen.target.provider_id
+        assert marker in last.target.describe() + last.target.provider_id
         assert source.counters.transport_errors == 0
     finally:
         run.cancel()

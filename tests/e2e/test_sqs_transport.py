@@ -109,7 +109,7 @@ async def test_a_stopping_source_hands_its_message_to_a_peer_at_once(queue: Queu
         stopping = time.monotonic()
         await cancelled(run)
     stop_s = time.monotonic() - stopping
-    assert src.released == 1
+    assert src.counters.released == 1
 
     got: list[dict[str, Any]] = []
     while not got and time.monotonic() - stopping < 2 * src.settings.visibility_timeout_s:
@@ -138,5 +138,5 @@ async def test_the_heartbeat_keeps_a_slow_claim_from_a_peer(queue: Queue) -> Non
         assert await asyncio.to_thread(queue.receive) == []  # deleted
     finally:
         await cancelled(run)
-    assert src.released == 0
+    assert src.counters.released == 0
     assert len(admit.seen) == 1

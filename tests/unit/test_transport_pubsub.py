@@ -216,7 +216,7 @@ async def test_stopping_nacks_what_is_held_and_the_settlement_leaves_it() -> Non
         await asyncio.sleep(0.01)
     assert not src._pending
     assert message.settled == ["nack"]
-    assert (src.released, src.counters.acked) == (1, 0)
+    assert (src.counters.released, src.counters.acked) == (1, 0)
 
 
 async def test_a_message_that_arrives_while_stopping_is_nacked_unadmitted() -> None:
@@ -307,7 +307,7 @@ async def test_cancelled_run_nacks_what_it_holds_before_closing_the_stream() -> 
     # The nack is queued while the stream is up: the client's shutdown flushes it.
     assert events == ["nack", "stream cancelled", "subscriber closed"]
     assert held.settled == ["nack"]
-    assert (src.released, src.counters.acked) == (1, 0)
+    assert (src.counters.released, src.counters.acked) == (1, 0)
     assert not src._pending
 
 

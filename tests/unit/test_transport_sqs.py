@@ -124,7 +124,7 @@ async def test_an_unsettled_message_is_kept_invisible_then_deleted() -> None:
         assert client.seconds_for("r-1") == [5]
     finally:
         await stop(run)
-    assert src.released == 0  # nothing was held at the stop
+    assert src.counters.released == 0  # nothing was held at the stop
 
 
 async def test_a_stopping_source_hands_back_what_it_holds() -> None:
@@ -136,7 +136,7 @@ async def test_a_stopping_source_hands_back_what_it_holds() -> None:
     await stop(run)
     assert client.seconds_for("r-1") == [0] and client.seconds_for("r-2") == [0]
     assert client.deleted == []
-    assert (src.released, src.counters.acked) == (2, 0)
+    assert (src.counters.released, src.counters.acked) == (2, 0)
 
 
 async def test_a_receive_that_returns_after_the_stop_hands_back_its_messages() -> None:
@@ -150,7 +150,7 @@ async def test_a_receive_that_returns_after_the_stop_hands_back_its_messages() -
     client.hold_receive.set()
     await until(lambda: client.seconds_for("r-3") == [0])
     assert admit.seen == []
-    assert src.released == 1
+    assert src.counters.released == 1
 
 
 async def test_a_claim_to_retry_comes_back_soon_and_is_not_handed_back_again() -> None:
@@ -163,7 +163,7 @@ async def test_a_claim_to_retry_comes_back_soon_and_is_not_handed_back_again() -
     await stop(run)
     assert client.seconds_for("r-4") == [sqs.RETRY_VISIBILITY_S]
     assert client.deleted == []
-    assert (src.counters.left_for_redelivery, src.released) == (1, 0)
+    assert (src.counters.left_for_redelivery, src.counters.released) == (1, 0)
 
 
 async def test_the_hand_back_is_bounded_when_sqs_does_not_answer(
