@@ -218,7 +218,15 @@ class Daemon:
             else would.claim_log
         )
         # One Lease per gang: who charges it, and its durable record for a successor.
-        gang_leases = gangclaims.GangClaims(api, s.lease_namespace, s.holder, limiter=limiter)
+        gang_leases = gangclaims.GangClaims(
+            api,
+            s.lease_namespace,
+            s.holder,
+            limiter=limiter,
+            peer_acks=lambda holder, label: probe.ask(alive.address(holder), label, pp.ask_s),
+        )
+        if listener is not None:
+            listener.answer = gang_leases.held
         runbook = Runbook(
             view=view,
             writer=writer if would is None else would.evictor,

@@ -18,6 +18,10 @@ The Lease is also the gang's durable record (``gangrecord``): created with the g
 acked. A replica that takes the notice over reads them back (``owned_by``): it charges a
 gang whose pods the dead owner already evicted, and charges from the checkpoints the ranks
 acked, not from older ones.
+
+The acks are also kept in memory here, before the write (``held``): a replica cut off from the
+API server cannot write them, and its peer, taking the notice over once its Lease runs out,
+asks it for them through the peer probe port (``probe.ask``) as it reads the Leases.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any, cast
 
@@ -60,6 +66,10 @@ ACKS_WRITE_S = 10.0
 # every takeover of them; then it is deleted, or a busy cluster keeps one per gang forever.
 KEEP_S = 6 * 3600.0
 SWEEP_EVERY_S = 600.0
+HELD_NOTICES = 4096  # the acks kept in memory for a peer to ask: the latest notices'
+
+# holder, notice label -> {gang lease name: acks json} (``probe.ask`` bound to an address)
+PeerAcks = Callable[[str, str], Awaitable[Mapping[str, str]]]
 
 
 def notice_label(notice_id: str) -> str:
@@ -77,12 +87,31 @@ def _uids(gang: Gang) -> set[str]:
 
 class GangClaims:
     def __init__(
-        self, api_client: k8s.ApiClient, namespace: str, holder: str, *, limiter: RateLimiter
+        self,
+        api_client: k8s.ApiClient,
+        namespace: str,
+        holder: str,
+        *,
+        limiter: RateLimiter,
+        peer_acks: PeerAcks | None = None,
     ) -> None:
         self._coord = k8s.CoordinationV1Api(api_client)
         self.namespace = namespace
         self.holder = holder
         self._limiter = limiter
+        self._peer_acks = peer_acks
+        self._held: OrderedDict[str, dict[str, str]] = OrderedDict()
+
+    def held(self, label: str) -> dict[str, str]:
+        """The acks this process saw for the notice labelled ``label``, by gang Lease name."""
+        return dict(self._held.get(label, {}))
+
+    def _hold(self, notice: Notice, name: str, acks_json: str) -> None:
+        label = notice_label(notice.id)
+        self._held.setdefault(label, {})[name] = acks_json
+        self._held.move_to_end(label)
+        while len(self._held) > HELD_NOTICES:
+            self._held.popitem(last=False)
 
     async def acquire(self, gang: Gang, notice: Notice) -> bool:
         """True when ``notice`` charges ``gang`` (it holds the Lease, now or before)."""
@@ -141,7 +170,9 @@ class GangClaims:
         if not checkpoint.durable(acks):
             return
         name = lease_name(gang)
-        body = {"metadata": {"annotations": {ACKS_ANNOTATION: gangrecord.acks_json(acks)}}}
+        recorded = gangrecord.acks_json(acks)
+        self._hold(notice, name, recorded)  # first: a peer may ask for them if this write fails
+        body = {"metadata": {"annotations": {ACKS_ANNOTATION: recorded}}}
         try:
             # The drain waits for this write: it sorts with the claims, ahead of evictions.
             await self._limiter.call(
@@ -166,19 +197,44 @@ class GangClaims:
                 self.namespace, label_selector=f"{NOTICE_LABEL}={notice_label(notice.id)}"
             ),
         )
+        mine = [
+            lease
+            for lease in found.items or ()
+            if (lease.metadata.annotations or {}).get(NOTICE_ANNOTATION) == notice.id
+            and (lease.metadata.annotations or {}).get(RECORD_ANNOTATION)
+        ]
+        told = await self._told(notice, mine)
         out: dict[GangKey, Recorded] = {}
-        for lease in found.items or ():
-            notes = lease.metadata.annotations or {}
-            if notes.get(NOTICE_ANNOTATION) != notice.id or not notes.get(RECORD_ANNOTATION):
-                continue
+        for lease in mine:
+            notes = lease.metadata.annotations
             try:
                 gang = gangrecord.gang_from_json(notes[RECORD_ANNOTATION])
                 acks = gangrecord.acks_from_json(notes.get(ACKS_ANNOTATION, ""), gang)
+                if lease.metadata.name in told:
+                    said = gangrecord.acks_from_json(told[lease.metadata.name], gang)
+                    acks = checkpoint.merge_acks(said, acks)
             except ParseError as e:
                 log.warning("lease %s: %s", lease.metadata.name, e)
                 continue
             out[gang.key] = Recorded(gang, acks, notes.get(TRACE_ANNOTATION, ""))
         return out
+
+    async def _told(self, notice: Notice, found: list[Any]) -> dict[str, str]:
+        """The acks the gangs' other holders still have in memory (one ask each, at once):
+        those they could not write. Empty from a holder that does not answer."""
+        if self._peer_acks is None:
+            return {}
+        label = notice_label(notice.id)
+        others = {
+            lease.spec.holder_identity
+            for lease in found
+            if lease.spec is not None and lease.spec.holder_identity not in (None, self.holder)
+        }
+        answers = await asyncio.gather(*(self._peer_acks(h, label) for h in sorted(others)))
+        told: dict[str, str] = {}
+        for said in answers:
+            told.update(said)
+        return told
 
     async def sweep(self, keep_s: float = KEEP_S) -> int:
         """Delete the gang Leases acquired more than ``keep_s`` ago; how many went."""

@@ -82,6 +82,10 @@ class HolderLeases:
             return self.renewed_at
         return self._seen.get(holder)
 
+    def address(self, holder: str) -> str:
+        """``holder``'s probe address as its Lease last named it ("" = none known)."""
+        return self._addresses.get(holder, "")
+
     def dead(self, holder: str) -> bool:
         """``holder`` refused our probe since its last renewal: gone, whatever its Lease says."""
         return holder != self.holder and holder in self._dead

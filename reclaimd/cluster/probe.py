@@ -10,14 +10,31 @@ accepted by the kernel, and a partition drops packets. Those wait for the Lease,
 
 So a false "dead" needs a live process that is not listening on the address it advertised,
 and a replica closes its listener only once it has stopped acting on claims (``Daemon.run``).
+
+The same port answers one question (``ask``): ``GET /acks/<notice label>``, the checkpoints a
+replica's ranks acked for a notice. A replica cut off from the API server cannot record them in
+the gang's Lease, and by the time its peer takes the notice over, Kueue may have deleted the
+ranks that answered: the peer asks the presumed-dead holder (``gangclaims.GangClaims.owned_by``)
+and charges from what they saved, not from older checkpoints. A probe sends nothing and is
+hung up on as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import re
+from collections.abc import Callable, Mapping
 from enum import StrEnum
+
+# What a peer may ask: one notice's acks, by the notice's label (a digest, never the id).
+_ACKS = re.compile(rb"^GET /acks/([0-9a-f]{1,64}) HTTP/1\.[01]\r?\n$")
+READ_S = 1.0  # a peer that connects and says nothing (a probe) is hung up on
+MAX_ANSWER = 4 << 20
+
+Answer = Callable[[str], Mapping[str, str]]  # notice label -> {gang lease name: acks json}
 
 
 class Verdict(StrEnum):
@@ -29,9 +46,12 @@ class Listener:
     """Accepts and closes connections on ``host:port`` (port 0: any free one) while open;
     peers dial ``advertise`` (empty: ``$POD_IP``, else loopback) at the bound port."""
 
-    def __init__(self, host: str, port: int, advertise: str = "") -> None:
+    def __init__(
+        self, host: str, port: int, advertise: str = "", *, answer: Answer | None = None
+    ) -> None:
         self.host, self.port = host, port
         self.advertise = advertise or os.environ.get("POD_IP", "") or "127.0.0.1"
+        self.answer = answer  # set once the gang records exist (``Daemon._wire``)
         self._server: asyncio.Server | None = None
 
     @property
@@ -47,7 +67,7 @@ class Listener:
         # One socket, of the advertised address's family: a wildcard bind makes one per family,
         # each on a port of its own with port 0, and peers would dial one nothing listens on.
         host = self.host or ("::" if ":" in self.advertise else "0.0.0.0")
-        self._server = await asyncio.start_server(_hang_up, host, self.port)
+        self._server = await asyncio.start_server(self._serve, host, self.port)
 
     async def close(self) -> None:
         server, self._server = self._server, None
@@ -56,11 +76,22 @@ class Listener:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
 
-
-async def _hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(READ_S):
+                line = await reader.readline()
+            asked = _ACKS.match(line)
+            if asked is not None and self.answer is not None:
+                body = json.dumps(dict(self.answer(asked.group(1).decode()))).encode()
+                writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n")
+                writer.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                await writer.drain()
+        except (OSError, TimeoutError, ValueError):
+            pass  # a probe, a stranger or a peer gone mid-answer: nothing to say
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
 
 
 async def probe(address: str, timeout_s: float) -> Verdict:
@@ -79,3 +110,36 @@ async def probe(address: str, timeout_s: float) -> Verdict:
     with contextlib.suppress(Exception):
         await writer.wait_closed()
     return Verdict.UNKNOWN
+
+
+async def ask(address: str, label: str, timeout_s: float) -> dict[str, str]:
+    """The acks the replica at ``address`` holds for the notice labelled ``label``: empty
+    when it does not answer in ``timeout_s`` (paused, partitioned from us, gone)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not re.fullmatch(r"[0-9a-f]{1,64}", label):
+        return {}
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            try:
+                writer.write(f"GET /acks/{label} HTTP/1.0\r\n".encode())
+                await writer.drain()
+                raw = b""
+                while chunk := await reader.read(65536):  # the peer closes when done
+                    raw += chunk
+                    if len(raw) > MAX_ANSWER:
+                        return {}
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return {}
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.0 200"):
+        return {}
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): v for k, v in found.items() if isinstance(v, str)}

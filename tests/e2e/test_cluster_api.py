@@ -21,7 +21,7 @@ import yaml
 from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR, Stack
 
-from reclaimd.cluster import client
+from reclaimd.cluster import client, gangclaims
 from reclaimd.cluster.actions import ActionSettings, ClusterActions, EvictResult
 from reclaimd.cluster.cache import CacheSettings, ClusterCache, NodeView
 from reclaimd.cluster.claims import (
@@ -876,6 +876,39 @@ async def test_a_gang_lease_keeps_what_a_successor_needs(
     assert found[gang.key].gang.members == gang.members
     assert [(a.member.uid, a.checkpoint_time) for a in found[gang.key].acks] == [(r1.uid, acked_at)]
     assert await successor.owned_by(notice(f"other-{RUN}")) == {}
+
+
+async def test_a_successor_learns_the_acks_its_cut_off_peer_could_not_record(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    """The owner got its ranks' acks but not the write of them (cut off from the API server);
+    Kueue deleted the ranks meanwhile. The successor asks the owner, still alive, for them."""
+    owner = GangClaims(as_reclaimd, "reclaimd", "replica-a", limiter=RateLimiter())
+    n = notice(f"cut-{RUN}")
+    gang = _gang(f"cut-{RUN}", "c1", "c2")
+    assert await owner.acquire(gang, n)
+    acked_at = utcnow().replace(microsecond=0)
+    c1, c2 = gang.members
+    # The owner's write fails (the API server is gone for it): only its memory has the acks.
+    cut_off = GangClaims(admin, "reclaimd-nowhere", "replica-a", limiter=RateLimiter())
+    await cut_off.acked(gang, n, (RankAck(c1, True, True, acked_at), RankAck(c2, False)))
+    assert cut_off.held(gangclaims.notice_label(n.id))  # kept, though never written
+
+    asked: list[str] = []
+
+    async def ask(holder: str, label: str) -> dict[str, str]:
+        asked.append(holder)
+        return cut_off.held(label) if holder == "replica-a" else {}
+
+    successor = GangClaims(
+        as_reclaimd, "reclaimd", "replica-b", limiter=RateLimiter(), peer_acks=ask
+    )
+    found = await successor.owned_by(n)
+    assert asked == ["replica-a"]
+    assert [(a.member.uid, a.checkpoint_time) for a in found[gang.key].acks] == [(c1.uid, acked_at)]
+    # without the owner's answer, the Lease alone knows of no ack
+    alone = GangClaims(as_reclaimd, "reclaimd", "replica-b", limiter=RateLimiter())
+    assert (await alone.owned_by(n))[gang.key].acks == ()
 
 
 async def test_old_gang_leases_are_swept_and_recent_ones_kept(

@@ -158,3 +158,28 @@ async def test_a_released_lease_is_a_dead_holder_at_once() -> None:
     assert h._sweeping is not None
     await h._sweeping
     assert h.dead("old") and listing.written
+
+
+async def test_a_peer_answers_what_acks_it_holds_and_a_probe_still_reads_alive() -> None:
+    held = {"ab12": {"gang-x": '{"uid-1":{"at":null}}'}}
+    live = Listener("127.0.0.1", 0, answer=lambda label: held.get(label, {}))
+    await live.start()
+    try:
+        assert await probe.ask(live.address, "ab12", 1.0) == held["ab12"]
+        assert await probe.ask(live.address, "cd34", 1.0) == {}
+        assert await probe.ask(live.address, "../etc", 1.0) == {}  # never sent: not a label
+        assert await probe.probe(live.address, 0.5) is probe.Verdict.UNKNOWN
+    finally:
+        await live.close()
+    # gone, paused or never listening: nothing to learn, and no error
+    assert await probe.ask(live.address, "ab12", 0.5) == {}
+    assert await probe.ask("", "ab12", 0.5) == {}
+
+
+async def test_a_listener_without_answers_hangs_up_on_a_question() -> None:
+    live = Listener("127.0.0.1", 0)
+    await live.start()
+    try:
+        assert await probe.ask(live.address, "ab12", 1.0) == {}
+    finally:
+        await live.close()
