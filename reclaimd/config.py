@@ -162,6 +162,8 @@ class PolicySettings(_Strict):
     eviction: EvictionPolicy = EvictionPolicy.FORCE_NEAR_DEADLINE
     # With force-near-deadline: stop honouring a PDB this many seconds before the deadline.
     force_before_s: float = Field(15.0, ge=0)
+    # A saved gang's pod refused by PDBs that guard only its own gang is deleted at once.
+    drain_when_saved: bool = True
     delete_grace_s: int = Field(5, ge=0)
     # Time kept back from the checkpoint budget for the drain: min(s, fraction x window).
     drain_reserve_s: float = Field(30.0, ge=0)

@@ -151,6 +151,7 @@ class Daemon:
             settings=actions.ActionSettings(
                 policy=s.policy.eviction,
                 force_before_s=s.policy.force_before_s,
+                drain_when_saved=s.policy.drain_when_saved,
                 delete_grace_s=s.policy.delete_grace_s,
                 retry_base_s=s.policy.retry_base_s,
                 retry_cap_s=s.policy.retry_cap_s,
@@ -160,6 +161,7 @@ class Daemon:
             pod_exists=view.pod_exists,
             budget_changes=view.budget_changes,
             gone_at=view.pod_gone_at,
+            only_its_gang=view.pdbs_guard_only_its_gang,
         )
         ledger_writer = ledger.LedgerWriter(
             # A dry run keeps no outbox file and reaches no broker (its writer stays empty).

@@ -200,7 +200,7 @@ class WouldEvict:
     def __init__(self, counters: DryRunCounters, *, policy: str = "") -> None:
         self.counters, self.policy = counters, policy
 
-    async def evict(self, member: Member, *, deadline: datetime) -> str:
+    async def evict(self, member: Member, *, deadline: datetime, saved: bool = False) -> str:
         _would(
             self.counters,
             "evict",

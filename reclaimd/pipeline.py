@@ -65,8 +65,9 @@ class ClusterView(Protocol):
 
 
 class ClusterWriter(Protocol):
-    async def evict(self, member: Member, *, deadline: datetime) -> str:
-        """Evict (or, per policy, delete) one pod; returns a short outcome word."""
+    async def evict(self, member: Member, *, deadline: datetime, saved: bool = False) -> str:
+        """Evict (or, per policy, delete) one pod; returns a short outcome word. ``saved``: its
+        gang's checkpoint ask is over, so a PDB guarding only that gang need not hold it."""
         ...
 
     async def wait_gone(self, member: Member, *, deadline: datetime) -> datetime | None:
@@ -489,7 +490,8 @@ class Runbook:
             ) as span:
                 async with limit:
                     if notice.response is Response.FULL:
-                        outcome = await self.writer.evict(member, deadline=deadline)
+                        # The drain follows the checkpoint ask: the gang is saved or never will be.
+                        outcome = await self.writer.evict(member, deadline=deadline, saved=True)
                     else:
                         outcome = "left-to-scheduler"  # Kueue deletes the pods itself
                     span.set_attribute("reclaimd.eviction", outcome)

@@ -17,6 +17,10 @@ notice's deadline, so in a storm the most urgent node is served first.
   ``force-near-deadline`` retries until ``deadline - force_before_s``, then deletes the pod
   with a short grace period: a PDB protects availability, and the node takes every pod with
   it at the deadline anyway, so the last seconds are better spent on an orderly SIGTERM.
+  A gang whose checkpoint ask is over (``saved``) is not held by a PDB that guards only its
+  own pods (``only_its_gang``; ``drain_when_saved``): the gang is going either way, and every
+  second it waits for ``force_before_s`` is a second its replacement does not train. Such a
+  refused pod is deleted at once, with the same grace.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class EvictResult(StrEnum):
     GONE = "gone"  # the pod (this uid) was already gone
     BLOCKED = "blocked"  # respect-pdb: a PDB refused until the deadline
     FORCED = "forced"  # force-near-deadline: deleted despite the PDB
+    RELEASED = "released"  # saved, and its PDB guards only its own gang: deleted at once
     FAILED = "failed"  # a non-retriable error (RBAC, invalid request)
 
 
@@ -80,6 +85,10 @@ class ActionSettings:
     poll_interval_s: float = 0.5
     """How often ``wait_gone`` looks again."""
 
+    drain_when_saved: bool = True
+    """A refused eviction of a saved gang's pod whose PDBs guard only that gang is deleted at
+    once (``RELEASED``), not held until ``force_before_s``; false: the PDB holds it as any."""
+
 
 class ClusterActions:
     def __init__(
@@ -92,10 +101,13 @@ class ClusterActions:
         budget_changes: BudgetChanges | None = None,
         clock: Callable[[], datetime] = utcnow,
         gone_at: Callable[[str], datetime | None] | None = None,
+        only_its_gang: Callable[[str, str], bool] | None = None,
     ) -> None:
         """``pod_exists``: the cache's view (cheap in a storm); without it, ask the API.
         ``budget_changes``: the cache's PDB watch (``ClusterCache.budget_changes``).
-        ``gone_at``: when the cache saw a pod (by uid) leave (``ClusterCache.pod_gone_at``)."""
+        ``gone_at``: when the cache saw a pod (by uid) leave (``ClusterCache.pod_gone_at``).
+        ``only_its_gang``: whether every PDB covering a pod guards only its gang's pods
+        (``ClusterCache.pdbs_guard_only_its_gang``); without it, none is taken to."""
         self._core = k8s.CoreV1Api(api_client)
         self._limiter = limiter
         self._settings = settings
@@ -103,6 +115,7 @@ class ClusterActions:
         self._budget_changes = budget_changes
         self._clock = clock
         self._gone_at = gone_at
+        self._only_its_gang = only_its_gang
 
     # --- cordon and taint --------------------------------------------------------------
 
@@ -142,9 +155,15 @@ class ClusterActions:
     # --- eviction ------------------------------------------------------------------------
 
     async def evict(
-        self, member: Member, *, deadline: datetime, policy: EvictionPolicy | None = None
+        self,
+        member: Member,
+        *,
+        deadline: datetime,
+        policy: EvictionPolicy | None = None,
+        saved: bool = False,
     ) -> EvictResult:
-        """Evict one pod under ``policy`` (default: the configured one); see the module doc."""
+        """Evict one pod under ``policy`` (default: the configured one); ``saved``: its gang's
+        checkpoint ask is over. See the module doc."""
         policy = policy or self._settings.policy
         give_up_at = deadline.timestamp()
         if policy is EvictionPolicy.FORCE_NEAR_DEADLINE:
@@ -176,6 +195,10 @@ class ClusterActions:
                     # 429: a PDB refuses. 500: the pod is under several PDBs (the server
                     # cannot pick one). Load shedding was already retried by the budget.
                     hint_s = e.retry_after_s
+                    if saved and self._releases(member):
+                        return await self._force_delete(
+                            member, self._clock(), deadline, what, EvictResult.RELEASED
+                        )
                 except client.KubeError as e:
                     log.warning("%s: %s", what, e)
                     return EvictResult.FAILED
@@ -193,7 +216,14 @@ class ClusterActions:
         if policy is EvictionPolicy.RESPECT_PDB:
             log.warning("%s: blocked until the deadline (respect-pdb)", what)
             return EvictResult.BLOCKED
-        return await self._force_delete(member, give_up, deadline, what)
+        return await self._force_delete(member, give_up, deadline, what, EvictResult.FORCED)
+
+    def _releases(self, member: Member) -> bool:
+        return (
+            self._settings.drain_when_saved
+            and self._only_its_gang is not None
+            and self._only_its_gang(member.namespace, member.name)
+        )
 
     def _watch_budgets(self, member: Member) -> AbstractContextManager[asyncio.Event | None]:
         if self._budget_changes is None:
@@ -213,7 +243,7 @@ class ClusterActions:
         return max(delay, min(hint_s or 0.0, self._settings.retry_cap_s))
 
     async def _force_delete(
-        self, member: Member, due: datetime, deadline: datetime, what: str
+        self, member: Member, due: datetime, deadline: datetime, what: str, outcome: EvictResult
     ) -> EvictResult:
         left = int(max(0.0, deadline.timestamp() - self._clock().timestamp()))
         grace = min(self._settings.delete_grace_s, left)
@@ -237,8 +267,11 @@ class ClusterActions:
         except client.KubeError as e:
             log.warning("%s: forced delete failed: %s", what, e)
             return EvictResult.FAILED
-        log.warning("%s: PDB still refusing near the deadline, deleted with %ds grace", what, grace)
-        return EvictResult.FORCED
+        if outcome is EvictResult.FORCED:
+            log.warning("%s: PDB refusing near the deadline, deleted with %ds grace", what, grace)
+        else:
+            log.info("%s: saved, its PDB guards only its gang: deleted, %ds grace", what, grace)
+        return outcome
 
     # --- waiting -------------------------------------------------------------------------
 

@@ -876,14 +876,28 @@ class ClusterCache:
     def budget_changes(self, namespace: str, name: str) -> Iterator[asyncio.Event | None]:
         """An event set when a PodDisruptionBudget covering the pod changes (``pdbs``); None
         while the PDB watch is not current (a change could be missed: retry on a timer)."""
-        states = [s for n, s in self._states.items() if n.startswith("pdbs/")]
-        if not states or any(s.broken for s in states) or not self.synced:
+        if not self._pdbs_current():
             yield None
             return
         pod = self._idx.pods.get((namespace, name))
         labels = (pod.decode().get("metadata") or {}).get("labels") or {} if pod else {}
         with self._pdbs.watching(namespace, labels) as event:
             yield event
+
+    def _pdbs_current(self) -> bool:
+        """The PDB watch is synced and unbroken: no PDB it reports can be missing."""
+        states = [s for n, s in self._states.items() if n.startswith("pdbs/")]
+        return bool(states) and not any(s.broken for s in states) and self.synced
+
+    def pdbs_guard_only_its_gang(self, namespace: str, name: str) -> bool:
+        """Every PDB covering the pod pins its gang's identity labels, so none protects a pod
+        of anything else; false while the PDB watch is not current (one may be unknown)."""
+        pod = self._idx.pods.get((namespace, name))
+        if pod is None or not self._pdbs_current():
+            return False
+        raw = pod.decode()
+        labels = (raw.get("metadata") or {}).get("labels") or {}
+        return self._pdbs.guards_only(namespace, labels, gangs.identity_labels(raw))
 
     def gang(self, key: GangKey) -> Gang | None:
         pids = self._idx.by_gang.get(key)

@@ -264,6 +264,37 @@ def gang_key(pod: Any) -> GangKey:
     return key("pod", name_of(pod))
 
 
+def identity_labels(pod: Any) -> tuple[tuple[str, str], ...]:
+    """The labels that name the pod's gang, when ``gang_key`` took it from labels: a selector
+    that requires all of them selects this gang's pods and no other's. Empty for a gang named
+    by an annotation, an owner or the pod itself (no label selector can pin those)."""
+    pod = as_pod(pod)
+    lab = labels(pod)
+    if lab.get(KUEUE_POD_GROUP):
+        return ((KUEUE_POD_GROUP, lab[KUEUE_POD_GROUP]),)
+    if pod_annotations(pod).get(KUEUE_WORKLOAD):
+        return ()
+    for key, also in (
+        (JOBSET_NAME, ()),
+        (LWS_NAME, (LWS_GROUP_INDEX,)),
+        (KUBEFLOW_JOB, ()),
+    ):
+        if _marker(pod, key):
+            pinned = (key, *also)
+            if all(lab.get(k) for k in pinned):
+                return tuple((k, str(lab[k])) for k in pinned)
+            return ()  # named by an annotation: not selectable
+    if pod_annotations(pod).get(VOLCANO_GROUP):
+        return ()
+    for key in (VOLCANO_JOB, PODGROUP, PODGROUP_LEGACY, JOB_NAME, JOB_NAME_LEGACY):
+        if lab.get(key):
+            return ((key, str(lab[key])),)
+    if lab.get(JOB_UID) or lab.get(JOB_UID_LEGACY):
+        key = JOB_UID if lab.get(JOB_UID) else JOB_UID_LEGACY
+        return ((key, str(lab[key])),)
+    return ()
+
+
 def workload_names(pod: Pod) -> frozenset[str]:
     """Kueue Workload names the pod names itself (pod groups, prebuilt, TAS annotation)."""
     found = {

@@ -55,6 +55,12 @@ class Selector:
             r.matches(labels) for r in self.expressions
         )
 
+    def pins(self, key: str, value: str) -> bool:
+        """Every pod it selects has ``key=value``."""
+        return (key, value) in self.labels or any(
+            r.key == key and r.operator == "In" and r.values == {value} for r in self.expressions
+        )
+
 
 def selector_of(raw: Any) -> Selector | None:
     """policy/v1: a null selector selects nothing, an empty one every pod of the namespace."""
@@ -126,6 +132,21 @@ class PdbIndex:
             name
             for (ns, name), selector in self._selectors.items()
             if ns == namespace and selector is not None and selector.matches(labels)
+        )
+
+    def guards_only(
+        self, namespace: str, labels: Mapping[str, str], identity: Iterable[tuple[str, str]]
+    ) -> bool:
+        """Some PDB covers the pod, and every one that does selects only pods with all of
+        ``identity`` (``gangs.identity_labels``: its own gang's). False with no identity."""
+        pinned = tuple(identity)
+        covering = [
+            selector
+            for (ns, _), selector in self._selectors.items()
+            if ns == namespace and selector is not None and selector.matches(labels)
+        ]
+        return bool(pinned and covering) and all(
+            all(selector.pins(k, v) for k, v in pinned) for selector in covering
         )
 
     @contextlib.contextmanager

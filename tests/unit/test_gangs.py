@@ -466,3 +466,20 @@ def test_generated_pod_models_are_read_like_dicts() -> None:
         "http://10.9.9.9/c",
         datetime(2026, 5, 1, 9, 0, tzinfo=UTC),
     )
+
+
+def test_identity_labels_are_what_a_selector_can_pin_of_the_gang() -> None:
+    def pod(labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        meta = {"name": "p", "namespace": "ns", "labels": labels}
+        return {"metadata": {**meta, "annotations": annotations or {}}}
+
+    js = gangs.JOBSET_NAME
+    assert gangs.identity_labels(pod({js: "g1", "x": "y"})) == ((js, "g1"),)
+    lws = pod({gangs.LWS_NAME: "l", gangs.LWS_GROUP_INDEX: "2"})
+    assert gangs.identity_labels(lws) == ((gangs.LWS_NAME, "l"), (gangs.LWS_GROUP_INDEX, "2"))
+    group = pod({gangs.KUEUE_POD_GROUP: "wl", js: "g1"})  # the pod group names the gang
+    assert gangs.identity_labels(group) == ((gangs.KUEUE_POD_GROUP, "wl"),)
+    # named by an annotation, an owner or itself: no selector pins it
+    assert gangs.identity_labels(pod({}, {js: "g1"})) == ()
+    assert gangs.identity_labels(pod({}, {gangs.KUEUE_WORKLOAD: "wl"})) == ()
+    assert gangs.identity_labels(pod({"app": "x"})) == ()

@@ -204,3 +204,62 @@ async def test_respect_pdb_waits_for_the_change_until_the_deadline(core: Refusin
         MEMBER, deadline=deadline_in(0.6), policy=EvictionPolicy.RESPECT_PDB
     )
     assert result is EvictResult.BLOCKED and core.deletes == 0 and core.evictions == 1
+
+
+# --- a saved gang is not held by its own PDB --------------------------------------------------
+
+JOBSET = "jobset.sigs.k8s.io/jobset-name"
+
+
+def test_a_pdb_guards_only_a_gang_when_it_pins_the_gangs_identity() -> None:
+    idx = PdbIndex()
+    own = pdb("own", {"matchLabels": {JOBSET: "g1", "role": "worker"}})
+    idx.replace("", [own])
+    me = {JOBSET: "g1", "role": "worker"}
+    assert idx.guards_only("ns", me, [(JOBSET, "g1")])
+    assert not idx.guards_only("ns", me, [])  # a gang no selector can pin
+    assert not idx.guards_only("other", me, [(JOBSET, "g1")])  # no PDB covers it there
+    # "In" with that value alone pins it too; with another value it does not
+    idx.put(
+        pdb("expr", {"matchExpressions": [{"key": JOBSET, "operator": "In", "values": ["g1"]}]})
+    )
+    assert idx.guards_only("ns", me, [(JOBSET, "g1")])
+    # one more PDB over the pod that also covers other pods: the drain honours it
+    idx.put(pdb("team", {"matchLabels": {"role": "worker"}}))
+    assert not idx.guards_only("ns", me, [(JOBSET, "g1")])
+    idx.drop(pdb("team", {}))
+    idx.put(
+        pdb(
+            "wide",
+            {"matchExpressions": [{"key": JOBSET, "operator": "In", "values": ["g1", "g2"]}]},
+        )
+    )
+    assert not idx.guards_only("ns", me, [(JOBSET, "g1")])
+
+
+def released_actions(core: RefusingCore, only: bool, **settings: Any) -> ClusterActions:
+    a = actions_with(core, Budgets(), watched_retry_s=60.0, force_before_s=0.5, **settings)
+    a._only_its_gang = lambda namespace, name: only
+    return a
+
+
+async def test_a_saved_gangs_own_pdb_releases_its_pod_at_once(core: RefusingCore) -> None:
+    actions = released_actions(core, only=True)
+    result = await asyncio.wait_for(actions.evict(MEMBER, deadline=deadline_in(60), saved=True), 5)
+    assert result is EvictResult.RELEASED  # not after 59.5 s: the gang is going anyway
+    assert core.evictions == 1 and core.deletes == 1
+
+
+async def test_a_pdb_still_holds_an_unsaved_gang_a_shared_pdb_and_the_old_policy(
+    core: RefusingCore,
+) -> None:
+    for actions, saved in (
+        (released_actions(core, only=True), False),  # its checkpoint ask is not over
+        (released_actions(core, only=False), True),  # the PDB guards other pods too
+        (released_actions(core, only=True, drain_when_saved=False), True),  # kept by setting
+    ):
+        task = asyncio.create_task(actions.evict(MEMBER, deadline=deadline_in(60), saved=saved))
+        await asyncio.sleep(0.2)
+        assert not task.done() and core.deletes == 0
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

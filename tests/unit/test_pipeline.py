@@ -61,7 +61,7 @@ class World:
         return (GANG,)
 
     # ClusterWriter
-    async def evict(self, m: Member, *, deadline: datetime) -> str:
+    async def evict(self, m: Member, *, deadline: datetime, saved: bool = False) -> str:
         self.log.append(f"evict {m.name}")
         return "evicted"
 
