@@ -33,6 +33,7 @@ from reclaimd.cluster.claims import (
     WorkloadObj,
 )
 from reclaimd.cluster.gangclaims import GangClaims, lease_name
+from reclaimd.cluster.gangs import JOB_NAME
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.holders import lease_name as holder_lease_name
 from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
@@ -698,6 +699,63 @@ async def test_a_refused_eviction_is_asked_again_when_the_cache_sees_its_pdb_cha
         # refusal); the status the controller writes wakes it again.
         assert limiter.by_kind["evict pod"] <= 3
         assert await actions.wait_gone(pod, deadline=utcnow() + timedelta(seconds=60)) is not None
+    finally:
+        await cache.stop()
+
+
+async def test_a_saved_gangs_own_pdb_releases_it_and_a_shared_one_holds(
+    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+) -> None:
+    """Once its checkpoint ask is over, a gang whose PDB selects only its own pods is deleted
+    at the first refusal; a PDB that also covers another job's pod is honoured until
+    ``force_before_s``, saved or not."""
+    (node,) = await make_nodes(admin, f"saved-{RUN}")
+    policy = k8s.PolicyV1Api(admin)
+    own = {JOB_NAME: f"own-{RUN}"}
+    shared = {"team": f"shared-{RUN}"}
+    for name, selector in (("own-gang", own), ("whole-team", shared)):
+        body: Any = {
+            "metadata": {"name": name},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": selector}},
+        }
+        await policy.create_namespaced_pod_disruption_budget(NS, body)
+    mine = await member(admin, "own-rank", node, labels=own)
+    theirs = await member(admin, "team-rank", node, labels={**shared, JOB_NAME: f"team-{RUN}"})
+    await member(admin, "team-other", node, labels={**shared, JOB_NAME: f"other-{RUN}"})
+    await ready_and_guarded(admin, ["own-rank"], "own-gang")
+    await ready_and_guarded(admin, ["team-rank", "team-other"], "whole-team")
+    cache = ClusterCache(as_reclaimd, settings=CacheSettings(namespaces=(NS,)))
+    await cache.start()
+    try:
+        assert await cache.wait_synced(SYNC_S)
+        await eventually(
+            lambda: cache.pdbs_guard_only_its_gang(NS, "own-rank"), "the cache sees both PDBs"
+        )
+        assert not cache.pdbs_guard_only_its_gang(NS, "team-rank")
+        actions = ClusterActions(
+            as_reclaimd,
+            limiter=RateLimiter(),
+            settings=ActionSettings(force_before_s=3.0, delete_grace_s=1, retry_base_s=0.2),
+            pod_exists=cache.pod_exists,
+            budget_changes=cache.budget_changes,
+            only_its_gang=cache.pdbs_guard_only_its_gang,
+        )
+        deadline = utcnow() + timedelta(seconds=60)
+        # Not saved: its own PDB holds it like any other (the checkpoint may still be going).
+        unsaved = await actions.evict(
+            mine, deadline=utcnow() + timedelta(seconds=1.5), policy=EvictionPolicy.RESPECT_PDB
+        )
+        assert unsaved is EvictResult.BLOCKED
+        assert await actions.evict(mine, deadline=deadline, saved=True) is EvictResult.RELEASED
+        assert await actions.wait_gone(mine, deadline=deadline) is not None
+        # A PDB over another job's pod too: saved or not, it is honoured until force_before_s.
+        held = asyncio.create_task(
+            actions.evict(theirs, deadline=utcnow() + timedelta(seconds=6), saved=True)
+        )
+        await asyncio.sleep(2.0)
+        assert not held.done() and await pod_state(admin, "team-rank") == "present"
+        assert await held is EvictResult.FORCED
+        assert await pod_state(admin, "team-other") == "present"
     finally:
         await cache.stop()
 
