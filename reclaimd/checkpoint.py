@@ -118,13 +118,30 @@ def budget_for(
 
 def leader_of(gang: Gang) -> Member | None:
     """The member a ``leader``-scope gang is signalled through, or None if nobody opted in."""
-    opted = [m for m in gang.members if m.checkpoint_url]
+    return _pick_leader([m for m in gang.members if m.checkpoint_url])
+
+
+def _pick_leader(opted: list[Member]) -> Member | None:
     for m in opted:
         if m.is_leader:
             return m
     if not opted:
         return None
     return min(opted, key=lambda m: (m.rank is None, m.rank or 0, m.namespace, m.name))
+
+
+def leader_ack(gang: Gang, acks: Iterable[RankAck]) -> RankAck | None:
+    """In ``leader`` scope, the ack that speaks for the gang: that of its leader, picked as
+    ``leader_of`` picks, among the members with a URL *or an answer*. A leader asked earlier
+    under this notice whose pod is gone has no URL left (a successor's gang has it from the
+    record), yet its save covers every rank; a follower never speaks while its leader can."""
+    acks = list(acks)
+    answered = {a.member.uid: a for a in acks if a.acked}
+    could = [m for m in gang.members if m.checkpoint_url or m.uid in answered]
+    speaker = _pick_leader(could)
+    if speaker is None:
+        return None
+    return answered.get(speaker.uid) or next((a for a in acks if a.member.uid == speaker.uid), None)
 
 
 def request_body(gang: Gang, notice: Notice, member: Member, deadline: datetime) -> dict[str, Any]:
@@ -653,10 +670,11 @@ def outcome_of(gang: Gang, acks: tuple[RankAck, ...] | list[RankAck]) -> Checkpo
     """
     by_pod = {(a.member.namespace, a.member.name): a for a in acks}
     if gang.scope is CheckpointScope.LEADER:
-        leader = leader_of(gang)
-        if leader is None:
+        spoke = leader_ack(gang, acks)
+        speaker = spoke.member if spoke is not None else leader_of(gang)
+        if speaker is None:
             return CheckpointOutcome.NOT_OPTED_IN
-        required: tuple[Member, ...] = (leader,)
+        required: tuple[Member, ...] = (speaker,)
     else:
         if not any(m.checkpoint_url for m in gang.members):
             return CheckpointOutcome.NOT_OPTED_IN

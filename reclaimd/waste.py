@@ -96,12 +96,6 @@ def _durable_time(ack: RankAck | None) -> datetime | None:
     return ack.checkpoint_time
 
 
-def _leader_ack(gang: Gang, acks: Mapping[MemberId, RankAck]) -> RankAck | None:
-    """In leader scope, the leader's ack (the one the contract lets speak for the gang)."""
-    leader = checkpoint.leader_of(gang)
-    return acks.get(_member_id(leader)) if leader is not None else None
-
-
 def apply_acks(gang: Gang, acks: Mapping[MemberId, RankAck]) -> tuple[Member, ...]:
     """Members with ``last_checkpoint`` moved forward by this notice's durable acks.
 
@@ -110,7 +104,7 @@ def apply_acks(gang: Gang, acks: Mapping[MemberId, RankAck]) -> tuple[Member, ..
     scope the leader's durable ack covers every rank, as the contract says.
     """
     if gang.scope is CheckpointScope.LEADER:
-        leader = _durable_time(_leader_ack(gang, acks))
+        leader = _durable_time(checkpoint.leader_ack(gang, acks.values()))
         times: dict[MemberId, datetime | None] = {_member_id(m): leader for m in gang.members}
     else:
         times = {_member_id(m): _durable_time(acks.get(_member_id(m))) for m in gang.members}

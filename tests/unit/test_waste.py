@@ -205,3 +205,26 @@ def test_by_node_groups_ranks_and_sums_to_the_total() -> None:
         NodeLoss("spot-1", ranks=2, gpus=10, gpu_seconds=8 * 1800 + 2 * 600),
     )
     assert sum(p.gpu_seconds for p in parts) == gpu_seconds_lost([a, b, c], STOP)
+
+
+def test_a_leader_gone_before_a_takeover_still_speaks_through_its_recorded_ack() -> None:
+    """A successor's gang has the leader from the gang record: no URL (its pod is gone), and
+    the durable ack the dead owner recorded. That save covers the gang, as it did for the
+    owner (failover-4253230685: charged 995 GPU-s from the older checkpoint, true 0.5)."""
+    gone = member("r0", 2, ckpt=at(0), url="", leader=True)
+    g = gang(gone, scope=CheckpointScope.LEADER)
+    w = build_restart_waste(
+        notice(), g, [ack(gone, durable=True, when=at(59))], STOP, deadline_met=True
+    )
+    assert w.outcome is CheckpointOutcome.CHECKPOINTED
+    assert w.gpu_seconds_lost == 2 * 60
+    # The same gang with its leader's pod gone but a follower still asked: the leader speaks.
+    follower = member("r1", 2, ckpt=at(0))
+    g2 = gang(gone, follower, scope=CheckpointScope.LEADER)
+    acks = [ack(gone, durable=True, when=at(59)), ack(follower, durable=False, when=None)]
+    w2 = build_restart_waste(notice(), g2, acks, STOP, deadline_met=True)
+    assert w2.outcome is CheckpointOutcome.CHECKPOINTED
+    assert w2.gpu_seconds_lost == 2 * 2 * 60
+    # Nobody answered and nobody opted in: as before.
+    w3 = build_restart_waste(notice(), g, [], STOP, deadline_met=True)
+    assert w3.outcome is CheckpointOutcome.NOT_OPTED_IN
