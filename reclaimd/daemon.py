@@ -228,7 +228,7 @@ class Daemon:
             peer_acks=lambda holder, label: probe.ask(alive.address(holder), label, pp.ask_s),
         )
         if listener is not None:
-            listener.answer = gang_leases.held
+            listener.answer, listener.cut = gang_leases.held, alive.cut_off
         runbook = Runbook(
             view=view,
             writer=writer if would is None else would.evictor,

@@ -12,6 +12,12 @@ replica probes its peers' every ``probe_every_s``. A refused connection is a dea
 ``dead(holder)`` turns true and ``deaths`` wakes the resume scan, so a SIGKILLed peer's claims
 are taken over within a second or two, not ``lease_s`` later. A stopping replica ``release``s
 its Lease (renewed "long ago") once it has stopped acting, and closes its probe port.
+
+Cut off: a replica that has not renewed its own Lease for ``cut_after_s`` (less than the
+Lease) cannot reach the API server. It says so to a peer that probes it (``cut_off``), and
+the peer takes its claims over at once; from that moment on the cut-off replica's fences read
+the claim before it acts (``fresh`` uses ``cut_after_s``, and a renewal after such a gap marks
+the Lease lapsed), so the two never both act on a claim: the self-report is the fence.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -37,6 +43,9 @@ HOLDER_LABEL = "reclaimd.io/holder-lease"
 # A holder Lease not renewed for this long belongs to a replica that is gone: it is deleted.
 GONE_AFTER_S = 3600.0
 FIRST = datetime(1970, 1, 2, tzinfo=UTC)  # sorts before any notice's deadline in the budget
+# Of the Lease: this long without a renewal, a replica says it is cut off (renewals come
+# every third of it; two missed in a row and most of a third is no slow API server).
+CUT_FRACTION = 0.6
 HOLDER_ANNOTATION = "reclaimd.io/holder"
 PROBE_ANNOTATION = "reclaimd.io/probe"  # host:port: refused there = this holder is dead
 GROUP_ANNOTATION = "reclaimd.io/peer-group"  # the replicas that take each other's claims
@@ -63,6 +72,7 @@ class HolderLeases:
     ) -> None:
         self._coord = k8s.CoordinationV1Api(api_client)
         self.namespace, self.holder, self.lease_s = namespace, holder, lease_s
+        self.cut_after_s = lease_s * CUT_FRACTION
         self._limiter = limiter
         self._probe_address = probe_address  # ours, as peers should dial it ("" = none)
         self._probe_every_s, self._probe_timeout_s = probe_every_s, probe_timeout_s
@@ -87,7 +97,8 @@ class HolderLeases:
         return self._addresses.get(holder, "")
 
     def dead(self, holder: str) -> bool:
-        """``holder`` refused our probe since its last renewal: gone, whatever its Lease says."""
+        """``holder`` refused our probe, or said it is cut off, since its last renewal: it no
+        longer acts on its claims, whatever its Lease says."""
         return holder != self.holder and holder in self._dead
 
     def peer_alive(self) -> bool:
@@ -103,9 +114,15 @@ class HolderLeases:
         )
 
     def fresh(self) -> bool:
-        """Our Lease was renewed within ``lease_s``: peers see our claims as live."""
+        """Our Lease was renewed within ``cut_after_s``: no peer may take our claims over
+        (past it we say we are cut off, and a peer may)."""
         last = self.renewed_at
-        return last is not None and utcnow() - last <= timedelta(seconds=self.lease_s)
+        return last is not None and utcnow() - last <= timedelta(seconds=self.cut_after_s)
+
+    def cut_off(self) -> bool:
+        """No renewal of our Lease landed for ``cut_after_s``: we cannot reach the API server
+        (what the probe port answers to ``GET /reach``). Before the first renewal: no."""
+        return self.renewed_at is not None and not self.fresh()
 
     def unbroken_since(self, since: datetime) -> bool:
         """Fresh now, and never lapsed since ``since``: no peer can have taken over a claim
@@ -114,15 +131,34 @@ class HolderLeases:
         return self.fresh() and (self.lapsed_at is None or self.lapsed_at < since)
 
     async def run(self) -> None:
-        """Renew our Lease and refresh the others', every ``lease_s / 3``, until cancelled."""
+        """Renew our Lease and refresh the others', each every ``lease_s / 3``, until
+        cancelled. Apart: a slow LIST in a storm must not delay a renewal past
+        ``cut_after_s``, or this replica would call itself cut off."""
+        await self.renew_or_log()
+        await asyncio.gather(
+            self._every(self.renew_or_log, first=False),
+            self._every(self._refresh_or_log, first=True),  # the peers, from the start
+        )
+
+    async def _every(self, step: Callable[[], Awaitable[None]], *, first: bool) -> None:
+        if first:
+            await step()
         while True:
-            try:
-                await self.renew()
-                await self.refresh()
-            except client.KubeError as e:
-                # Keep trying: our claims survive a missed renewal or two (lease_s = 3 periods).
-                log.warning("holder lease: %s", e)
             await asyncio.sleep(self.lease_s / 3)
+            await step()
+
+    async def renew_or_log(self) -> None:
+        try:
+            await self.renew()
+        except client.KubeError as e:
+            # Keep trying: our claims survive a missed renewal (cut_after_s = 1.8 periods).
+            log.warning("holder lease: %s", e)
+
+    async def _refresh_or_log(self) -> None:
+        try:
+            await self.refresh()
+        except client.KubeError as e:
+            log.warning("holder leases: %s", e)
 
     async def renew(self) -> None:
         now = utcnow()
@@ -164,8 +200,14 @@ class HolderLeases:
                 lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
                 retry_until=until,
             )
-        if self.renewed_at is not None and now - self.renewed_at > timedelta(seconds=self.lease_s):
-            self.lapsed_at = now  # renewed again after a gap longer than the Lease
+        done = utcnow()
+        # Renewed again after a gap in which we said we were cut off, or the Lease ran out: a
+        # peer may have taken our claims over. From when it landed, not when it was sent (a
+        # request held by a partition lands late).
+        if self.renewed_at is not None and done - self.renewed_at > timedelta(
+            seconds=self.cut_after_s
+        ):
+            self.lapsed_at = done
         self.renewed_at = now
 
     async def alive(self, holder: str) -> bool:
@@ -251,9 +293,10 @@ class HolderLeases:
                 *(probe.probe(a, self._probe_timeout_s) for a in peers.values())
             )
             for holder, verdict in zip(peers, verdicts, strict=True):
-                if verdict is probe.Verdict.DEAD and holder not in self._dead:
+                if verdict is not probe.Verdict.UNKNOWN and holder not in self._dead:
                     self._dead[holder] = self._seen.get(holder, FIRST)
-                    logs.event(log, "peer found dead", holder=holder, address=peers[holder])
+                    what = "peer found dead" if verdict is probe.Verdict.DEAD else "peer cut off"
+                    logs.event(log, what, holder=holder, address=peers[holder])
                     self.deaths.set()
             await asyncio.sleep(self._probe_every_s)
 

@@ -11,12 +11,19 @@ accepted by the kernel, and a partition drops packets. Those wait for the Lease,
 So a false "dead" needs a live process that is not listening on the address it advertised,
 and a replica closes its listener only once it has stopped acting on claims (``Daemon.run``).
 
-The same port answers one question (``ask``): ``GET /acks/<notice label>``, the checkpoints a
+A probe also asks one thing: ``GET /reach``. A replica whose own holder Lease has not been
+renewed for ``cut_after_s`` says it is *cut off* from the API server (a partition between it
+and the API server, while its peer still reaches it): it cannot act on its claims, and it
+reads every claim before acting from then on (``HolderLeases.fresh``), so its peer takes the
+claims over at once rather than a whole Lease later. Only the replica itself can say this; a
+silence (a pause) still waits for the Lease.
+
+The same port answers one question more (``ask``): ``GET /acks/<notice label>``, the checkpoints a
 replica's ranks acked for a notice. A replica cut off from the API server cannot record them in
 the gang's Lease, and by the time its peer takes the notice over, Kueue may have deleted the
 ranks that answered: the peer asks the presumed-dead holder (``gangclaims.GangClaims.owned_by``)
-and charges from what they saved, not from older checkpoints. A probe sends nothing and is
-hung up on as before.
+and charges from what they saved, not from older checkpoints. A peer that sends nothing is
+hung up on.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from enum import StrEnum
 
 # What a peer may ask: one notice's acks, by the notice's label (a digest, never the id).
 _ACKS = re.compile(rb"^GET /acks/([0-9a-f]{1,64}) HTTP/1\.[01]\r?\n$")
+_REACH = re.compile(rb"^GET /reach HTTP/1\.[01]\r?\n$")
+CUT = b"cut"  # the body of a /reach answer from a replica cut off from the API server
 READ_S = 1.0  # a peer that connects and says nothing (a probe) is hung up on
 MAX_ANSWER = 4 << 20
 
@@ -39,6 +48,7 @@ Answer = Callable[[str], Mapping[str, str]]  # notice label -> {gang lease name:
 
 class Verdict(StrEnum):
     DEAD = "dead"  # refused: nothing listens there
+    CUT = "cut"  # it says it cannot reach the API server: it no longer acts on its claims
     UNKNOWN = "unknown"  # accepted, timed out, unreachable: the Lease decides
 
 
@@ -47,11 +57,18 @@ class Listener:
     peers dial ``advertise`` (empty: ``$POD_IP``, else loopback) at the bound port."""
 
     def __init__(
-        self, host: str, port: int, advertise: str = "", *, answer: Answer | None = None
+        self,
+        host: str,
+        port: int,
+        advertise: str = "",
+        *,
+        answer: Answer | None = None,
+        cut: Callable[[], bool] | None = None,
     ) -> None:
         self.host, self.port = host, port
         self.advertise = advertise or os.environ.get("POD_IP", "") or "127.0.0.1"
         self.answer = answer  # set once the gang records exist (``Daemon._wire``)
+        self.cut = cut  # ``HolderLeases.cut_off``, once the holder Lease exists
         self._server: asyncio.Server | None = None
 
     @property
@@ -81,9 +98,13 @@ class Listener:
             async with asyncio.timeout(READ_S):
                 line = await reader.readline()
             asked = _ACKS.match(line)
+            body: bytes | None = None
             if asked is not None and self.answer is not None:
                 body = json.dumps(dict(self.answer(asked.group(1).decode()))).encode()
-                writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n")
+            elif _REACH.match(line) and self.cut is not None:
+                body = CUT if self.cut() else b"reaches"
+            if body is not None:
+                writer.write(b"HTTP/1.0 200 OK\r\n")
                 writer.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
                 await writer.drain()
         except (OSError, TimeoutError, ValueError):
@@ -95,21 +116,32 @@ class Listener:
 
 
 async def probe(address: str, timeout_s: float) -> Verdict:
-    """One TCP connect to ``host:port``."""
+    """One TCP connect to ``host:port``, and ``GET /reach`` on it; both within ``timeout_s``."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         return Verdict.UNKNOWN
     try:
         async with asyncio.timeout(timeout_s):
-            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
     except ConnectionRefusedError:
         return Verdict.DEAD
     except (OSError, TimeoutError):
         return Verdict.UNKNOWN
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
-    return Verdict.UNKNOWN
+    try:
+        async with asyncio.timeout(timeout_s):
+            writer.write(b"GET /reach HTTP/1.0\r\n")
+            await writer.drain()
+            raw = b""
+            while len(raw) < 256 and (chunk := await reader.read(256)):
+                raw += chunk  # a short answer, then the peer closes
+    except (OSError, TimeoutError):
+        return Verdict.UNKNOWN  # paused (the kernel accepted), or an older replica: silent
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return Verdict.CUT if head.startswith(b"HTTP/1.0 200") and body == CUT else Verdict.UNKNOWN
 
 
 async def ask(address: str, label: str, timeout_s: float) -> dict[str, str]:

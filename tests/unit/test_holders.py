@@ -183,3 +183,106 @@ async def test_a_listener_without_answers_hangs_up_on_a_question() -> None:
         assert await probe.ask(live.address, "ab12", 1.0) == {}
     finally:
         await live.close()
+
+
+async def test_a_replica_without_a_renewal_for_cut_after_s_says_it_is_cut_off() -> None:
+    """What it tells a probing peer is what its own fences obey: once it may have been taken
+    over on its own word, every claim is read before it acts on it again."""
+    h = leases()  # lease_s 10: cut off after 6 s without a renewal
+    assert not h.cut_off()  # never renewed: no claims, nothing to say
+    await h.renew()
+    claimed = utcnow()
+    listener = Listener("127.0.0.1", 0, cut=h.cut_off)
+    await listener.start()
+    try:
+        assert not h.cut_off() and h.unbroken_since(claimed - timedelta(seconds=1))
+        assert await probe.probe(listener.address, 0.5) is probe.Verdict.UNKNOWN
+        assert h.renewed_at is not None
+        h.renewed_at -= timedelta(seconds=h.cut_after_s + 0.5)  # within the Lease, past the cut
+        assert h.cut_off() and not h.fresh()
+        assert not h.unbroken_since(claimed - timedelta(seconds=1))
+        assert await probe.probe(listener.address, 0.5) is probe.Verdict.CUT
+        await h.renew()  # the API server reached again
+        assert not h.cut_off()
+        assert await probe.probe(listener.address, 0.5) is probe.Verdict.UNKNOWN
+        assert not h.unbroken_since(claimed)  # the peer may have taken that claim over
+    finally:
+        await listener.close()
+
+
+class Slow(Accepting):
+    """Writes that land ``s`` after they are sent (a partition that holds requests)."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+    async def call(self, what: str, deadline: Any, write: Any, **kw: Any) -> None:
+        await asyncio.sleep(self.s)
+
+
+async def test_a_renewal_that_lands_after_the_cut_marks_a_lapse() -> None:
+    """Sent inside the cut, landed past it: a peer may have acted on what we said meanwhile."""
+    h = HolderLeases(cast(Any, None), "reclaimd", "me", lease_s=1.0, limiter=cast(Any, Slow(0.0)))
+    await h.renew()
+    claimed = utcnow()
+    assert h.renewed_at is not None
+    h.renewed_at -= timedelta(seconds=h.cut_after_s - 0.2)
+    h._limiter = cast(Any, Slow(0.4))
+    await h.renew()
+    assert not h.unbroken_since(claimed)
+
+
+async def test_a_peer_that_says_it_is_cut_off_is_presumed_dead_until_it_renews() -> None:
+    cut = Listener("127.0.0.1", 0, cut=lambda: True)
+    fine = Listener("127.0.0.1", 0, cut=lambda: False)
+    await cut.start()
+    await fine.start()
+    now = utcnow()
+    listing = Listing(
+        [holder_lease("cut", now, cut.address), holder_lease("fine", now, fine.address)]
+    )
+    h = HolderLeases(
+        cast(Any, None),
+        "reclaimd",
+        "me",
+        lease_s=10.0,
+        limiter=cast(Any, listing),
+        probe_every_s=0.05,
+        group="g",
+    )
+    await h.refresh()
+    probing = asyncio.create_task(h.run_probes())
+    try:
+        async with asyncio.timeout(5):
+            await h.deaths.wait()
+        assert h.dead("cut") and not h.dead("fine")
+        listing.leases[0] = holder_lease("cut", now + timedelta(seconds=2), cut.address)
+        await h.refresh()
+        assert not h.dead("cut")  # it reached the API server again
+    finally:
+        probing.cancel()
+        await cut.close()
+        await fine.close()
+
+
+class SlowList(Listing):
+    def __init__(self) -> None:
+        super().__init__([])
+        self.renewals = 0
+
+    async def read(self, what: str, deadline: Any, call: Any, **kw: Any) -> Any:
+        await asyncio.sleep(5.0)  # a LIST queued behind a storm's writes
+        return await super().read(what, deadline, call, **kw)
+
+    async def call(self, what: str, deadline: Any, write: Any, **kw: Any) -> None:
+        self.renewals += 1
+
+
+async def test_renewals_do_not_wait_for_a_slow_list_of_the_peers() -> None:
+    listing = SlowList()
+    h = HolderLeases(cast(Any, None), "reclaimd", "me", lease_s=0.3, limiter=cast(Any, listing))
+    running = asyncio.create_task(h.run())
+    await asyncio.sleep(1.0)
+    running.cancel()
+    # Every 0.1 s while the first LIST is still out: never one renewal per LIST.
+    assert listing.renewals >= 3 and not h.cut_off()
