@@ -420,7 +420,19 @@ def evaluate(
 ) -> Verdict:
     by_gang = {g.name: g for g in gangs}
     traces = index_traces(observed.spans)
-    rows = {n.notice_id: _notice_row(n, traces.get(n.notice_id, []), observed.events)
+    changes = holder_changes(
+        observed.claim_history,
+        faults,
+        observed.spans_by_holder,
+        claim_keys={n.notice_id: n.claim_key for n in notices if n.claim_key},
+    )
+    # A notice taken over is drained when its last holder saw its pods gone: the one it
+    # took over from may wait on, cut off and blind, until the deadline.
+    last = {c.notice_id: c.new for c in sorted(changes, key=lambda c: c.at)}
+    takers = set(last.values())
+    by_holder = {h: index_traces(s) for h, s in observed.spans_by_holder.items() if h in takers}
+    rows = {n.notice_id: _notice_row(n, traces.get(n.notice_id, []), observed.events,
+                                     by_holder.get(last.get(n.notice_id, ""), {}).get(n.notice_id))
             for n in _unique(notices)}  # fmt: skip
     charging = [n for n in _unique(notices) if n.response != "checkpoint_only"]
     expected = {g for n in charging for g in n.gangs}
@@ -475,12 +487,6 @@ def evaluate(
     checks.insert(0, _waited_check(observed.gave_up, late, pending))
     if late or pending:  # the ledger check says which missing ones were not lost
         checks[1] = _with_late(checks[1], late, pending)
-    changes = holder_changes(
-        observed.claim_history,
-        faults,
-        observed.spans_by_holder,
-        claim_keys={n.notice_id: n.claim_key for n in notices if n.claim_key},
-    )
     summary = _summary(rows.values(), expected, events_by_gang, fault_rows, observed.arrivals)
     summary = dataclasses.replace(
         summary,
@@ -895,9 +901,16 @@ def _lost(gpus: int, starts: Sequence[datetime], stopped: datetime) -> float:
 
 
 def _notice_row(
-    n: NoticeFacts, spans: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]]
+    n: NoticeFacts,
+    spans: Sequence[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
+    last_holders: Sequence[Mapping[str, Any]] | None = None,
 ) -> NoticeRow:
+    """``last_holders``: a taken-over notice's spans from the holder that took it last."""
     times = phase_times(spans)
+    drained = phase_times(last_holders).get("drained") if last_holders else None
+    if drained is not None:
+        times["drained"] = drained
     deadline = n.deadline
     for s in spans:
         raw = s["attributes"].get("reclaimd.deadline") if s["name"] == ROOT else None

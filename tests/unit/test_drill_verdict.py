@@ -581,3 +581,34 @@ def test_a_rank_the_drill_stopped_before_it_was_asked_is_not_owed_a_request() ->
         ),
     )
     assert report._asked(g, "n") == (1, 2)
+
+
+def test_a_taken_over_notice_is_drained_when_its_last_holder_saw_it_drained() -> None:
+    """r0, cut off from the API server, waits blind for pods it cannot see go, until the
+    deadline; r1 took the notice over and saw them gone well before it. Without a takeover
+    the latest drain of any holder counts, as before."""
+    notice = report.NoticeFacts(
+        label="kueue#0", source="kueue", kind="reclaim", target="workload w",
+        notice_id="A", response="no_cordon", deadline=_at(30), sent_at=_at(0), gangs=(),
+    )  # fmt: skip
+
+    def trace(tid: str, drained: float) -> list[dict[str, Any]]:
+        return [
+            {"trace_id": tid, "name": "reclaimd.notice", "start_ns": _ns(0.1),
+             "end_ns": _ns(drained), "attributes": {"reclaimd.notice.id": "A"}},
+            {"trace_id": tid, "name": "reclaimd.drain", "start_ns": _ns(1),
+             "end_ns": _ns(drained), "attributes": {}},
+        ]  # fmt: skip
+
+    r0, r1 = trace("t0", 30.5), trace("t1", 12)
+    cut = _kill(kind="partition", label="partition reclaimd-0@2s", at=2, ended_at=_at(31))
+    history = {"w": [_seen(0.2, "r0", "A", 0.2), _seen(10, "r1", "A", 9.5)]}
+    taken = _evaluate(
+        faults_=[cut], history=history, spans=r0 + r1, by_holder={"r0": r0, "r1": r1},
+        notices=[notice],
+    )  # fmt: skip
+    (row,) = taken.notices
+    assert row.drained_at == _at(12) and row.deadline_met
+    alone = _evaluate(spans=r0, by_holder={"r0": r0}, notices=[notice])
+    (row,) = alone.notices
+    assert row.drained_at == _at(30.5) and not row.deadline_met
