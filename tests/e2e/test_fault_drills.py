@@ -42,16 +42,11 @@ FAULT_PASSING: list[str] = [
     "failover-1135209167",  # 3/3
     "failover-820738344",  # 3/3
     "failover-2258512585",  # 3/3 with held notices and the pod snapshot (2026-12-02)
+    "failover-4253230685",  # 3/3 with the ack hand-off, /reach and the leader fix (2026-12-02)
 ]
 # Not PASS every run yet: the scenario, and the guarantee that is missing (reclaimd's, not the
 # rig's; docs/drills.md has the figures).
-FAULTS_NOT_YET: dict[str, str] = {
-    "failover-4253230685": "found 2026-12-02 (bench-failover --seed 20261203, run 5): replica 1"
-    " cut off from the apiserver (it still reaches the trainers) got two ranks' acks it could"
-    " not record; Kueue had deleted those pods by the takeover (20 s, the Lease), so the"
-    " survivor charged them from their older checkpoints, unasked (cg0-2 992 GPU-s against"
-    " 0.5, kg0-1 1,987 against 44.6); and kueue#0 drained 0.01 s past its 29.84 s window",
-}
+FAULTS_NOT_YET: dict[str, str] = {}
 
 
 def test_every_fault_scenario_is_accounted_for() -> None:
