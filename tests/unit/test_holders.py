@@ -75,6 +75,19 @@ def holder_lease(holder: str, renewed: datetime, probe: str, group: str = "g") -
     )
 
 
+def prober(listing: Listing) -> HolderLeases:
+    """Our holder Leases, of group "g", probing every 50 ms the peers ``listing`` names."""
+    return HolderLeases(
+        cast(Any, None),
+        "reclaimd",
+        "me",
+        lease_s=10.0,
+        limiter=cast(Any, listing),
+        probe_every_s=0.05,
+        group="g",
+    )
+
+
 async def test_a_peer_that_refuses_its_probe_is_dead_until_it_renews_again() -> None:
     closed = Listener("127.0.0.1", 0)
     await closed.start()
@@ -90,15 +103,7 @@ async def test_a_peer_that_refuses_its_probe_is_dead_until_it_renews_again() -> 
             holder_lease("other-deployment", now, live.address, group="h"),
         ]
     )
-    h = HolderLeases(
-        cast(Any, None),
-        "reclaimd",
-        "me",
-        lease_s=10.0,
-        limiter=cast(Any, listing),
-        probe_every_s=0.05,
-        group="g",
-    )
+    h = prober(listing)
     await h.refresh()
     assert h.peer_alive()
     probing = asyncio.create_task(h.run_probes())
@@ -241,15 +246,7 @@ async def test_a_peer_that_says_it_is_cut_off_is_presumed_dead_until_it_renews()
     listing = Listing(
         [holder_lease("cut", now, cut.address), holder_lease("fine", now, fine.address)]
     )
-    h = HolderLeases(
-        cast(Any, None),
-        "reclaimd",
-        "me",
-        lease_s=10.0,
-        limiter=cast(Any, listing),
-        probe_every_s=0.05,
-        group="g",
-    )
+    h = prober(listing)
     await h.refresh()
     probing = asyncio.create_task(h.run_probes())
     try:
