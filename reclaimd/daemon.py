@@ -493,7 +493,7 @@ class Daemon:
         for task in first:
             task.cancel()
         await _settle(first, HAND_BACK_S)
-        peer = parts.holders.peer_alive()
+        peer = await parts.holders.peer_alive_now()
         logs.event(log, "stopping", in_flight=parts.scheduler.depth, hand_over=peer)
         if not peer:
             with contextlib.suppress(TimeoutError):

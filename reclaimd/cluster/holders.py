@@ -289,16 +289,28 @@ class HolderLeases:
                 if h not in self._dead
                 and now - self._seen.get(h, FIRST) <= timedelta(seconds=self.lease_s)
             }
-            verdicts = await asyncio.gather(
-                *(probe.probe(a, self._probe_timeout_s) for a in peers.values())
-            )
-            for holder, verdict in zip(peers, verdicts, strict=True):
-                if verdict is not probe.Verdict.UNKNOWN and holder not in self._dead:
-                    self._dead[holder] = self._seen.get(holder, FIRST)
-                    what = "peer found dead" if verdict is probe.Verdict.DEAD else "peer cut off"
-                    logs.event(log, what, holder=holder, address=peers[holder])
-                    self.deaths.set()
+            await self._probe(peers)
             await asyncio.sleep(self._probe_every_s)
+
+    async def peer_alive_now(self) -> bool:
+        """``peer_alive`` after one more probe of each peer: a stopping replica hands its
+        claims and its ranks' answers over only to a peer alive now, not one that died since
+        the last round (it would leave them to a successor that cannot learn them)."""
+        await self._probe(
+            {h: a for h, a in self._addresses.items() if h in self._peers and not self.dead(h)}
+        )
+        return self.peer_alive()
+
+    async def _probe(self, peers: dict[str, str]) -> None:
+        verdicts = await asyncio.gather(
+            *(probe.probe(a, self._probe_timeout_s) for a in peers.values())
+        )
+        for holder, verdict in zip(peers, verdicts, strict=True):
+            if verdict is not probe.Verdict.UNKNOWN and holder not in self._dead:
+                self._dead[holder] = self._seen.get(holder, FIRST)
+                what = "peer found dead" if verdict is probe.Verdict.DEAD else "peer cut off"
+                logs.event(log, what, holder=holder, address=peers[holder])
+                self.deaths.set()
 
     async def release(self) -> None:
         """Say we are gone (renewed "long ago"): a stopping replica, once it no longer acts on

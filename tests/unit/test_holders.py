@@ -283,3 +283,24 @@ async def test_renewals_do_not_wait_for_a_slow_list_of_the_peers() -> None:
     running.cancel()
     # Every 0.1 s while the first LIST is still out: never one renewal per LIST.
     assert listing.renewals >= 3 and not h.cut_off()
+
+
+async def test_a_stopping_replica_asks_whether_its_peer_is_alive_now() -> None:
+    """The peer died after the last probe round (SIGKILLed a moment before our SIGTERM): the
+    LIST still calls it alive, one more probe does not, and nothing is handed to it."""
+    gone = Listener("127.0.0.1", 0)
+    await gone.start()
+    address = gone.address
+    await gone.close()
+    live = Listener("127.0.0.1", 0)
+    await live.start()
+    try:
+        now = utcnow()
+        h = prober(Listing([holder_lease("peer", now, address)]))
+        await h.refresh()
+        assert h.peer_alive() and not await h.peer_alive_now()
+        h = prober(Listing([holder_lease("peer", now, live.address)]))
+        await h.refresh()
+        assert await h.peer_alive_now()
+    finally:
+        await live.close()
