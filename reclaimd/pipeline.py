@@ -287,11 +287,7 @@ class Runbook:
                 facts = await self._run(admitted, report, recorded)
             finally:
                 root.set_attribute("reclaimd.deadline_met", report.deadline_met)
-        if self.flush_spans is not None:
-            try:
-                await self.flush_spans()
-            except Exception as e:  # a collector down must not keep the claim open
-                logs.event(log, "spans not flushed", logging.WARNING, error=str(e)[:200])
+        await self._flush_spans()
         await self.progress.done(admitted, **facts)
         if self.on_report is not None:
             self.on_report(report)
@@ -421,6 +417,13 @@ class Runbook:
         finally:
             flight.settled.set()
 
+    async def _flush_spans(self) -> None:
+        if self.flush_spans is not None:
+            try:
+                await self.flush_spans()
+            except Exception as e:  # a collector down must not keep the claim open
+                logs.event(log, "spans not flushed", logging.WARNING, error=str(e)[:200])
+
     async def _fence(self, admitted: Admitted) -> None:
         if not await self.progress.still_ours(admitted):
             raise ClaimLost(f"notice {admitted.id} was taken over while this process paused")
@@ -533,6 +536,9 @@ class Runbook:
             attributes={
                 **tracing.producer_attributes("kafka", self.ledger_topic, 1),
                 "reclaimd.gang": str(gang.key),
+                # The event names this span's trace: with the notice here, the trace is found
+                # even if the process dies before the notice's root span ends and is exported.
+                "reclaimd.notice.id": notice.id,
             },
         ) as span:
             waste = self.build_waste(
@@ -548,6 +554,9 @@ class Runbook:
             self.narrator.recorded(waste)
             report.wastes.append(waste)
             span.set_attribute("reclaimd.events", 1)
+        # Out before the event is far along: what ended so far (the claim, the asks, the drain,
+        # this span) is the trace the event names, if a SIGKILL comes before the root's end.
+        await self._flush_spans()
         report.mark("recorded")
         logs.event(
             log,

@@ -612,3 +612,19 @@ def test_a_taken_over_notice_is_drained_when_its_last_holder_saw_it_drained() ->
     alone = _evaluate(spans=r0, by_holder={"r0": r0}, notices=[notice])
     (row,) = alone.notices
     assert row.drained_at == _at(30.5) and not row.deadline_met
+
+
+def test_a_trace_without_its_root_is_found_by_its_ledger_span() -> None:
+    """The process died before the notice's root span ended: what it wrote out at the event
+    (the ledger span names the notice) is still that notice's trace."""
+    spans = [
+        {"trace_id": "t", "name": "reclaimd.drain", "start_ns": _ns(1), "attributes": {}},
+        {"trace_id": "t", "name": "reclaimd.ledger", "start_ns": _ns(2),
+         "attributes": {"reclaimd.notice.id": "A"}},
+        {"trace_id": "u", "name": "reclaimd.notice", "start_ns": _ns(5),
+         "attributes": {"reclaimd.notice.id": "A"}},
+        {"trace_id": "v", "name": "receive x", "start_ns": _ns(0),
+         "attributes": {"reclaimd.notice.id": "A"}},  # a transport's: not the notice's trace
+    ]  # fmt: skip
+    found = report.index_traces(spans)
+    assert sorted({s["trace_id"] for s in found["A"]}) == ["t", "u"]
