@@ -1221,13 +1221,13 @@ ROOT = "reclaimd.notice"
 def index_traces(spans: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """Spans by notice id: every trace whose root names the notice (a resumed notice, or one
     handled again by a peer, has more than one), or, without its root (a process killed
-    before the root ended), whose ledger span does."""
+    before the root ended), whose drain or ledger span does."""
     by_trace: dict[str, list[Mapping[str, Any]]] = {}
     notice_of: dict[str, str] = {}
     for s in spans:
         by_trace.setdefault(s["trace_id"], []).append(s)
         named = str(s["attributes"].get("reclaimd.notice.id", ""))
-        if s["name"] == ROOT or (s["name"] == "reclaimd.ledger" and named):
+        if s["name"] == ROOT or (s["name"] in ("reclaimd.drain", "reclaimd.ledger") and named):
             notice_of.setdefault(s["trace_id"], named)
     out: dict[str, list[Mapping[str, Any]]] = {}
     for trace_id, notice_id in notice_of.items():

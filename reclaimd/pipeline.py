@@ -515,7 +515,9 @@ class Runbook:
                 return Stop(gone, in_time=gone < deadline)
 
         with self.tracer.start_as_current_span(
-            "reclaimd.drain", attributes={"reclaimd.gang": str(gang.key)}
+            # The notice named here too: the trace is found without its root (``record``).
+            "reclaimd.drain",
+            attributes={"reclaimd.gang": str(gang.key), "reclaimd.notice.id": notice.id},
         ):
             stopped = Stop.last(await asyncio.gather(*(one(m) for m in gang.members)))
         self.narrator.drained(notice, tuple(sorted(flight.nodes)))
@@ -536,8 +538,6 @@ class Runbook:
             attributes={
                 **tracing.producer_attributes("kafka", self.ledger_topic, 1),
                 "reclaimd.gang": str(gang.key),
-                # The event names this span's trace: with the notice here, the trace is found
-                # even if the process dies before the notice's root span ends and is exported.
                 "reclaimd.notice.id": notice.id,
             },
         ) as span:
@@ -550,13 +550,13 @@ class Runbook:
                 traceparent=tracing.current_traceparent(),
                 cluster=self.cluster_name,
             )
+            # Out before the event exists anywhere: what ended so far (the claim, the asks, the
+            # drain) is the trace the event names, should the process die before the root ends.
+            await self._flush_spans()
             await self.ledger.record(waste)
             self.narrator.recorded(waste)
             report.wastes.append(waste)
             span.set_attribute("reclaimd.events", 1)
-        # Out before the event is far along: what ended so far (the claim, the asks, the drain,
-        # this span) is the trace the event names, if a SIGKILL comes before the root's end.
-        await self._flush_spans()
         report.mark("recorded")
         logs.event(
             log,

@@ -381,9 +381,9 @@ async def test_the_trace_is_written_out_before_the_claim_is_done() -> None:
 
 
 async def test_each_event_names_a_trace_that_is_written_out_with_it() -> None:
-    """A SIGKILL after a gang's event went to the ledger but before the notice's root span
+    """A SIGKILL after a gang's event went to the outbox but before the notice's root span
     ended would leave the event naming a trace nobody has: the spans ended so far go out
-    right after each event, and the ledger span names the notice (no root needed)."""
+    before each event is recorded, and the drain span names the notice (no root needed)."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -400,9 +400,8 @@ async def test_each_event_names_a_trace_that_is_written_out_with_it() -> None:
 
     rb.flush_spans = flush
     await rb.handle(admitted(spot("a", "i-1")))
-    assert world.recorded and flushes[0] == 1  # the first flush came right after the event
-    ledger = [s for s in exported.get_finished_spans() if s.name == "reclaimd.ledger"]
-    assert ledger and all(
-        (s.attributes or {}).get("reclaimd.notice.id") == world.recorded[0].notice.id
-        for s in ledger
+    assert world.recorded and flushes[0] == 0  # written out before the event was recorded
+    named = [s for s in exported.get_finished_spans() if s.name == "reclaimd.drain"]
+    assert named and all(
+        (s.attributes or {}).get("reclaimd.notice.id") == world.recorded[0].notice.id for s in named
     )
