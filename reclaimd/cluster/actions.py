@@ -17,10 +17,11 @@ notice's deadline, so in a storm the most urgent node is served first.
   ``force-near-deadline`` retries until ``deadline - force_before_s``, then deletes the pod
   with a short grace period: a PDB protects availability, and the node takes every pod with
   it at the deadline anyway, so the last seconds are better spent on an orderly SIGTERM.
-  A gang whose checkpoint ask is over (``saved``) is not held by a PDB that guards only its
-  own pods (``only_its_gang``; ``drain_when_saved``): the gang is going either way, and every
-  second it waits for ``force_before_s`` is a second its replacement does not train. Such a
-  refused pod is deleted at once, with the same grace.
+  Under ``force-near-deadline``, a gang whose checkpoint ask is over (``saved``) is not held
+  by a PDB that guards only its own pods (``only_its_gang``; ``drain_when_saved``): the gang
+  is going either way, and every second it waits for ``force_before_s`` is a second its
+  replacement does not train. Such a refused pod is deleted at once, with the same grace.
+  ``respect-pdb`` honours every PDB to the end, as it says.
 """
 
 from __future__ import annotations
@@ -195,7 +196,11 @@ class ClusterActions:
                     # 429: a PDB refuses. 500: the pod is under several PDBs (the server
                     # cannot pick one). Load shedding was already retried by the budget.
                     hint_s = e.retry_after_s
-                    if saved and self._releases(member):
+                    if (
+                        saved
+                        and policy is EvictionPolicy.FORCE_NEAR_DEADLINE
+                        and self._releases(member)
+                    ):
                         return await self._force_delete(
                             member, self._clock(), deadline, what, EvictResult.RELEASED
                         )

@@ -257,6 +257,7 @@ async def test_a_pdb_still_holds_an_unsaved_gang_a_shared_pdb_and_the_old_policy
         (released_actions(core, only=True), False),  # its checkpoint ask is not over
         (released_actions(core, only=False), True),  # the PDB guards other pods too
         (released_actions(core, only=True, drain_when_saved=False), True),  # kept by setting
+        (released_actions(core, only=True, policy=EvictionPolicy.RESPECT_PDB), True),  # as said
     ):
         task = asyncio.create_task(actions.evict(MEMBER, deadline=deadline_in(60), saved=saved))
         await asyncio.sleep(0.2)
