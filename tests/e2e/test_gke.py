@@ -256,7 +256,7 @@ async def test_pubsub_nack_redelivers_and_cancel_releases_the_stream(
     pulled = await asyncio.to_thread(_pull_within, channel)
     assert [json.loads(p)["operation"]["id"] for p in pulled] == [later["operation"]["id"]]
     assert len(admit.seen) == 2  # the cancelled source never saw it
-    assert src.released == 0  # it held nothing when it stopped
+    assert src.counters.released == 0  # it held nothing when it stopped
 
 
 PEERS = 4  # each one more stream than the emulator's dead one to win a redelivery
@@ -292,11 +292,11 @@ async def test_pubsub_a_stopping_source_hands_its_messages_to_a_peer(
         with pytest.raises(asyncio.CancelledError):
             await runs[0]
         stop_s = time.monotonic() - stopping
-        assert first.released == 1
+        assert first.counters.released == 1
         await _until(lambda: any(a.seen for a in peer_admits), timeout_s=60)
         back_s = min(a.at[0] for a in peer_admits if a.at) - stopping
         print(f"\nPub/Sub hand-back: stop {stop_s:.2f} s, a peer had it {back_s:.2f} s after")
-        # Loose on purpose: the nack itself is proven by ``released`` and the unit tests;
+        # Loose on purpose: the nack itself is proven by ``counters.released`` and the unit tests;
         # without it the message would wait out the 10 s lease, and the emulator's dead
         # stream may add a lease either way.
         assert back_s < 30.0

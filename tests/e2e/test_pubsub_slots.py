@@ -163,7 +163,7 @@ async def test_the_survivors_own_copy_admits_a_notice_its_peer_held_and_a_releas
         with pytest.raises(asyncio.CancelledError):
             await stopping
         assert a.held_slot is None
-        assert a.released == 1
+        assert a.counters.released == 1
         # ...and the waiting replica takes it, and with it a's copy, back on subscription -0.
         await _until(lambda: c.held_slot == 0, timeout_s=15)
         assert await slot_holder(h, channel.ids[0]) == f"c-{h.run_id}"
