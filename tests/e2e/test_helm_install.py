@@ -154,6 +154,11 @@ def cluster(stack: Stack, tools: None) -> Iterator[Stack]:
             "metadata": {"name": name, "labels": PSS_LABELS},
         }
         kubectl(stack, "apply", "-f", "-", stdin=json.dumps(ns))
+        # Pod admission needs the default ServiceAccount, which the controller-manager makes
+        # when it gets to it (one fresh-clone run saw "serviceaccount default not found").
+        account = {"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "default", "namespace": name}}  # fmt: skip
+        kubectl(stack, "apply", "-f", "-", stdin=json.dumps(account), check=False)
     drop_cluster_wide(stack)  # left by an earlier run that died before its uninstall
     yield stack
     run(str(HELM), f"--kubeconfig={stack.kubeconfig}", "uninstall", RELEASE, "--namespace", NS,
