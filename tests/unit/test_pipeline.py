@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -350,18 +351,24 @@ async def test_a_process_paused_in_the_drain_charges_nothing() -> None:
     assert world.recorded == []
 
 
-async def test_the_trace_is_written_out_before_the_claim_is_done() -> None:
-    """A SIGKILL right after ``done`` must not take the notice's trace with it: nobody runs
-    a done notice again. So the root span has ended, and the spans are flushed, first."""
+def traced(world: World) -> tuple[Runbook, Any]:
+    """A runbook over ``world`` whose spans are kept in memory as they end."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    world = World()
     exported = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exported))
     rb = runbook(world)
     rb.tracer = provider.get_tracer("t")
+    return rb, exported
+
+
+async def test_the_trace_is_written_out_before_the_claim_is_done() -> None:
+    """A SIGKILL right after ``done`` must not take the notice's trace with it: nobody runs
+    a done notice again. So the root span has ended, and the spans are flushed, first."""
+    world = World()
+    rb, exported = traced(world)
     seen_at_done: list[str] = []
 
     async def flush() -> None:
@@ -384,15 +391,8 @@ async def test_each_event_names_a_trace_that_is_written_out_with_it() -> None:
     """A SIGKILL after a gang's event went to the outbox but before the notice's root span
     ended would leave the event naming a trace nobody has: the spans ended so far go out
     before each event is recorded, and the drain span names the notice (no root needed)."""
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     world = World()
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    rb = runbook(world)
-    rb.tracer = provider.get_tracer("t")
+    rb, exported = traced(world)
     flushes: list[int] = []
 
     async def flush() -> None:
