@@ -116,62 +116,56 @@ class Listener:
 
 
 async def probe(address: str, timeout_s: float) -> Verdict:
-    """One TCP connect to ``host:port``, and ``GET /reach`` on it; both within ``timeout_s``."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return Verdict.UNKNOWN
+    """One TCP connect to ``host:port`` and ``GET /reach`` on it, within ``timeout_s``."""
     try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        body = await _get(address, "/reach", timeout_s, limit=256)
     except ConnectionRefusedError:
         return Verdict.DEAD
-    except (OSError, TimeoutError):
-        return Verdict.UNKNOWN
-    try:
-        async with asyncio.timeout(timeout_s):
-            writer.write(b"GET /reach HTTP/1.0\r\n")
-            await writer.drain()
-            raw = b""
-            while len(raw) < 256 and (chunk := await reader.read(256)):
-                raw += chunk  # a short answer, then the peer closes
-    except (OSError, TimeoutError):
-        return Verdict.UNKNOWN  # paused (the kernel accepted), or an older replica: silent
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return Verdict.CUT if head.startswith(b"HTTP/1.0 200") and body == CUT else Verdict.UNKNOWN
+    # No answer: paused (the kernel accepted), partitioned from us, or an older replica.
+    return Verdict.CUT if body == CUT else Verdict.UNKNOWN
 
 
 async def ask(address: str, label: str, timeout_s: float) -> dict[str, str]:
     """The acks the replica at ``address`` holds for the notice labelled ``label``: empty
     when it does not answer in ``timeout_s`` (paused, partitioned from us, gone)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not re.fullmatch(r"[0-9a-f]{1,64}", label):
+    if not re.fullmatch(r"[0-9a-f]{1,64}", label):
         return {}
     try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
-            try:
-                writer.write(f"GET /acks/{label} HTTP/1.0\r\n".encode())
-                await writer.drain()
-                raw = b""
-                while chunk := await reader.read(65536):  # the peer closes when done
-                    raw += chunk
-                    if len(raw) > MAX_ANSWER:
-                        return {}
-            finally:
-                writer.close()
-    except (OSError, TimeoutError):
-        return {}
-    head, _, body = raw.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.0 200"):
-        return {}
-    try:
-        found = json.loads(body)
-    except ValueError:
+        body = await _get(address, f"/acks/{label}", timeout_s, limit=MAX_ANSWER)
+        found = json.loads(body) if body is not None else None
+    except (ConnectionRefusedError, ValueError):
         return {}
     if not isinstance(found, dict):
         return {}
     return {str(k): v for k, v in found.items() if isinstance(v, str)}
+
+
+async def _get(address: str, path: str, timeout_s: float, *, limit: int) -> bytes | None:
+    """The body of a ``200`` to ``GET path`` from the peer at ``host:port`` within
+    ``timeout_s``; None for anything else (no answer, another status, more than ``limit``
+    bytes). A refused connect raises ``ConnectionRefusedError``: the one answer ``probe``
+    trusts."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    raw = b""
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            try:
+                writer.write(f"GET {path} HTTP/1.0\r\n".encode())
+                await writer.drain()
+                while chunk := await reader.read(65536):  # the peer closes when done
+                    raw += chunk
+                    if len(raw) > limit:
+                        return None
+            finally:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+    except ConnectionRefusedError:
+        raise
+    except (OSError, TimeoutError):
+        return None
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return body if head.startswith(b"HTTP/1.0 200") else None
