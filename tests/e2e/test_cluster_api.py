@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -749,12 +749,22 @@ async def test_a_saved_gangs_own_pdb_releases_it_and_a_shared_one_holds(
         assert await actions.evict(mine, deadline=deadline, saved=True) is EvictResult.RELEASED
         assert await actions.wait_gone(mine, deadline=deadline) is not None
         # A PDB over another job's pod too: saved or not, it is honoured until force_before_s.
-        held = asyncio.create_task(
-            actions.evict(theirs, deadline=utcnow() + timedelta(seconds=6), saved=True)
-        )
-        await asyncio.sleep(2.0)
-        assert not held.done() and await pod_state(admin, "team-rank") == "present"
-        assert await held is EvictResult.FORCED
+        held_until = utcnow() + timedelta(seconds=6)
+        left_at: list[datetime] = []
+
+        async def watch() -> None:
+            for _ in range(200):  # polled every 0.1 s, 20 s at most
+                if await pod_state(admin, "team-rank") != "present":
+                    left_at.append(utcnow())
+                    return
+                await asyncio.sleep(0.1)
+
+        watcher = asyncio.create_task(watch())
+        assert await actions.evict(theirs, deadline=held_until, saved=True) is EvictResult.FORCED
+        await asyncio.wait_for(watcher, 10)
+        assert left_at, "team-rank never left"
+        # Deleted at force_before_s (3 s before the deadline), not released at once.
+        assert left_at[0] >= held_until - timedelta(seconds=3.0)
         assert await pod_state(admin, "team-other") == "present"
     finally:
         await cache.stop()

@@ -98,6 +98,7 @@ class RefusingCore:
         self.asked = asyncio.Event()
         self.evictions = 0
         self.deletes = 0
+        self.deleted_at: list[datetime] = []
 
     async def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any) -> None:
         self.evictions += 1
@@ -109,6 +110,7 @@ class RefusingCore:
 
     async def delete_namespaced_pod(self, name: str, namespace: str, **_: Any) -> None:
         self.deletes += 1
+        self.deleted_at.append(utcnow())
 
 
 class Budgets:
@@ -253,14 +255,24 @@ async def test_a_saved_gangs_own_pdb_releases_its_pod_at_once(core: RefusingCore
 async def test_a_pdb_still_holds_an_unsaved_gang_a_shared_pdb_and_the_old_policy(
     core: RefusingCore,
 ) -> None:
-    for actions, saved in (
-        (released_actions(core, only=True), False),  # its checkpoint ask is not over
-        (released_actions(core, only=False), True),  # the PDB guards other pods too
-        (released_actions(core, only=True, drain_when_saved=False), True),  # kept by setting
-        (released_actions(core, only=True, policy=EvictionPolicy.RESPECT_PDB), True),  # as said
+    """Each is honoured to the end: forced only at ``force_before_s`` (0.5 s) before the
+    deadline, or, told to respect PDBs, never deleted."""
+    for actions, saved, end in (
+        (released_actions(core, only=True), False, EvictResult.FORCED),  # its ask is not over
+        (released_actions(core, only=False), True, EvictResult.FORCED),  # guards others too
+        (released_actions(core, only=True, drain_when_saved=False), True, EvictResult.FORCED),
+        (
+            released_actions(core, only=True, policy=EvictionPolicy.RESPECT_PDB),
+            True,
+            EvictResult.BLOCKED,
+        ),
     ):
-        task = asyncio.create_task(actions.evict(MEMBER, deadline=deadline_in(60), saved=saved))
-        await asyncio.sleep(0.2)
-        assert not task.done() and core.deletes == 0
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        core.deleted_at.clear()
+        deadline = deadline_in(1.5)
+        result = await asyncio.wait_for(actions.evict(MEMBER, deadline=deadline, saved=saved), 5)
+        assert result is end
+        if end is EvictResult.FORCED:
+            assert len(core.deleted_at) == 1
+            assert core.deleted_at[0] >= deadline - timedelta(seconds=0.5)
+        else:
+            assert core.deleted_at == []
