@@ -1106,6 +1106,14 @@ class Drill:
         daemons = tuple((d.name, d.stats()) for d in h.daemons)
         return dataclasses.replace(verdict, span_files=files, daemons=daemons)
 
+    def _kills(self) -> list[datetime]:
+        """When a replica was SIGKILLed (its memory lost)."""
+        return [
+            f.started_at
+            for f in self.faults
+            if f.fault.kind in (FaultKind.KILL, FaultKind.FRESH_DISK)
+        ]
+
     def _pauses(self) -> list[tuple[datetime, datetime]]:
         """When a replica was stopped (SIGSTOP to SIGCONT; to now if never continued)."""
         return [
@@ -1119,7 +1127,7 @@ class Drill:
             trainer = self.built.trainers.get(pod)
             saves = (
                 {
-                    nid: _save_facts(trainer, nid, s, self._pauses())
+                    nid: _save_facts(trainer, nid, s, self._pauses(), self._kills())
                     for nid, s in trainer.saves.items()
                 }
                 if trainer is not None
@@ -1391,19 +1399,26 @@ def _save_facts(
     notice_id: str,
     s: SaveRecord,
     pauses: Sequence[tuple[datetime, datetime]] = (),
+    kills: Sequence[datetime] = (),
 ) -> report.Save:
     """One save as the judge sees it: answered when the trainer first answered it done, by
     the deadline of the latest request for it before that answer (a replica that took a
     notice over asks the rank again, with a deadline of its own). An answer given while a
     replica was paused, past a deadline that also fell in the pause, is one reclaimd cannot
     place before or after the deadline (the kernel took it; the process saw it on waking):
-    too close to call (``unplaceable``)."""
+    too close to call (``unplaceable``). So is an answer to a request a replica sent just
+    before it was SIGKILLed, between the request and just after the answer: killed first, it
+    never got the answer; killed after, it may not have written it yet (each durable ack is
+    written as it comes, but a write takes its time, ``report.RECORD_MARGIN_S``), and what the
+    process had not written dies with it."""
     answered = trainer.server.answered.get(notice_id)
-    asked = [
-        r.deadline
+    before = [
+        r
         for r in trainer.requests
         if r.notice_id == notice_id and (answered is None or r.received_at <= answered)
     ]
+    asked = [r.deadline for r in before]
+    asked_at = max((r.received_at for r in before), default=s.received_at)
     return report.Save(
         received_at=s.received_at,
         deadline=max([s.deadline, *asked]),
@@ -1414,7 +1429,12 @@ def _save_facts(
         answered_at=answered,
         answers_known=True,
         unplaceable=answered is not None
-        and any(a <= answered <= b and a <= s.deadline <= b for a, b in pauses),
+        and (
+            any(a <= answered <= b and a <= s.deadline <= b for a, b in pauses)
+            or any(
+                asked_at <= k <= answered + timedelta(seconds=report.RECORD_MARGIN_S) for k in kills
+            )
+        ),
     )
 
 

@@ -31,6 +31,9 @@ from typing import Any
 from reclaimd.model import ParseError, parse_time, rfc3339
 
 ACK_MARGIN_S = 1.0  # reclaimd polls a 202 every 0.5 s: an ack this close to the end is a race
+# An ack this close before its replica's SIGKILL may not be written yet (``reclaimd.ackwrites``:
+# at once, then every 0.5 s, each write a round trip to the API server): a race too.
+RECORD_MARGIN_S = 1.0
 SHOWN = 25  # rows of a table before it is cut (the JSON report has them all)
 
 
@@ -51,8 +54,9 @@ class Save:
     # poll); None: never. ``answers_known`` says the trainer recorded it.
     answered_at: datetime | None = None
     answers_known: bool = False
-    # Answered while a replica was paused, past a deadline inside the same pause: reclaimd
-    # cannot tell whether it came in before the deadline (``chaos.drill._save_facts``).
+    # Answered while a replica was paused, past a deadline inside the same pause (reclaimd
+    # cannot tell whether it came in before the deadline), or just before a replica was
+    # SIGKILLed (it may not have written the ack yet): ``chaos.drill._save_facts``.
     unplaceable: bool = False
 
     def counted(self) -> bool | None:

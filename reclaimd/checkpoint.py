@@ -595,6 +595,7 @@ class Signaller:
         *,
         budget_deadline: datetime,
         cut: asyncio.Event | None = None,
+        on_ack: Callable[[RankAck], None] | None = None,
     ) -> tuple[RankAck, ...]:
         spans: dict[str, otel.Span] = {}
 
@@ -616,7 +617,9 @@ class Signaller:
             with otel.use_span(span, end_on_exit=False):
                 return tracing.current_traceparent()
 
-        def on_ack(ack: RankAck) -> None:
+        def answered(ack: RankAck) -> None:
+            if on_ack is not None:
+                on_ack(ack)
             span = spans.pop(ack.member.uid, None)
             if span is None:
                 return
@@ -639,7 +642,7 @@ class Signaller:
                 traceparent=traceparent,
                 concurrency=self.settings.concurrency,
                 poll_interval_s=self.settings.poll_interval_s,
-                on_ack=on_ack,
+                on_ack=answered,
                 cut=cut,
                 put_budgets=self.put_budgets,
             )

@@ -229,6 +229,7 @@ class WouldSignal:
         *,
         budget_deadline: datetime,
         cut: asyncio.Event | None = None,
+        on_ack: Callable[[RankAck], None] | None = None,
     ) -> tuple[RankAck, ...]:
         for m in gang.members:
             _would(

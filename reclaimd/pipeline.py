@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from reclaimd import checkpoint, logs, tracing
+from reclaimd.ackwrites import AckWrites
 from reclaimd.afterdrain import AfterDrain, NoAfterDrain
 from reclaimd.intake import Admission, Admitted, ClaimLost
 from reclaimd.model import (
@@ -84,8 +85,10 @@ class Signaller(Protocol):
         *,
         budget_deadline: datetime,
         cut: asyncio.Event | None = None,
+        on_ack: Callable[[RankAck], None] | None = None,
     ) -> tuple[RankAck, ...]:
-        """Every rank's outcome by ``budget_deadline``, or earlier once ``cut`` is set."""
+        """Every rank's outcome by ``budget_deadline``, or earlier once ``cut`` is set;
+        ``on_ack`` hears each as it is known."""
         ...
 
 
@@ -399,23 +402,34 @@ class Runbook:
         """One gang, start to end: every rank asked to checkpoint, the durable acks recorded
         (a successor charges from them), drained, charged once."""
         notice = admitted.notice
+        # Each durable ack is recorded as it comes: killed while a slow rank still saves,
+        # this process must not take the fast ranks' acks with it.
+        writes = AckWrites(
+            lambda acks: self._record_acks(admitted, flight.gang, acks),
+            recorded.acks if recorded is not None else (),
+        )
         try:
-            acks = await self.checkpoint(notice, flight.gang, flight, report)
+            acks = await self.checkpoint(notice, flight.gang, flight, report, on_ack=writes.add)
             if recorded is not None:
                 acks = checkpoint.merge_acks(acks, recorded.acks)
                 report.acks[flight.gang.key] = acks
+            await writes.close(acks)  # all of them, before the drain depends on them
             # The fence, before each step that acts for the notice: paused (or cut off) past
             # our Lease, a peer took the notice over; it records, drains and charges the gang.
             # Free while our Lease never lapsed; a read of the claim otherwise.
             await self._fence(admitted)
-            if self.records is not None:
-                await self.records.acked(flight.gang, notice, acks)
             stopped = await self.drain(notice, flight, report)
             flight.stopped(stopped.at)
             await self._fence(admitted)
             await self.record(notice, flight.gang, acks, stopped, report)
         finally:
+            writes.cancel()
             flight.settled.set()
+
+    async def _record_acks(self, admitted: Admitted, gang: Gang, acks: tuple[RankAck, ...]) -> None:
+        await self._fence(admitted)  # a write for the notice, fenced as every step is
+        if self.records is not None:
+            await self.records.acked(gang, admitted.notice, acks)
 
     async def _flush_spans(self) -> None:
         if self.flush_spans is not None:
@@ -446,7 +460,13 @@ class Runbook:
         report.mark("drained", max(at, report.times.get("drained", at)))
 
     async def checkpoint(
-        self, notice: Notice, gang: Gang, flight: GangFlight | None, report: Report
+        self,
+        notice: Notice,
+        gang: Gang,
+        flight: GangFlight | None,
+        report: Report,
+        *,
+        on_ack: Callable[[RankAck], None] | None = None,
     ) -> tuple[RankAck, ...]:
         deadline_of = flight.deadline if flight is not None else notice.deadline
         budget_end = self.budget.checkpoint_deadline(notice, utcnow(), deadline=deadline_of)
@@ -467,6 +487,7 @@ class Runbook:
                 notice,
                 budget_deadline=budget_end,
                 cut=flight.cut if flight is not None else None,
+                on_ack=on_ack,
             )
         self.narrator.checkpoint_answered(acks)
         report.acks[gang.key] = acks

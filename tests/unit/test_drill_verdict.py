@@ -93,6 +93,26 @@ def test_an_answer_inside_a_pause_that_spans_the_deadline_is_too_close_to_call()
     assert woke.counted() is False
 
 
+def test_an_answer_just_before_its_replicas_sigkill_is_too_close_to_call() -> None:
+    """Asked at 1, answered at 4, in time for its deadline of 10: reclaimd-0 was SIGKILLed at
+    4.5, before it could have written the ack, or at 3, before it heard it; its successor
+    cannot know of it. A kill well after the answer leaves the ordinary rule: the ack was to
+    be written by then."""
+    trainer = _Trainer(requests=[_Request("n", _at(10), _at(1))], server=_Server({"n": _at(4)}))
+    record = _record(finished_at=_at(4))
+    killed = _save_facts(trainer, "n", record, kills=[_at(4.5)])  # type: ignore[arg-type]
+    assert killed.unplaceable and killed.counted() is None
+    later = _save_facts(trainer, "n", record, kills=[_at(6)])  # type: ignore[arg-type]
+    assert not later.unplaceable and later.counted() is True
+    # killed after asking (1) but before the answer (4): nobody got the answer
+    unheard = _save_facts(trainer, "n", record, kills=[_at(3)])  # type: ignore[arg-type]
+    assert unheard.unplaceable and unheard.counted() is None
+    # a kill before the request: the replica that asked was alive
+    asked_after = _Trainer(requests=[_Request("n", _at(10), _at(2))], server=_Server({"n": _at(4)}))
+    alive = _save_facts(asked_after, "n", record, kills=[_at(1.5)])  # type: ignore[arg-type]
+    assert not alive.unplaceable and alive.counted() is True
+
+
 def test_an_unanswered_save_takes_every_request_and_does_not_count() -> None:
     trainer = _Trainer(
         requests=[_Request("n", _at(10), _at(1)), _Request("n", _at(30), _at(20))],

@@ -2,7 +2,7 @@
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -78,6 +78,7 @@ class World:
         *,
         budget_deadline: datetime,
         cut: asyncio.Event | None = None,
+        on_ack: Callable[[RankAck], None] | None = None,
     ) -> tuple[RankAck, ...]:
         self.log.append(f"signal {gang.key.name}")
         self.budgets.append(budget_deadline)
@@ -254,6 +255,7 @@ class Silent(RecordingWorld):
         *,
         budget_deadline: datetime,
         cut: asyncio.Event | None = None,
+        on_ack: Callable[[RankAck], None] | None = None,
     ) -> tuple[RankAck, ...]:
         self.log.append(f"signal {gang.key.name}")
         return tuple(RankAck(m, False, error="no answer") for m in gang.members)
@@ -270,6 +272,49 @@ async def test_acks_are_recorded_before_the_drain() -> None:
     await recording_runbook(world).handle(admitted(spot("a", "i-1")))
     assert world.log.index("acked g") < world.log.index("evict g-0")
     assert {a.member.uid for a in world.records["a"][GANG.key].acks} == {"uid-g-0", "uid-g-1"}
+
+
+class OneSlowRank(RecordingWorld):
+    """g-0 acks a durable save at once; g-1 is still saving when the test looks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow = asyncio.Event()
+
+    async def signal(
+        self,
+        gang: Gang,
+        notice: Notice,
+        *,
+        budget_deadline: datetime,
+        cut: asyncio.Event | None = None,
+        on_ack: Callable[[RankAck], None] | None = None,
+    ) -> tuple[RankAck, ...]:
+        fast, *slow = (RankAck(m, True, True, utcnow()) for m in gang.members)
+        if on_ack is not None:
+            on_ack(fast)
+        await self.slow.wait()
+        for a in slow:
+            if on_ack is not None:
+                on_ack(a)
+        return fast, *slow
+
+
+async def test_a_durable_ack_is_recorded_while_a_slower_rank_still_saves() -> None:
+    """Killed while g-1 saves, the owner must not take g-0's ack with it: the record holds
+    g-0's before g-1 answers (the old runbook wrote once, after every rank)."""
+    world = OneSlowRank()
+    run = asyncio.create_task(recording_runbook(world).handle(admitted(spot("a", "i-1"))))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if GANG.key in world.records.get("a", {}):
+            break
+    assert {a.member.uid for a in world.records["a"][GANG.key].acks} == {"uid-g-0"}
+    assert not run.done()
+    world.slow.set()
+    await run
+    assert {a.member.uid for a in world.records["a"][GANG.key].acks} == {"uid-g-0", "uid-g-1"}
+    assert world.log.index("evict g-0") > max(i for i, e in enumerate(world.log) if e == "acked g")
 
 
 async def test_a_taken_over_notice_charges_from_what_the_dead_owner_recorded() -> None:
