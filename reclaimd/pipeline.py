@@ -427,9 +427,10 @@ class Runbook:
             flight.settled.set()
 
     async def _record_acks(self, admitted: Admitted, gang: Gang, acks: tuple[RankAck, ...]) -> None:
+        if self.records is None:
+            return
         await self._fence(admitted)  # a write for the notice, fenced as every step is
-        if self.records is not None:
-            await self.records.acked(gang, admitted.notice, acks)
+        await self.records.acked(gang, admitted.notice, acks)
 
     async def _flush_spans(self) -> None:
         if self.flush_spans is not None:
