@@ -24,6 +24,14 @@ nacks them when cancelled).
 Two replicas on one slot for a moment (a partition healed) are harmless: that is the shared
 subscription of one slot. A slot nobody holds loses nothing either: its subscription keeps
 its messages (retention) and the other slots carry the same notices.
+
+A replica holding a slot also *minds* every slot that is free, without taking its Lease: it
+consumes that subscription too, once it has been free for ``MIND_AFTER_S``, until a live
+replica holds the slot again. Else a copy sits
+unread there while the only live copy is leased to a dead stream: a replica restarted on its
+own slot after a SIGKILL, its peer stopped for good, got its notice only when the emulator's
+lease sweep let it go (20 s measured after a kill, 10 s after the seek; 67 s once in CI,
+where the GCE window is 30 s), though the released slot held an unleased copy all along.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import contextlib
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -58,6 +67,10 @@ RELEASED = datetime(1970, 1, 2, tzinfo=UTC)
 FIRST = RELEASED  # sorts before any deadline in the write budget: renewals go first
 WAIT_BASE_S, WAIT_CAP_S = 0.5, 2.0  # a replica with no slot (or an API error) looks again
 RELEASE_S = 2.0  # a stopping replica's release is tried this long
+# A free slot is minded once seen free this long (a surge pod takes a released slot within
+# WAIT_CAP_S, so a rolling upgrade's hand-over is never read by a third replica), and looked
+# at this often: a guest leaves a slot within that of a live replica taking it.
+MIND_AFTER_S, MIND_EVERY_S = 5.0, 1.0
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
@@ -123,7 +136,8 @@ def pick(
 
 
 class PubSubSlots:
-    """Hold one slot at a time and run ``consume(slot)`` only while holding it."""
+    """Hold one slot at a time and run ``consume(slot)`` only while holding it; meanwhile
+    run ``consume`` on every free slot too, each until a live replica holds it."""
 
     def __init__(
         self,
@@ -149,6 +163,7 @@ class PubSubSlots:
         cap = max(WAIT_BASE_S, min(WAIT_CAP_S, lease_s / 3))
         self._backoff = backoff or Backoff(WAIT_BASE_S, cap, floor_s=WAIT_BASE_S / 2)
         self.held: int | None = None  # the slot held now
+        self.minded: set[int] = set()  # free slots consumed as a guest, Lease not taken
         self._version: str | None = None  # its Lease's resourceVersion, as we last wrote it
         self._renewed_at: datetime | None = None
 
@@ -161,16 +176,19 @@ class PubSubSlots:
                 index = await self.acquire()
                 consuming = asyncio.create_task(consume(index), name=f"pubsub-slot-{index}")
                 keeping = asyncio.create_task(self.keep(), name=f"pubsub-slot-{index}-lease")
+                minding = asyncio.create_task(self.mind(consume), name="pubsub-free-slots")
+                tasks = (consuming, keeping, minding)
                 try:
-                    await asyncio.wait({consuming, keeping}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    for task in (consuming, keeping):
+                    for task in tasks:
                         task.cancel()
                     # The source nacks what it holds when cancelled: only then may a
                     # successor take the slot.
-                    await asyncio.gather(consuming, keeping, return_exceptions=True)
-                if consuming.done() and not consuming.cancelled() and consuming.exception():
-                    raise cast(BaseException, consuming.exception())
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                for task in (consuming, minding):
+                    if task.done() and not task.cancelled() and task.exception():
+                        raise cast(BaseException, task.exception())
                 logs.event(
                     log,
                     "pubsub slot lost",
@@ -220,6 +238,49 @@ class PubSubSlots:
                 last = self._renewed_at
                 if last is None or utcnow() - last > timedelta(seconds=self.lease_s):
                     return  # expired for everyone: a peer may take it now
+
+    async def mind(self, consume: Callable[[int], Coroutine[Any, Any, None]]) -> None:
+        """Every ``MIND_EVERY_S``: consume each other slot free for ``MIND_AFTER_S``, stop
+        consuming each one a live replica holds again; until cancelled, when the guests are
+        cancelled (and have handed their messages back). A guest that fails is raised."""
+        guests: dict[int, asyncio.Task[None]] = {}
+        free_since: dict[int, float] = {}  # monotonic time each free slot was first seen free
+        try:
+            while True:
+                try:
+                    leases = await self._read_all()
+                except client.KubeError as e:
+                    logs.event(log, "pubsub slots not read", logging.WARNING, error=str(e)[:200])
+                    leases = None
+                if leases is not None:
+                    now, seen = utcnow(), time.monotonic()
+                    free = {
+                        i
+                        for i, lease in leases.items()
+                        if i != self.held and why_free(lease, self.holder, now, self._dead)
+                    }
+                    free_since = {i: free_since.get(i, seen) for i in free}
+                    ripe = {i for i in free if seen - free_since[i] >= MIND_AFTER_S}
+                    for index in sorted(ripe - guests.keys()):
+                        logs.event(log, "pubsub free slot minded", slot=index)
+                        guests[index] = asyncio.create_task(
+                            consume(index), name=f"pubsub-free-slot-{index}"
+                        )
+                    for index in sorted(guests.keys() - free):
+                        guest = guests.pop(index)
+                        guest.cancel()
+                        await asyncio.gather(guest, return_exceptions=True)
+                        logs.event(log, "pubsub free slot left to its holder", slot=index)
+                    self.minded = set(guests)
+                for guest in guests.values():
+                    if guest.done() and not guest.cancelled() and guest.exception():
+                        raise cast(BaseException, guest.exception())
+                await asyncio.sleep(MIND_EVERY_S)
+        finally:
+            for guest in guests.values():
+                guest.cancel()
+            await asyncio.gather(*guests.values(), return_exceptions=True)
+            self.minded = set()
 
     async def release(self) -> None:
         """Give the held slot up (renewed "long ago"): a waiting replica takes it at once.

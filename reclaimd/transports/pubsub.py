@@ -316,8 +316,9 @@ class Slots(Protocol):
 class SlottedPubSubSource:
     """``pubsub.slots > 1``: a subscription per replica slot, consumed only while this
     replica holds the slot (``slots.run``). Each slot taken gets a fresh ``PubSubSource`` on
-    ``<subscription>-<slot>``; all of them count into one ``counters``. Cancelled (SIGTERM),
-    the source nacks what it holds before the slot is released."""
+    ``<subscription>-<slot>``, and so does each free slot minded meanwhile (``slots.mind``);
+    all of them count into one ``counters``. Cancelled (SIGTERM), the sources nack what they
+    hold before the slot is released."""
 
     def __init__(
         self,
@@ -348,7 +349,7 @@ class SlottedPubSubSource:
         one = self.settings.model_copy(
             update={"subscription": self.settings.slot_subscription(slot), "slots": 1}
         )
-        self.current = PubSubSource(
+        source = PubSubSource(
             one,
             admit=self._admit,
             windows=self._windows,
@@ -356,8 +357,10 @@ class SlottedPubSubSource:
             subscriber_factory=self._factory,
             counters=self.counters,
         )
-        await self.current.rewind()
-        await self.current.run()
+        if slot == self.slots.held:
+            self.current = source
+        await source.rewind()
+        await source.run()
 
 
 def _default_subscriber(settings: PubSubSettings) -> Any:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes_asyncio import client as k8s
@@ -164,19 +164,89 @@ async def test_the_survivors_own_copy_admits_a_notice_its_peer_held_and_a_releas
             await stopping
         assert a.held_slot is None
         assert a.counters.released == 1
-        # ...and the waiting replica takes it, and with it a's copy, back on subscription -0.
+        # ...and the waiting replica takes it; a's copy, back on subscription -0, goes to it
+        # or to b, who minds the slot while it is free.
         await _until(lambda: c.held_slot == 0, timeout_s=15)
         assert await slot_holder(h, channel.ids[0]) == f"c-{h.run_id}"
         # (the emulator may first wait out the lease of a's closed stream: see test_gke.py)
-        await _until(lambda: c.counters.acked == 1, timeout_s=90)
-        assert [n.id for n in c_admit.seen] == [b_admit.seen[0].id]
-        assert c.counters.by_admission == {"duplicate": 1}  # b's claim holds it
-        assert b.counters.acked == 1 and len(b_admit.seen) == 1  # b saw its copy once
+        await _until(lambda: c.counters.acked + b.counters.acked == 2, timeout_s=90)
+        again = c_admit.seen + b_admit.seen[1:]
+        assert [n.id for n in again] == [b_admit.seen[0].id]  # once more, not twice
+        # b leaves slot 0 to its holder.
+        await _until(lambda: not cast(PubSubSlots, b.slots).minded, timeout_s=15)
     finally:
         never.set()
         for task in runs.values():
             task.cancel()
         await asyncio.gather(*runs.values(), return_exceptions=True)
+
+
+async def test_a_free_slot_is_minded_until_a_replica_holds_it(
+    h: Harness, channel: SlotChannel
+) -> None:
+    """The only copy left on a replica's own slot is leased to a dead stream (pulled by hand,
+    its deadline pushed to 600 s; no seek, ``rewind_s: 0``), its peer stopped and released
+    the other slot: the replica admits the other slot's copy now, minding the free slot
+    without its Lease, and leaves the slot to the first replica that takes it."""
+    api = h.api
+    assert api is not None
+    settings = channel.settings.model_copy(update={"rewind_s": 0})
+    limiter = RateLimiter()
+
+    def replica(holder: str, admit: Scripted) -> SlottedPubSubSource:
+        leases = PubSubSlots(
+            api, NAMESPACE, holder, subscriptions=channel.ids, lease_s=6.0, limiter=limiter
+        )
+        return SlottedPubSubSource(settings, leases, admit=admit, windows=Windows())
+
+    # The peer held slot 1 and stopped (released it); nobody has read slot 0 yet.
+    peer = replica(f"b-{h.run_id}", Scripted())
+    peer_leases = cast(PubSubSlots, peer.slots)
+    assert await peer_leases._take(1, None)
+    await peer_leases.release()
+    assert await slot_holder(h, channel.ids[1]) == ""
+
+    raw = channel.inner.subscriber
+    path = raw.subscription_path(channel.project, channel.ids[0])
+    instance = f"vm-{h.run_id}"
+
+    def leased_to_a_dead_stream() -> None:
+        entry = inject.gce_log_entry(
+            project="reclaimd-local", zone="us-central1-a", instance=instance
+        )
+        channel.inner.publish(entry)
+        for _ in range(20):
+            got = list(raw.pull(subscription=path, max_messages=1, timeout=5).received_messages)
+            if got:
+                raw.modify_ack_deadline(
+                    subscription=path, ack_ids=[got[0].ack_id], ack_deadline_seconds=600
+                )
+                return
+        raise TimeoutError("the copy on slot 0 never came")
+
+    await asyncio.to_thread(leased_to_a_dead_stream)
+    admit = Scripted()
+    a = replica(f"a-{h.run_id}", admit)
+    a_leases = cast(PubSubSlots, a.slots)
+    runs = [asyncio.create_task(a.run())]
+    try:
+        await _until(lambda: a.held_slot == 0, timeout_s=15)
+        await _until(lambda: a.counters.acked == 1, timeout_s=30)  # not 600 s
+        (seen,) = admit.seen
+        assert instance in seen.target.describe() + seen.target.provider_id
+        assert a_leases.minded == {1}
+        assert await slot_holder(h, channel.ids[1]) == ""  # minded, not taken
+
+        # A replica taking slot 1 gets it; a stops reading it.
+        c = replica(f"c-{h.run_id}", Scripted())
+        runs.append(asyncio.create_task(c.run()))
+        await _until(lambda: c.held_slot == 1, timeout_s=15)
+        await _until(lambda: not a_leases.minded, timeout_s=15)
+        assert a.held_slot == 0
+    finally:
+        for task in runs:
+            task.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
 
 
 def _logged(d: DaemonProcess, message: str) -> list[dict[str, Any]]:
@@ -284,6 +354,13 @@ async def test_a_replica_killed_holding_its_copy_strands_nothing_and_its_slot_go
     await _until(lambda: bool(_logged(b, "pubsub slot taken")))
     assert [e["slot"] for e in _logged(a, "pubsub slot taken")] == [0]
     assert [e["slot"] for e in _logged(b, "pubsub slot taken")] == [1]
+    # a minded slot 1 if b was slow to start: it has left it to b before it stops.
+    await _until(
+        lambda: (
+            len(_logged(a, "pubsub free slot minded"))
+            == len(_logged(a, "pubsub free slot left to its holder"))
+        )
+    )
 
     a.pause()
     notice = await h.send_gce_preemption(channel.inner, node)
