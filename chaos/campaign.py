@@ -19,10 +19,12 @@ reruns exactly that run (same fleet, gangs, notices, faults and times; the same 
 
 Each run is judged by the drill's own ground-truth checks (``chaos.report``) and bounded in
 time. It prints one row per run (seed, faults, gangs lost, late, doubled, over- and
-under-charged, deadlines missed, takeover p50/p99/max, takeovers of a live holder, actions by
-a fenced holder) and the total, writes every generated scenario next to the JSON report
-(``out/failover/<seed>.yaml``, to ship a failing one as a fixed scenario, or to run it with
-``reclaimd drill run``) with that run's drill report (``<seed>.json``). Exit status 1 when a
+under-charged, deadlines missed, late while no replica could act (``nobody``: outside the
+promise, shown apart), takeover p50/p99/max timed from when the taker could act, takeovers of
+a live holder, actions by a fenced holder) and the total, writes every generated scenario
+next to the JSON report (``out/failover/<seed>.yaml``, to ship a failing one as a fixed
+scenario, or to run it with ``reclaimd drill run``) with that run's drill report
+(``<seed>.json``). Exit status 1 when a
 run lost, doubled or mis-charged a gang's event, or could not be judged (it failed or ran out
 of time); 2 for bad arguments or no stack; 0 otherwise. Missed deadlines and false takeovers
 are figures, not failures: a pause on the replica holding a 30 s notice misses its deadline.
@@ -359,7 +361,9 @@ class RunResult:
     over: int = 0
     under: int = 0
     missed: int = 0
-    takeovers: list[float] = field(default_factory=list)
+    nobody_up: int = 0  # late while no replica could act: shown, outside the promise
+    takeovers: list[float] = field(default_factory=list)  # from when the taker could act
+    by_kind: dict[str, list[float]] = field(default_factory=dict)  # the same, by fault kind
     live_takeovers: int = 0
     fenced: int = 0
     gave_up: bool = False
@@ -387,14 +391,47 @@ def result_of(seed: int, faults: str, verdict: Verdict, seconds: float) -> RunRe
         under=u.under_charged,
         missed=u.deadlines_missed,
         takeovers=sorted(
-            t.after_s for f in verdict.faults for t in f.taken_over if t.after_s is not None
+            t.net_s for f in verdict.faults for t in f.taken_over if t.net_s is not None
         ),
+        by_kind=_by_kind(verdict),
+        nobody_up=u.deadlines_nobody_up,
         live_takeovers=u.live_takeovers,
         fenced=u.fenced_actions,
         gave_up=u.gave_up,
         failed_checks=[c.name for c in verdict.checks if c.required and not c.ok],
         seconds=seconds,
     )
+
+
+def _by_kind(verdict: Verdict) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for f in verdict.faults:
+        for t in f.taken_over:
+            if t.net_s is not None:
+                out.setdefault(f.facts.kind, []).append(t.net_s)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def kind_totals(results: Sequence[RunResult]) -> dict[str, dict[str, float | int | None]]:
+    """Takeovers over the campaign by the fault that caused them: the targets differ (SIGKILL
+    p99 5 s, SIGTERM 1 s; a pause or a partition waits for the Lease by design)."""
+    kinds: dict[str, list[float]] = {}
+    for r in results:
+        for k, v in r.by_kind.items():
+            kinds.setdefault(k, []).extend(v)
+    return {
+        k: {"takeovers": len(v), "p50_s": _r(_pct(v, 50)), "p99_s": _r(_pct(v, 99)),
+            "max_s": _r(max(v))}
+        for k, v in sorted(kinds.items())
+    }  # fmt: skip
+
+
+def kind_rows(results: Sequence[RunResult]) -> list[str]:
+    return [
+        f"{'takeover':>10}  after {k:<38} {t['takeovers']:>4} taken, p50 {_s(t['p50_s'])}"
+        f" p99 {_s(t['p99_s'])} max {_s(t['max_s'])}"
+        for k, t in kind_totals(results).items()
+    ]
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -412,7 +449,8 @@ def _s(v: float | None) -> str:
 
 HEAD = (
     f"{'seed':>10}  {'faults':<44} {'lost':>4} {'late':>4} {'dbl':>3} {'over':>4} {'under':>5}"
-    f" {'missed':>6} {'tk p50':>6} {'tk p99':>6} {'tk max':>6} {'live':>4} {'fenced':>6}  verdict"
+    f" {'missed':>6} {'nobody':>6} {'tk p50':>6} {'tk p99':>6} {'tk max':>6} {'live':>4}"
+    f" {'fenced':>6}  verdict"
 )
 
 
@@ -425,7 +463,7 @@ def row(r: RunResult) -> str:
     )
     return (
         f"{r.seed:>10}  {r.faults[:44]:<44} {r.lost:>4} {r.late:>4} {r.doubled:>3} {r.over:>4}"
-        f" {r.under:>5} {r.missed:>6} {_s(_pct(t, 50)):>6} {_s(_pct(t, 99)):>6}"
+        f" {r.under:>5} {r.missed:>6} {r.nobody_up:>6} {_s(_pct(t, 50)):>6} {_s(_pct(t, 99)):>6}"
         f" {_s(max(t) if t else None):>6} {r.live_takeovers:>4} {r.fenced:>6}  {verdict}"
     )
 
@@ -439,7 +477,8 @@ def total_row(results: Sequence[RunResult]) -> str:
         f"{'total':>10}  {label:<44} {sum(r.lost for r in results):>4}"
         f" {sum(r.late for r in results):>4} {sum(r.doubled for r in results):>3}"
         f" {sum(r.over for r in results):>4} {sum(r.under for r in results):>5}"
-        f" {sum(r.missed for r in results):>6} {_s(_pct(t, 50)):>6} {_s(_pct(t, 99)):>6}"
+        f" {sum(r.missed for r in results):>6} {sum(r.nobody_up for r in results):>6}"
+        f" {_s(_pct(t, 50)):>6} {_s(_pct(t, 99)):>6}"
         f" {_s(max(t) if t else None):>6} {sum(r.live_takeovers for r in results):>4}"
         f" {sum(r.fenced for r in results):>6}  {passed} PASS, {broken} broken"
     )
@@ -526,6 +565,8 @@ async def campaign(args: argparse.Namespace) -> int:
         print(row(r), flush=True)
         _write(out, args, seeds, results)
     print(total_row(results), flush=True)
+    for line in kind_rows(results):
+        print(line, flush=True)
     broken = [r for r in results if r.broken]
     for r in broken:
         print(f"rerun: {_rerun(r.seed, args)}   (scenario {out_dir / f'{r.seed}.yaml'})")
@@ -555,6 +596,7 @@ def _write(out: Path, args: argparse.Namespace, seeds: Sequence[int], rs: list[R
                 "over_charged": r.over,
                 "under_charged": r.under,
                 "deadlines_missed": r.missed,
+                "late_while_nobody_up": r.nobody_up,
                 "takeovers": len(r.takeovers),
                 "takeover_p50_s": _r(_pct(r.takeovers, 50)),
                 "takeover_p99_s": _r(_pct(r.takeovers, 99)),
@@ -577,12 +619,14 @@ def _write(out: Path, args: argparse.Namespace, seeds: Sequence[int], rs: list[R
             "over_charged": sum(r.over for r in rs),
             "under_charged": sum(r.under for r in rs),
             "deadlines_missed": sum(r.missed for r in rs),
+            "late_while_nobody_up": sum(r.nobody_up for r in rs),
             "takeovers": len(t),
             "takeover_p50_s": _r(_pct(t, 50)),
             "takeover_p99_s": _r(_pct(t, 99)),
             "takeover_max_s": _r(max(t) if t else None),
             "live_takeovers": sum(r.live_takeovers for r in rs),
             "fenced_actions": sum(r.fenced for r in rs),
+            "takeover_by_fault_kind": kind_totals(rs),
         },
     }
     out.parent.mkdir(parents=True, exist_ok=True)

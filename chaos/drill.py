@@ -1089,6 +1089,7 @@ class Drill:
                     ended_at=f.ended_at,
                     holder=f.holder,
                     successor=f.successor,
+                    replica=f.fault.replica,
                     held=dict(f.held),
                     resent=f.resent,
                     error=f.error,
@@ -1101,6 +1102,7 @@ class Drill:
                 )
                 for f in sorted(self.faults, key=lambda f: f.started_at)
             ],
+            replicas=self.scenario.reclaimd.replicas,
         )
         files = tuple(str(p) for p in sorted(h.workdir.glob("spans-*.jsonl")))
         daemons = tuple((d.name, d.stats()) for d in h.daemons)

@@ -95,6 +95,18 @@ def test_rows_and_the_total() -> None:
     assert cols[:3] == ["seed", "faults", "lost"] and "live" in cols and "fenced" in cols
 
 
+def test_takeovers_are_totalled_by_the_fault_kind_that_caused_them() -> None:
+    a = _result(by_kind={"kill": [0.5, 1.0], "pause": [20.0]})
+    b = _result(seed=8, by_kind={"kill": [3.0], "term": [0.2]})
+    totals = campaign.kind_totals([a, b])
+    assert list(totals) == ["kill", "pause", "term"]
+    assert totals["kill"]["takeovers"] == 3 and totals["kill"]["max_s"] == 3.0
+    assert totals["pause"]["p99_s"] == 20.0
+    kill, pause, term = campaign.kind_rows([a, b])
+    assert "after kill" in kill and "3 taken" in kill and "max 3.00" in kill
+    assert "after pause" in pause and "after term" in term
+
+
 def test_dry_run_writes_each_scenario_for_shipping(tmp_path: Path, capsys: Any) -> None:
     out = tmp_path / "bench-failover.json"
     code = campaign.main(["--runs", "3", "--seed", "5", "--out", str(out), "--dry-run"])

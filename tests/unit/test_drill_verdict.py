@@ -648,3 +648,65 @@ def test_a_trace_without_its_root_is_found_by_its_ledger_span() -> None:
     ]  # fmt: skip
     found = report.index_traces(spans)
     assert sorted({s["trace_id"] for s in found["A"]}) == ["t", "u"]
+
+
+# --- the window allowed it or not: no replica up -----------------------------------------------
+
+
+def test_a_miss_while_no_replica_could_act_is_shown_apart_not_counted() -> None:
+    """Campaign seed 3974087945: r1 killed for good, r0 paused over the deadline; the notice
+    was done 8 s late, after 20 s of its window with nobody to act. With the replica count
+    unknown, or a miss longer than that time plus the allowance, it is a miss."""
+    notice = report.NoticeFacts(
+        label="kueue#0", source="kueue", kind="reclaim", target="workload w",
+        notice_id="A", response="no_cordon", deadline=_at(40), sent_at=_at(10), gangs=(),
+    )  # fmt: skip
+
+    def spans(drained: float) -> list[dict[str, Any]]:
+        return [
+            {"trace_id": "t", "name": "reclaimd.notice", "start_ns": _ns(10.1),
+             "end_ns": _ns(drained), "attributes": {"reclaimd.notice.id": "A"}},
+            {"trace_id": "t", "name": "reclaimd.drain", "start_ns": _ns(11),
+             "end_ns": _ns(drained), "attributes": {}},
+        ]  # fmt: skip
+
+    gone = _kill(at=18, holder="r1", label="kill reclaimd-1@18s", replica=1)
+    paused = _kill(at=20, kind="pause", label="pause reclaimd-0@20s", replica=0,
+                   ended_at=_at(47), successor="r0")  # fmt: skip
+
+    def judge(drained: float, replicas: int) -> report.Verdict:
+        return report.evaluate(
+            scenario="x", run_id="r", expect=report.Expectations(), notices=[notice], gangs=[],
+            observed=report.Observed(events=[], spans=spans(drained), claims={}),
+            faults=[gone, paused], replicas=replicas,
+        )  # fmt: skip
+
+    v = judge(48, 2)
+    (row,) = v.notices
+    assert row.deadline_met is False and row.miss_allowed and not row.missed
+    assert row.nobody_up_s == pytest.approx(20.0)
+    check = next(c for c in v.checks if c.name == "every deadline met")
+    assert check.ok and "kueue#0 (20.0s of its window)" in check.detail
+    assert v.summary is not None
+    assert (v.summary.deadlines_missed, v.summary.deadlines_nobody_up) == (0, 1)
+    assert "late, no replica up 20.0s" in report.render(v)
+    for drained, replicas in ((48, 0), (66, 2)):  # unknown count; 26 s late > 20 + 5
+        v = judge(drained, replicas)
+        assert v.summary is not None and v.summary.deadlines_missed == 1
+        assert not next(c for c in v.checks if c.name == "every deadline met").ok
+
+
+def test_a_takeover_is_timed_from_when_the_taker_could_act() -> None:
+    """r0 killed at 3 s; its peer r1 was paused 5-20 s and took the claim at 21 s: 18 s from
+    the fault, 3 s of them r1's own."""
+    f = _kill(held={"n1": "A"}, replica=0)
+    pause = _kill(at=5, kind="pause", label="pause reclaimd-1@5s", holder="r1", replica=1,
+                  ended_at=_at(20), successor="r1")  # fmt: skip
+    v = _evaluate(
+        faults_=[f, pause], history={"n1": [_seen(1, "r0", "A", 1), _seen(22, "r1", "A", 21)]}
+    )
+    (t,) = v.faults[0].takeovers
+    assert t.after_s == pytest.approx(18.0) and t.net_s == pytest.approx(3.0)
+    assert v.summary is not None
+    assert v.summary.takeover_max_s == pytest.approx(3.0)
+    assert v.summary.takeover_raw_max_s == pytest.approx(18.0)
