@@ -41,39 +41,39 @@ test: trainer-deps lint stack-up deploy-tools
 
 # One Spot warning shown step by step, then a zone-wide storm drill judged against ground truth.
 demo: stack-up
-	$(BIN)/python -m reclaimd.chaos.demo
+	$(BIN)/python -m chaos.demo
 	$(BIN)/reclaimd drill run chaos/scenarios/spot-az-storm.yaml --timeline \
 		--json .stack/demo-storm.json --svg .stack/demo-slowest-notice.svg
-	$(BIN)/python -m reclaimd.chaos.demo_report .stack/demo-storm.json .stack/demo-report.html
+	$(BIN)/python -m chaos.demo_report .stack/demo-storm.json .stack/demo-report.html
 
 bench: stack-up
-	$(BIN)/python -m reclaimd.bench
+	$(BIN)/python -m chaos.bench
 
 # A zone-wide storm at the apiserver's own limit: calibrate node PATCH/s, then the
 # spot-az-storm-1000 drill on 2 replicas: out/bench-storm.json and a table.
 # BENCH_STORM_ARGS="--cache" adds the cache RSS bench (5,000 nodes, 50,000 pods).
 .PHONY: bench-storm
 bench-storm: stack-up
-	$(BIN)/python -m reclaimd.bench_storm $(BENCH_STORM_ARGS)
+	$(BIN)/python -m chaos.bench_storm $(BENCH_STORM_ARGS)
 
 # Every deadline with 1,000 simultaneous notices: the spot-storm-1000-notices drill, same
 # table and checks as bench-storm (out/bench-storm-1000.json).
 .PHONY: bench-storm-1000
 bench-storm-1000: stack-up
-	$(BIN)/python -m reclaimd.bench_storm --scenario chaos/scenarios/spot-storm-1000-notices.yaml --calibrate-messages 1000 --out out/bench-storm-1000.json --drill-json out/bench-storm-1000-drill.json $(BENCH_STORM_ARGS)
+	$(BIN)/python -m chaos.bench_storm --scenario chaos/scenarios/spot-storm-1000-notices.yaml --calibrate-messages 1000 --out out/bench-storm-1000.json --drill-json out/bench-storm-1000-drill.json $(BENCH_STORM_ARGS)
 
 # The informer cache's RSS with 5,000 nodes and 50,000 pods (10,000 GPU) created straight in
 # the apiserver, deleted afterwards: out/bench-cache.json. BENCH_CACHE_ARGS="--nodes 500 ...".
 .PHONY: bench-cache
 bench-cache: stack-up
-	$(BIN)/python -m reclaimd.bench_cache $(BENCH_CACHE_ARGS)
+	$(BIN)/python -m chaos.bench_cache $(BENCH_CACHE_ARGS)
 
 # One Spot storm through released aws-node-termination-handler (built once from the Go module
 # proxy) and through reclaimd, side by side: out/bench-peers.json and a table.
 # BENCH_PEERS_ARGS="--nodes 50 --repeat 1" for a quick run.
 .PHONY: bench-peers
 bench-peers: stack-up
-	$(BIN)/python -m reclaimd.bench_peers $(BENCH_PEERS_ARGS)
+	$(BIN)/python -m chaos.bench_peers $(BENCH_PEERS_ARGS)
 
 # What the in-cluster tests need: buildah/podman/runc/mmdebstrap (apt), helm (Go module proxy).
 deploy-tools:
@@ -91,7 +91,7 @@ image: venv deploy-tools
 # BENCH_UPLOADS_ARGS="--ranks 50 --objects 2" for a quick run.
 .PHONY: bench-uploads
 bench-uploads: venv
-	$(BIN)/python -m reclaimd.bench_uploads $(BENCH_UPLOADS_ARGS)
+	$(BIN)/python -m chaos.bench_uploads $(BENCH_UPLOADS_ARGS)
 
 # 10,000 hostile messages per transport (SQS, Pub/Sub, Kafka notices, Kueue Workloads, IMDS and
 # GCE metadata answers) with real notices mixed in, against one `reclaimd run`: crashes, every
@@ -99,7 +99,7 @@ bench-uploads: venv
 # table. BENCH_FUZZ_ARGS="--per-transport 500" for a quick run.
 .PHONY: bench-fuzz
 bench-fuzz: stack-up
-	$(BIN)/python -m reclaimd.bench_fuzz $(BENCH_FUZZ_ARGS)
+	$(BIN)/python -m chaos.bench_fuzz $(BENCH_FUZZ_ARGS)
 
 # A randomized fault campaign (chaos/campaign.py): 20 drills, each a storm with a random source
 # mix and 1-3 faults (kill, restart, fresh disk, pause, term, successor, partition, Kafka or
@@ -108,7 +108,7 @@ bench-fuzz: stack-up
 # FAILOVER_ARGS="--runs 5 --seed 7"; a failing run reruns with "--runs 1 --seed <its seed>".
 .PHONY: bench-failover
 bench-failover: stack-up
-	$(BIN)/python -m reclaimd.chaos.campaign --out out/bench-failover.json $(FAILOVER_ARGS)
+	$(BIN)/python -m chaos.campaign --out out/bench-failover.json $(FAILOVER_ARGS)
 
 # torch 2.15.0 (the PyPI CUDA build, used on CPU) and Lightning for the trainer SDK's tests and
 # bench: wheels cached under ~/.cache/reclaimd/wheels (about 2.9 GB once), installed offline.
@@ -121,7 +121,7 @@ trainer-deps: venv
 # out/bench-trainer.json and a table. BENCH_TRAINER_ARGS="--sizes 1,16" for a quick run.
 .PHONY: bench-trainer
 bench-trainer: trainer-deps
-	$(BIN)/python -m reclaimd.bench_trainer $(BENCH_TRAINER_ARGS)
+	$(BIN)/python -m chaos.bench_trainer $(BENCH_TRAINER_ARGS)
 
 # The FinOps report at fleet scale: a generated month of a 2,000-node GPU fleet (FOCUS in
 # Parquet, ~6.8 M rows; allocation rows; 100,000 restart-waste events), reported in DuckDB

@@ -1,6 +1,6 @@
 """``make bench-failover``: a randomized fault campaign, in the spirit of Jepsen.
 
-``python -m reclaimd.chaos.campaign --runs N --seed S --out out/bench-failover.json`` runs N
+``python -m chaos.campaign --runs N --seed S --out out/bench-failover.json`` runs N
 drills one after the other. Each run's scenario is generated from a seed of its own (run 0's
 is the campaign seed itself, run i's is derived from it), so ``--runs 1 --seed <a run's seed>``
 reruns exactly that run (same fleet, gangs, notices, faults and times; the same ``--kinds`` and
@@ -20,13 +20,13 @@ reruns exactly that run (same fleet, gangs, notices, faults and times; the same 
 Each run is judged by the drill's own ground-truth checks (``chaos.report``) and bounded in
 time. It prints one row per run (seed, faults, gangs lost, late, doubled, over- and
 under-charged, deadlines missed, late while no replica could act (``nobody``: outside the
-promise, shown apart), takeover p50/p99/max timed from when the taker could act, takeovers of
-a live holder, actions by a fenced holder) and the total, writes every generated scenario
-next to the JSON report (``out/failover/<seed>.yaml``, to ship a failing one as a fixed
-scenario, or to run it with ``reclaimd drill run``) with that run's drill report
-(``<seed>.json``). Exit status 1 when a
-run lost, doubled or mis-charged a gang's event, or could not be judged (it failed or ran out
-of time); 2 for bad arguments or no stack; 0 otherwise. Missed deadlines and false takeovers
+promise, shown apart), takeover p50/p99/max less the time no replica could act and the max
+from the fault (``raw max``), takeovers of a live holder, actions by a fenced holder), the
+total and the takeovers by fault kind, and writes every generated scenario next to the JSON
+report (``out/failover/<seed>.yaml``, to ship a failing one as a fixed scenario, or to run it
+with ``reclaimd drill run``) with that run's drill report (``<seed>.json``). Exit status 1
+when a run lost, doubled or mis-charged a gang's event, or could not be judged (it failed or
+ran out of time); 2 for bad arguments or no stack; 0 otherwise. Missed deadlines and false takeovers
 are figures, not failures: a pause on the replica holding a 30 s notice misses its deadline.
 """
 
@@ -362,7 +362,8 @@ class RunResult:
     under: int = 0
     missed: int = 0
     nobody_up: int = 0  # late while no replica could act: shown, outside the promise
-    takeovers: list[float] = field(default_factory=list)  # from when the taker could act
+    takeovers: list[float] = field(default_factory=list)  # less the time no replica could act
+    raw_takeovers: list[float] = field(default_factory=list)  # from the fault
     by_kind: dict[str, list[float]] = field(default_factory=dict)  # the same, by fault kind
     live_takeovers: int = 0
     fenced: int = 0
@@ -392,6 +393,9 @@ def result_of(seed: int, faults: str, verdict: Verdict, seconds: float) -> RunRe
         missed=u.deadlines_missed,
         takeovers=sorted(
             t.net_s for f in verdict.faults for t in f.taken_over if t.net_s is not None
+        ),
+        raw_takeovers=sorted(
+            t.after_s for f in verdict.faults for t in f.taken_over if t.after_s is not None
         ),
         by_kind=_by_kind(verdict),
         nobody_up=u.deadlines_nobody_up,
@@ -449,7 +453,8 @@ def _s(v: float | None) -> str:
 
 HEAD = (
     f"{'seed':>10}  {'faults':<44} {'lost':>4} {'late':>4} {'dbl':>3} {'over':>4} {'under':>5}"
-    f" {'missed':>6} {'nobody':>6} {'tk p50':>6} {'tk p99':>6} {'tk max':>6} {'live':>4}"
+    f" {'missed':>6} {'nobody':>6} {'tk p50':>6} {'tk p99':>6} {'tk max':>6} {'raw max':>7}"
+    f" {'live':>4}"
     f" {'fenced':>6}  verdict"
 )
 
@@ -464,7 +469,8 @@ def row(r: RunResult) -> str:
     return (
         f"{r.seed:>10}  {r.faults[:44]:<44} {r.lost:>4} {r.late:>4} {r.doubled:>3} {r.over:>4}"
         f" {r.under:>5} {r.missed:>6} {r.nobody_up:>6} {_s(_pct(t, 50)):>6} {_s(_pct(t, 99)):>6}"
-        f" {_s(max(t) if t else None):>6} {r.live_takeovers:>4} {r.fenced:>6}  {verdict}"
+        f" {_s(max(t) if t else None):>6} {_s(max(r.raw_takeovers, default=None)):>7}"
+        f" {r.live_takeovers:>4} {r.fenced:>6}  {verdict}"
     )
 
 
@@ -479,7 +485,9 @@ def total_row(results: Sequence[RunResult]) -> str:
         f" {sum(r.over for r in results):>4} {sum(r.under for r in results):>5}"
         f" {sum(r.missed for r in results):>6} {sum(r.nobody_up for r in results):>6}"
         f" {_s(_pct(t, 50)):>6} {_s(_pct(t, 99)):>6}"
-        f" {_s(max(t) if t else None):>6} {sum(r.live_takeovers for r in results):>4}"
+        f" {_s(max(t) if t else None):>6}"
+        f" {_s(max((x for r in results for x in r.raw_takeovers), default=None)):>7}"
+        f" {sum(r.live_takeovers for r in results):>4}"
         f" {sum(r.fenced for r in results):>6}  {passed} PASS, {broken} broken"
     )
 
@@ -525,7 +533,7 @@ def _rerun(seed: int, args: argparse.Namespace) -> str:
         extra += f" --kinds {args.kinds}"
     if args.sources != ",".join(SOURCES):
         extra += f" --sources {args.sources}"
-    return f"python -m reclaimd.chaos.campaign --runs 1 --seed {seed}{extra}"
+    return f"python -m chaos.campaign --runs 1 --seed {seed}{extra}"
 
 
 async def campaign(args: argparse.Namespace) -> int:
@@ -601,6 +609,8 @@ def _write(out: Path, args: argparse.Namespace, seeds: Sequence[int], rs: list[R
                 "takeover_p50_s": _r(_pct(r.takeovers, 50)),
                 "takeover_p99_s": _r(_pct(r.takeovers, 99)),
                 "takeover_max_s": _r(max(r.takeovers) if r.takeovers else None),
+                "takeover_raw_p99_s": _r(_pct(r.raw_takeovers, 99)),
+                "takeover_raw_max_s": _r(max(r.raw_takeovers, default=None)),
                 "live_takeovers": r.live_takeovers,
                 "fenced_actions": r.fenced,
                 "gave_up": r.gave_up,
@@ -624,6 +634,8 @@ def _write(out: Path, args: argparse.Namespace, seeds: Sequence[int], rs: list[R
             "takeover_p50_s": _r(_pct(t, 50)),
             "takeover_p99_s": _r(_pct(t, 99)),
             "takeover_max_s": _r(max(t) if t else None),
+            "takeover_raw_p99_s": _r(_pct([x for r in rs for x in r.raw_takeovers], 99)),
+            "takeover_raw_max_s": _r(max((x for r in rs for x in r.raw_takeovers), default=None)),
             "live_takeovers": sum(r.live_takeovers for r in rs),
             "fenced_actions": sum(r.fenced for r in rs),
             "takeover_by_fault_kind": kind_totals(rs),
@@ -649,7 +661,7 @@ def _names(value: str, allowed: Sequence[str], flag: str) -> tuple[str, ...]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m reclaimd.chaos.campaign", description=__doc__.splitlines()[0]
+        prog="python -m chaos.campaign", description=__doc__.splitlines()[0]
     )
     p.add_argument("--runs", type=int, default=DEFAULT_RUNS, help=f"drills ({DEFAULT_RUNS})")
     p.add_argument(

@@ -23,7 +23,7 @@ RATES = Path(__file__).resolve().parent / "demo-rates.csv"
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m reclaimd.chaos.demo_report DRILL.json OUT.html", file=sys.stderr)
+        print("usage: python -m chaos.demo_report DRILL.json OUT.html", file=sys.stderr)
         return 2
     drill_json, html = Path(args[0]), Path(args[1])
     try:

@@ -1188,7 +1188,7 @@ class Drill:
 
 def _expected_notice(parser: str, payload: bytes, received: datetime, plan: Plan) -> Notice:
     """What reclaimd must make of the payload: the same parser, the same windows."""
-    from reclaimd import handlers
+    import handlers
 
     outcome = handlers.parse(parser, payload, received_at=received, windows=plan.windows)
     if not isinstance(outcome, tuple) or len(outcome) != 1:
@@ -1441,7 +1441,7 @@ def _save_facts(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reclaimd.chaos.drill run SCENARIO`` (what ``reclaimd drill`` calls)."""
+    """``python -m chaos.drill run SCENARIO`` (what ``reclaimd drill`` calls)."""
     parser = argparse.ArgumentParser(prog="reclaimd")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@ Keys served: ``instance/{name,hostname,id,zone,preempted,maintenance-event}``,
 ``projects/<number>/zones/<zone>``, as on GCE.
 
 Injecting: in process, ``server.set("instance/preempted", "TRUE")``; standalone
-(``python -m reclaimd.chaos.gce_metadata_server --instance N --zone Z --project P``), a
+(``python -m chaos.gce_metadata_server --instance N --zone Z --project P``), a
 ``PUT /chaos/v1/<key>`` with the value as body. ``flavor_header=False`` makes it answer
 without the ``Metadata-Flavor`` header, to test that a client refuses such a response.
 """

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.rest import ApiException
 
-from reclaimd import handlers
+import handlers
 from reclaimd.cluster.client import build_api_client
 from reclaimd.model import Notice, utcnow
 

@@ -1,6 +1,6 @@
 """The drills' real torch job again, as a PyTorch Lightning ``Trainer`` (DDP, gloo on CPU) with
 ``reclaimd.trainer.lightning.ReclaimdCallback``: same arguments and step log as
-chaos/torchjob.py (``TorchGang(..., module="reclaimd.chaos.lightningjob")`` starts it).
+chaos/torchjob.py (``TorchGang(..., module="chaos.lightningjob")`` starts it).
 
 Each rank is a process of its own with torchelastic's environment, so Lightning joins the
 given world instead of launching its own processes.
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
-from reclaimd.chaos.torchjob import batch, build_model, digest
+from chaos.torchjob import batch, build_model, digest
 from reclaimd.trainer import Signal
 from reclaimd.trainer.lightning import ReclaimdCallback
 from reclaimd.trainer.torch import S3Reader, SaveReport

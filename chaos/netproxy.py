@@ -11,7 +11,7 @@ on meanwhile is closed once its close is read. Nothing else of the replica goes 
 Kafka, SQS and the trainers stay reachable.
 
 ``NetProxy`` runs in the caller's event loop (the unit tests). The drill runs each proxy as a
-process of its own (``ProxyProcess``: ``python -m reclaimd.chaos.netproxy``, driven over stdin
+process of its own (``ProxyProcess``: ``python -m chaos.netproxy``, driven over stdin
 and stdout) so that its forwarding never waits on the drill's busy loop. Standard library
 only: it starts in a few tens of milliseconds.
 """
@@ -153,7 +153,7 @@ async def _serve(upstream: tuple[str, int], listen: tuple[str, int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reclaimd.chaos.netproxy --upstream HOST:PORT``: prints ``listening PORT``,
+    """``python -m chaos.netproxy --upstream HOST:PORT``: prints ``listening PORT``,
     then answers ``cut``, ``heal`` and ``stats`` on stdin; stops at end of input."""
     p = argparse.ArgumentParser(prog="netproxy", description=__doc__.splitlines()[0])
     p.add_argument("--upstream", type=_address, required=True, help="HOST:PORT to forward to")
@@ -178,7 +178,7 @@ class ProxyProcess:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "reclaimd.chaos.netproxy",
+            "chaos.netproxy",
             "--upstream",
             f"{host}:{port}",
             stdin=asyncio.subprocess.PIPE,

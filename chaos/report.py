@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from reclaimd.chaos import downtime
+from chaos import downtime
 from reclaimd.model import ParseError, parse_time, rfc3339
 
 ACK_MARGIN_S = 1.0  # reclaimd polls a 202 every 0.5 s: an ack this close to the end is a race
@@ -295,8 +295,8 @@ class Takeover:
     by: str  # the holder that wrote it first after the fault ("": nobody did)
     at: datetime | None
     after_s: float | None  # from the fault
-    # from the fault, less the time the taker could not act itself (paused, not yet up, the
-    # apiserver restarting): the takeover's own time
+    # from the fault, less the time no replica could act (every one paused, killed, not yet
+    # back, or the apiserver restarting): the takeover's own time
     net_s: float | None = None
 
 
@@ -360,7 +360,7 @@ class FaultRow:
 
     @property
     def max_takeover_s(self) -> float | None:
-        times = [t.net_s for t in self.takeovers if t.by and t.net_s is not None]
+        times = [t.after_s for t in self.takeovers if t.by and t.after_s is not None]
         return max(times) if times else None
 
     @property
@@ -398,7 +398,7 @@ class Summary:
     live_takeovers: int = 0  # claims taken from a holder that had no fault then
     fenced_actions: int = 0  # steps an old holder began for a notice after its takeover
     deadlines_nobody_up: int = 0  # notices late that no replica could act for (not missed)
-    takeover_raw_max_s: float | None = None  # from the fault, the taker's own pauses included
+    takeover_raw_max_s: float | None = None  # from the fault, time nobody could act included
 
 
 @dataclass(frozen=True)
@@ -493,7 +493,7 @@ def evaluate(
                 required=expect.transport_drained,
             )
         )
-    fault_rows = tuple(_fault_row(f, observed, traces, faults) for f in faults)
+    fault_rows = tuple(_fault_row(f, observed, traces, nobody) for f in faults)
     if faults:
         broken = [f"{f.label}: {f.error}" for f in faults if f.error]
         checks.append(
@@ -744,17 +744,14 @@ def _fault_row(
     f: FaultFacts,
     observed: Observed,
     traces: Mapping[str, Sequence[Mapping[str, Any]]],
-    faults: Sequence[FaultFacts] = (),
+    nobody_up: Sequence[downtime.Span] = (),
 ) -> FaultRow:
-    down, index = downtime.replica_down(faults), downtime.replica_of(faults)
-    everyone = downtime.everyone_down(faults)
     history = observed.claim_history
     takeovers = tuple(
         _net(
             _takeover(f, key, notice_id, history.get(key, ()), traces.get(notice_id, ())),
-            down,
-            index,
-            everyone,
+            f.started_at,
+            nobody_up,
         )
         for key, notice_id in sorted(f.held.items())
     )
@@ -771,18 +768,12 @@ def _fault_row(
     return FaultRow(f, takeovers, len(hit), max(hit) if hit else None, _readiness(f))
 
 
-def _net(
-    t: Takeover,
-    down: Mapping[int, Sequence[downtime.Span]],
-    index: Mapping[str, int],
-    everyone: Sequence[downtime.Span],
-) -> Takeover:
-    """The takeover's time less what the taker could not act itself since the fault."""
+def _net(t: Takeover, fault_at: datetime, nobody_up: Sequence[downtime.Span]) -> Takeover:
+    """The takeover's time less the time since the fault when no replica could act: a peer
+    that could have taken over and did not still counts, the taker's own restart too."""
     if t.at is None or t.after_s is None or not t.by:
         return t
-    start = t.at - timedelta(seconds=t.after_s)
-    mine = down.get(index[t.by], everyone) if t.by in index else everyone
-    idle = downtime.seconds_within(mine, start, t.at)
+    idle = downtime.seconds_within(nobody_up, fault_at, t.at)
     return dataclasses.replace(t, net_s=max(0.0, t.after_s - idle))
 
 
@@ -1489,7 +1480,7 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
             f" under-charged, {u.deadlines_missed} deadline(s) missed"
             f" ({u.deadlines_nobody_up} more late while no replica could act),"
             f" takeover p50 {_opt(u.takeover_p50_s)} p99 {_opt(u.takeover_p99_s)}"
-            f" max {_opt(u.takeover_max_s)} ({u.takeovers} taken over, timed from when the taker"
+            f" max {_opt(u.takeover_max_s)} ({u.takeovers} taken over, less the time no replica"
             f" could act; from the fault max {_opt(u.takeover_raw_max_s)}; with resumes, max"
             f" {_opt(u.max_takeover_s)}), {u.live_takeovers} takeover(s) of"
             f" a live holder, {u.fenced_actions} action(s) by a fenced holder,"

@@ -1,6 +1,6 @@
 """A real torch.distributed training job for the drills, e2e tests and bench (gloo on CPU).
 
-Each rank is a process of its own (``python -m reclaimd.chaos.torchjob --rank R ...``); rank 0
+Each rank is a process of its own (``python -m chaos.torchjob --rank R ...``); rank 0
 hosts the rendezvous on loopback. The model is built here (an MLP, no downloaded weights), the
 data is generated from (seed, step, rank), so two incarnations compute the same thing. Each rank
 serves reclaimd's checkpoint contract with ``reclaimd.trainer.Signal`` on a loopback port
@@ -209,7 +209,7 @@ class TorchGang:
         world: int,
         *,
         incarnation: int = 0,
-        module: str = "reclaimd.chaos.torchjob",  # or reclaimd.chaos.lightningjob
+        module: str = "chaos.torchjob",  # or chaos.lightningjob
         **options: Any,
     ) -> None:
         self.module = module

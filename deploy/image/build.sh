@@ -75,13 +75,11 @@ ensure_base() {
 }
 
 build_wheels() {
-    # The commit's files; the symlinks to the top-level folders are replaced: handlers by a
-    # copy (it is part of the package), chaos by nothing (it stays out of the wheel).
+    # The commit's product files: reclaimd and handlers, not the rig (chaos/ is not archived,
+    # so the wheel built here has no chaos package).
     local ctx=$1 src=$1/src
     mkdir -p "$src" "$ctx/wheels"
     git -C "$REPO_DIR" archive --format=tar "$IMAGE_REV" "${IMAGE_PATHS[@]}" | tar -x -C "$src"
-    rm -f "$src/reclaimd/handlers" "$src/reclaimd/chaos"
-    mv "$src/handlers" "$src/reclaimd/handlers"
     cp "$src/Containerfile" "$ctx/Containerfile"
     nice -n 10 "$REPO_DIR/.venv/bin/pip" wheel -q --wheel-dir "$ctx/wheels" "$src"
     rm -rf "$src"

@@ -32,6 +32,8 @@ unread there while the only live copy is leased to a dead stream: a replica rest
 own slot after a SIGKILL, its peer stopped for good, got its notice only when the emulator's
 lease sweep let it go (20 s measured after a kill, 10 s after the seek; 67 s once in CI,
 where the GCE window is 30 s), though the released slot held an unleased copy all along.
+A guest does not seek the slot back (other replicas may be minding it too), and one that
+fails is logged and minded again later: it never takes the replica's own consumer down.
 """
 
 from __future__ import annotations
@@ -242,7 +244,9 @@ class PubSubSlots:
     async def mind(self, consume: Callable[[int], Coroutine[Any, Any, None]]) -> None:
         """Every ``MIND_EVERY_S``: consume each other slot free for ``MIND_AFTER_S``, stop
         consuming each one a live replica holds again; until cancelled, when the guests are
-        cancelled (and have handed their messages back). A guest that fails is raised."""
+        cancelled (and have handed their messages back). A guest that fails or ends is logged
+        and minded again once its slot has stayed free ``MIND_AFTER_S`` more: one free slot's
+        subscription never takes this replica's own consumer down."""
         guests: dict[int, asyncio.Task[None]] = {}
         free_since: dict[int, float] = {}  # monotonic time each free slot was first seen free
         try:
@@ -266,15 +270,26 @@ class PubSubSlots:
                         guests[index] = asyncio.create_task(
                             consume(index), name=f"pubsub-free-slot-{index}"
                         )
-                    for index in sorted(guests.keys() - free):
-                        guest = guests.pop(index)
+                    leaving = {i: guests.pop(i) for i in sorted(guests.keys() - free)}
+                    for guest in leaving.values():
                         guest.cancel()
-                        await asyncio.gather(guest, return_exceptions=True)
+                    await asyncio.gather(*leaving.values(), return_exceptions=True)
+                    for index in leaving:
                         logs.event(log, "pubsub free slot left to its holder", slot=index)
                     self.minded = set(guests)
-                for guest in guests.values():
-                    if guest.done() and not guest.cancelled() and guest.exception():
-                        raise cast(BaseException, guest.exception())
+                for index, guest in list(guests.items()):
+                    if guest.done():
+                        error = None if guest.cancelled() else guest.exception()
+                        logs.event(
+                            log,
+                            "pubsub free slot guest ended",
+                            logging.WARNING,
+                            slot=index,
+                            error=str(error)[:200] if error else None,
+                        )
+                        del guests[index]
+                        free_since[index] = time.monotonic()  # minded again after MIND_AFTER_S
+                        self.minded = set(guests)
                 await asyncio.sleep(MIND_EVERY_S)
         finally:
             for guest in guests.values():

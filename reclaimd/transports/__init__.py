@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from reclaimd import handlers, logs
+import handlers
+from reclaimd import logs
 from reclaimd.intake import Admission
 from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
 

@@ -357,9 +357,9 @@ class SlottedPubSubSource:
             subscriber_factory=self._factory,
             counters=self.counters,
         )
-        if slot == self.slots.held:
+        if slot == self.slots.held:  # a guest does not seek: peers may stream that slot too
             self.current = source
-        await source.rewind()
+            await source.rewind()
         await source.run()
 
 

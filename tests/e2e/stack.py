@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from reclaimd.chaos import stack as chaos_stack
+from chaos import stack as chaos_stack
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_STACK_DIR = REPO_DIR / ".stack"
@@ -50,7 +50,7 @@ def stack_dir() -> Path:
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """The stack's own parser (``reclaimd.chaos.stack``), with its errors as ``StackEnvError``."""
+    """The stack's own parser (``chaos.stack``), with its errors as ``StackEnvError``."""
     try:
         return chaos_stack.read_env_file(path)
     except (chaos_stack.StackNotRunning, ValueError) as e:

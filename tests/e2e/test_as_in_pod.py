@@ -28,9 +28,9 @@ import yaml
 from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR
 
-from reclaimd.chaos import kube as chaos_kube
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
+from chaos import kube as chaos_kube
+from chaos import stack as stackenv
+from chaos.harness import Harness
 
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
 VERSIONS = REPO_DIR / "deploy" / "local" / "versions.env"

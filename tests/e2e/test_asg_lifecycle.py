@@ -28,7 +28,8 @@ import boto3
 import pytest
 from stack import Stack
 
-from reclaimd import handlers, sources
+import handlers
+from reclaimd import sources
 from reclaimd.config import Settings
 from reclaimd.model import Notice, utcnow
 from reclaimd.transports.lifecycle import AsgLifecycle

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reclaimd.chaos import drill, report, scenario
+from chaos import drill, report, scenario
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "chaos" / "scenarios"
@@ -93,7 +93,7 @@ async def test_the_command_exits_1_and_writes_the_report(stack: Any, tmp_path: P
     path.write_text(yaml.safe_dump(IMPOSSIBLE))
     out = tmp_path / "report.json"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "reclaimd.chaos.drill", "drill", "run", str(path),
+        sys.executable, "-m", "chaos.drill", "drill", "run", str(path),
         "--json", str(out),
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -117,7 +117,7 @@ async def test_a_bad_scenario_exits_2_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({**IMPOSSIBLE, "gangs": [{"name": "x", "rnaks": 2}]}))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "reclaimd.chaos.drill", "drill", "run", str(path),
+        sys.executable, "-m", "chaos.drill", "drill", "run", str(path),
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     _, stderr = await proc.communicate()

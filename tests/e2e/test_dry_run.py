@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
+from chaos import stack as stackenv
+from chaos.harness import Harness
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from reclaimd.chaos import inject
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.fleet import GangSpec, NodeSpec
-from reclaimd.chaos.gce_metadata_server import GceMetadataServer
-from reclaimd.chaos.harness import Harness
-from reclaimd.chaos.process import DaemonProcess
+from chaos import inject
+from chaos import stack as stackenv
+from chaos.fleet import GangSpec, NodeSpec
+from chaos.gce_metadata_server import GceMetadataServer
+from chaos.harness import Harness
+from chaos.process import DaemonProcess
 from reclaimd.config import PubSubSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, parse_time, stable_id, utcnow

@@ -27,7 +27,7 @@ import yaml
 from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR, Stack
 
-from reclaimd.chaos import fleet
+from chaos import fleet
 
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
 VERSIONS = REPO_DIR / "deploy" / "local" / "versions.env"

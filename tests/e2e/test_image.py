@@ -23,8 +23,8 @@ import yaml
 from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR, Stack
 
-from reclaimd.chaos import kube as chaos_kube
-from reclaimd.chaos.harness import RBAC
+from chaos import kube as chaos_kube
+from chaos.harness import RBAC
 
 BUILD = REPO_DIR / "deploy" / "image" / "build.sh"
 BUILD_TIMEOUT_S = 1500  # a cold build on a busy 2-core machine (base, wheels, image)
@@ -95,7 +95,7 @@ def test_runs_as_65532_on_a_read_only_root(image: str) -> None:
 def test_holds_the_daemon_only(image: str) -> None:
     probe = (
         "import importlib.util, json\n"
-        "names = ['reclaimd.daemon', 'reclaimd.handlers.ec2_spot', 'reclaimd.chaos', 'pytest',\n"
+        "names = ['reclaimd.daemon', 'handlers.ec2_spot', 'chaos', 'pytest',\n"
         "         'moto', 'hypothesis', 'ruff', 'mypy', 'pip']\n"
         "print(json.dumps({n: importlib.util.find_spec(n) is not None for n in names}))\n"
     )
@@ -103,8 +103,8 @@ def test_holds_the_daemon_only(image: str) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {
         "reclaimd.daemon": True,
-        "reclaimd.handlers.ec2_spot": True,
-        "reclaimd.chaos": False,  # the drills stay in the source tree
+        "handlers.ec2_spot": True,
+        "chaos": False,  # the drills stay in the source tree
         "pytest": False,
         "moto": False,
         "hypothesis": False,

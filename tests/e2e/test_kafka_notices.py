@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from reclaimd.chaos import inject
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.fleet import NodeSpec
-from reclaimd.chaos.harness import Harness
-from reclaimd.chaos.process import DaemonProcess
+from chaos import inject
+from chaos import stack as stackenv
+from chaos.fleet import NodeSpec
+from chaos.harness import Harness
+from chaos.process import DaemonProcess
 from reclaimd.config import KafkaNoticeSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, parse_time, utcnow

@@ -15,8 +15,8 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from stack import Stack
 
-from reclaimd.chaos import fleet, kube
-from reclaimd.chaos.harness import RBAC
+from chaos import fleet, kube
+from chaos.harness import RBAC
 from reclaimd.cluster.client import build_api_client
 from reclaimd.cluster.events import EventRecorder, EventSettings, Reason, Regarding, notice_note
 from reclaimd.cluster.ratelimit import RateLimiter

@@ -32,13 +32,13 @@ from aiohttp import web
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.rest import ApiException
 
+import handlers
+from chaos import fleet
+from chaos import stack as stackenv
+from chaos.harness import Harness
+from chaos.stack import StackEnv
+from chaos.trainers import TrainerFleet
 from reclaimd import annotations as ann
-from reclaimd import handlers
-from reclaimd.chaos import fleet
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
-from reclaimd.chaos.stack import StackEnv
-from reclaimd.chaos.trainers import TrainerFleet
 from reclaimd.model import Notice, rfc3339, utcnow
 
 GPU = fleet.GPU

@@ -27,9 +27,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from chaos import stack as stackenv
+from chaos.harness import Harness
 from reclaimd import postmortem
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
 from reclaimd.model import Notice
 
 STEPS = ("claim", "resolve", "cordon", "checkpoint", "drain", "ledger")

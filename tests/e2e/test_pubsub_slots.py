@@ -17,10 +17,10 @@ from typing import Any, cast
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from reclaimd.chaos import inject
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
-from reclaimd.chaos.process import DaemonProcess
+from chaos import inject
+from chaos import stack as stackenv
+from chaos.harness import Harness
+from chaos.process import DaemonProcess
 from reclaimd.cluster import slots
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.slots import PubSubSlots

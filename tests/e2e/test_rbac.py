@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from reclaimd.chaos import kube
-from reclaimd.chaos.harness import RBAC
+from chaos import kube
+from chaos.harness import RBAC
 from reclaimd.cluster.client import build_api_client
 
 ALLOWED = [

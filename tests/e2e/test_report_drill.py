@@ -35,10 +35,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from chaos import drill, report, scenario
+from chaos import stack as stackenv
+from chaos.harness import Harness
 from reclaimd import meter
-from reclaimd.chaos import drill, report, scenario
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
 from reclaimd.cluster.cache import CacheSettings, ClusterCache
 from reclaimd.cluster.client import build_api_client
 from reclaimd.ledger import LedgerWriter

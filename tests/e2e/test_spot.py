@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
-from reclaimd.chaos.trainers import Behaviour
+from chaos import stack as stackenv
+from chaos.harness import Harness
+from chaos.trainers import Behaviour
 from reclaimd.model import Notice, parse_time, rfc3339
 
 SHORT = {"windows": {"ec2_spot_s": 20}}  # a shorter window keeps the PDB tests short

@@ -16,7 +16,7 @@ import boto3
 import pytest
 from stack import REPO_DIR
 
-from reclaimd.chaos import stack as stackenv
+from chaos import stack as stackenv
 from reclaimd.config import SqsSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows

@@ -19,8 +19,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from trainer_helpers import jobset_gang, spot_notice
 
-from reclaimd.chaos.lightningjob import Module
-from reclaimd.chaos.torchjob import batch, build_model
+from chaos.lightningjob import Module
+from chaos.torchjob import batch, build_model
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Member, RankAck, utcnow
 from reclaimd.objectstore import make_s3_client

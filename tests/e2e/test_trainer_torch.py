@@ -28,10 +28,10 @@ import aiohttp
 import pytest
 from trainer_helpers import jobset_gang, spot_notice
 
-from reclaimd.chaos import fleet
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
-from reclaimd.chaos.torchjob import TorchGang, read_log
+from chaos import fleet
+from chaos import stack as stackenv
+from chaos.harness import Harness
+from chaos.torchjob import TorchGang, read_log
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Member, parse_time, utcnow
 from reclaimd.objectstore import make_s3_client
@@ -253,7 +253,7 @@ async def test_lightning_ranks_save_with_the_callback_and_resume_from_it(
     Lightning checkpoint at the agreed step, uploaded and COMMITTED; ``fit(ckpt_path=
     callback.resume_path())`` resumes the global step and the state bit for bit."""
     world = 2
-    first = job(tmp_path, world, bucket, stack, 0, module="reclaimd.chaos.lightningjob")
+    first = job(tmp_path, world, bucket, stack, 0, module="chaos.lightningjob")
     gangs.append(first)
     urls = await asyncio.to_thread(first.start, 240)
     await asyncio.sleep(1.0)
@@ -280,9 +280,7 @@ async def test_lightning_ranks_save_with_the_callback_and_resume_from_it(
     }
     assert keys == {"lightning.ckpt", "COMMITTED"}  # once, by rank 0: never saved twice
 
-    second = job(
-        tmp_path, world, bucket, stack, 1, module="reclaimd.chaos.lightningjob", steps=step + 15
-    )
+    second = job(tmp_path, world, bucket, stack, 1, module="chaos.lightningjob", steps=step + 15)
     gangs.append(second)
     await asyncio.to_thread(second.start, 240)
     assert await asyncio.to_thread(second.wait, 240) == [0] * world, second.stderr()
@@ -310,7 +308,7 @@ async def test_hf_trainer_saves_with_the_callback_and_resumes_from_it(  # noqa: 
     from torch.nn import functional
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from reclaimd.chaos.torchjob import build_model
+    from chaos.torchjob import build_model
     from reclaimd.objectstore import GuardedPut
     from reclaimd.trainer import Signal
     from reclaimd.trainer.hf import ReclaimdTrainerCallback
@@ -470,7 +468,7 @@ def test_restore_skips_a_newer_step_without_committed_and_an_incomplete_stash(
     restore() takes step 5, bit for bit."""
     import torch
 
-    from reclaimd.chaos.torchjob import build_model, digest
+    from chaos.torchjob import build_model, digest
     from reclaimd.objectstore import GuardedPut
     from reclaimd.trainer import Signal
     from reclaimd.trainer.torch import Checkpointer, Decision, S3Reader, TrainState

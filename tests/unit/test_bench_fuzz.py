@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from reclaimd import bench_fuzz
+from chaos import bench_fuzz
 
 
 def test_memory_is_flat_when_the_last_quarter_stays_near_the_second() -> None:

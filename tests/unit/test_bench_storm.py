@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from reclaimd import bench_storm
+from chaos import bench_storm
 
 
 def test_the_minimum_is_the_write_rate_when_all_arrive_at_once() -> None:

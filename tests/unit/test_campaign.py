@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reclaimd.chaos import campaign, scenario
+from chaos import campaign, scenario
 
 SEEDS = campaign.run_seeds(20261201, 60)
 
@@ -115,7 +115,7 @@ def test_dry_run_writes_each_scenario_for_shipping(tmp_path: Path, capsys: Any) 
     assert [f.stem for f in files] == sorted(str(s) for s in campaign.run_seeds(5, 3))
     for f in files:
         text = f.read_text()
-        assert text.startswith(f"# python -m reclaimd.chaos.campaign --runs 1 --seed {f.stem}")
+        assert text.startswith(f"# python -m chaos.campaign --runs 1 --seed {f.stem}")
         scenario.load(f)  # a generated run is a scenario `reclaimd drill run` takes as is
         assert yaml.safe_load(text) == campaign.generate(int(f.stem))
     assert len(capsys.readouterr().out.strip().splitlines()) == 3
@@ -134,7 +134,7 @@ def test_the_report_has_every_figure(tmp_path: Path) -> None:
     campaign._write(out, args, [3, 4], [_result(seed=3, ok=True, takeovers=[1.5, 2.5])])
     doc = json.loads(out.read_text())
     run = doc["runs"][0]
-    assert run["rerun"] == "python -m reclaimd.chaos.campaign --runs 1 --seed 3"
+    assert run["rerun"] == "python -m chaos.campaign --runs 1 --seed 3"
     for key in ("lost", "late", "doubled", "over_charged", "under_charged", "deadlines_missed",
                 "takeover_p50_s", "takeover_p99_s", "takeover_max_s", "live_takeovers",
                 "fenced_actions", "gave_up"):  # fmt: skip

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from reclaimd.chaos.netproxy import NetProxy, ProxyProcess, main
+from chaos.netproxy import NetProxy, ProxyProcess, main
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

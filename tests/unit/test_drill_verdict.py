@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from reclaimd.chaos import faults, report, scenario
-from reclaimd.chaos.drill import _save_facts
-from reclaimd.chaos.trainers import SaveRecord
+from chaos import faults, report, scenario
+from chaos.drill import _save_facts
+from chaos.trainers import SaveRecord
 
 T0 = datetime.fromisoformat("2026-12-01T12:00:00+00:00")
 
@@ -142,6 +142,7 @@ def _evaluate(
     history: dict[str, list[report.ClaimSeen]] | None = None,
     spans: list[dict[str, Any]] | None = None,
     by_holder: dict[str, list[dict[str, Any]]] | None = None,
+    replicas: int = 0,
     **observed: Any,
 ) -> report.Verdict:
     return report.evaluate(
@@ -159,6 +160,7 @@ def _evaluate(
             **observed,
         ),
         faults=list(faults_),
+        replicas=replicas,
     )
 
 
@@ -696,17 +698,27 @@ def test_a_miss_while_no_replica_could_act_is_shown_apart_not_counted() -> None:
         assert not next(c for c in v.checks if c.name == "every deadline met").ok
 
 
-def test_a_takeover_is_timed_from_when_the_taker_could_act() -> None:
-    """r0 killed at 3 s; its peer r1 was paused 5-20 s and took the claim at 21 s: 18 s from
-    the fault, 3 s of them r1's own."""
+def test_a_takeover_is_timed_less_the_time_no_replica_could_act() -> None:
+    """r0 killed for good at 3 s; its peer r1 was paused 5-20 s and took the claim at 21 s:
+    18 s from the fault, 15 of them with nobody up."""
     f = _kill(held={"n1": "A"}, replica=0)
     pause = _kill(at=5, kind="pause", label="pause reclaimd-1@5s", holder="r1", replica=1,
                   ended_at=_at(20), successor="r1")  # fmt: skip
-    v = _evaluate(
-        faults_=[f, pause], history={"n1": [_seen(1, "r0", "A", 1), _seen(22, "r1", "A", 21)]}
-    )
+    history = {"n1": [_seen(1, "r0", "A", 1), _seen(22, "r1", "A", 21)]}
+    v = _evaluate(faults_=[f, pause], history=history, replicas=2)
     (t,) = v.faults[0].takeovers
     assert t.after_s == pytest.approx(18.0) and t.net_s == pytest.approx(3.0)
     assert v.summary is not None
     assert v.summary.takeover_max_s == pytest.approx(3.0)
     assert v.summary.takeover_raw_max_s == pytest.approx(18.0)
+
+
+def test_a_peer_that_could_have_taken_over_and_did_not_still_counts() -> None:
+    """r1 on a fresh disk from 3 s to 33 s; r0 was up all along and never took over; the
+    successor took the claim at 34 s: 31 s, none of it excused."""
+    f = _kill(held={"n1": "A"}, holder="r1", kind="fresh_disk", label="fresh_disk reclaimd-1@3s",
+              replica=1, ended_at=_at(33), successor="r1b")  # fmt: skip
+    history = {"n1": [_seen(1, "r1", "A", 1), _seen(35, "r1b", "A", 34)]}
+    v = _evaluate(faults_=[f], history=history, replicas=2)
+    (t,) = v.faults[0].takeovers
+    assert t.net_s == pytest.approx(31.0) == t.after_s

@@ -2,7 +2,7 @@
 
 import pytest
 
-from reclaimd.faultproxy import FaultPlan, main, object_key
+from chaos.faultproxy import FaultPlan, main, object_key
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reclaimd.chaos import report, scenario
+from chaos import report, scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "chaos" / "scenarios"
 BASE: dict[str, Any] = yaml.safe_load((SCENARIOS / "storm-two-replicas.yaml").read_text())

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reclaimd import hostile
-from reclaimd.handlers import PARSERS, ids
+from chaos import hostile
+from handlers import PARSERS, ids
 from reclaimd.model import Ignored, Notice, ParseError, Windows
 
 RECEIVED = datetime(2025, 9, 16, 12, 0, tzinfo=UTC)

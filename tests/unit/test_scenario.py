@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from reclaimd.chaos import report, scenario
-from reclaimd.chaos.scenario import ScenarioError, Source
+from chaos import report, scenario
+from chaos.scenario import ScenarioError, Source
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "chaos" / "scenarios"
 

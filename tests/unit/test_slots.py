@@ -4,6 +4,8 @@ Lease writes themselves run against the real apiserver in tests/e2e/test_pubsub_
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from kubernetes_asyncio import client as k8s
 
 from reclaimd import config, sources
 from reclaimd.cluster import slots
+from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.slots import RELEASED, SlotLease, lease_name, pick, why_free
 from reclaimd.config import PubSubSettings, Settings
 from reclaimd.intake import Admission
@@ -147,14 +150,72 @@ async def test_one_slot_builds_the_plain_source_and_more_a_slotted_one() -> None
         sources.build(pubsub_settings(slots=2), admit=admit)
 
 
+# --- minding the free slots (the Lease reads faked; their writes are e2e) ------------------
+
+
+async def test_free_slots_are_minded_left_to_a_live_holder_and_a_failed_guest_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(slots, "MIND_EVERY_S", 0.01)
+    monkeypatch.setattr(slots, "MIND_AFTER_S", 0.05)
+    leases: dict[int, SlotLease | None] = {0: None, 1: None, 2: None}
+    started: list[int] = []
+    cancelled: list[int] = []
+    fail = {2}
+
+    async def consume(index: int) -> None:
+        started.append(index)
+        if index in fail:
+            fail.discard(index)
+            raise RuntimeError("subscription gone")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(index)
+            raise
+
+    async def read_all() -> dict[int, SlotLease | None]:
+        return dict(leases)
+
+    async def until(check: Callable[[], bool]) -> None:
+        for _ in range(500):
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reached")
+
+    async with k8s.ApiClient() as api:
+        s = slots.PubSubSlots(
+            api, "ns", "me", subscriptions=["s-0", "s-1", "s-2"], lease_s=20,
+            limiter=RateLimiter(),
+        )  # fmt: skip
+        monkeypatch.setattr(s, "_read_all", read_all)
+        s.held = 0
+        leases[0] = SlotLease("me", utcnow(), 20.0, "7")
+        minding = asyncio.create_task(s.mind(consume))
+        try:
+            # slot 2's guest fails once: logged, minded again, the others never stopped
+            await until(lambda: s.minded == {1, 2} and started.count(2) == 2)
+            assert started.count(1) == 1 and cancelled == []
+            # a live replica holds slot 1 again (renewed now: NOW is the module's import time)
+            leases[1] = SlotLease("peer", utcnow(), 20.0, "8")
+            await until(lambda: s.minded == {2})
+            assert cancelled == [1] and not minding.done()
+        finally:
+            minding.cancel()
+            await asyncio.gather(minding, return_exceptions=True)
+    assert sorted(cancelled) == [1, 2] and s.minded == set()
+    assert 0 not in started  # its own slot is consumed by run(), never as a guest
+
+
 # --- the drill rig ----------------------------------------------------------------------------
 
 
 def test_a_two_replica_pubsub_drill_gives_each_replica_a_slot_subscription() -> None:
     from typing import Any, cast
 
-    from reclaimd.chaos import scenario
-    from reclaimd.chaos.drill import Drill
+    from chaos import scenario
+    from chaos.drill import Drill
 
     repo = Path(__file__).resolve().parents[2]
     two = scenario.load(repo / "chaos" / "scenarios" / "gce-kill-30s.yaml")

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES
 
-from reclaimd import handlers, sources
+import handlers
+from handlers import imds as imds_handler
+from reclaimd import sources
 from reclaimd.afterdrain import AfterDrains, NoAfterDrain
 from reclaimd.config import Settings
-from reclaimd.handlers import imds as imds_handler
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, utcnow
 from reclaimd.transports import Counters, Read, deliver

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from reclaimd import handlers
-from reclaimd.chaos.gce_metadata_server import GceMetadataServer
+import handlers
+from chaos.gce_metadata_server import GceMetadataServer
 from reclaimd.config import GceMetadataSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id

@@ -16,7 +16,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from shared_fixtures import FIXTURES
 
-from reclaimd import handlers
+import handlers
 from reclaimd.cluster.watch import Changed, Listed
 from reclaimd.config import KueueSettings
 from reclaimd.intake import Admission

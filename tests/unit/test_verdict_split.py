@@ -6,7 +6,7 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from reclaimd.chaos import report
+from chaos import report
 from reclaimd.ledger import LabelPolicy, to_event
 from reclaimd.model import (
     CheckpointScope,

@@ -31,8 +31,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
-from reclaimd.bench import percentile
-from reclaimd.chaos import stack as stackenv
+from chaos import stack as stackenv
+from chaos.bench import percentile
 
 SCENARIO = Path(__file__).resolve().parents[1] / "chaos" / "scenarios" / "spot-az-storm-1000.yaml"
 CALIBRATION_LABEL = "reclaimd.io/bench"
@@ -174,9 +174,9 @@ def calibrate_sqs(stack: stackenv.StackEnv, *, messages: int, receivers: int) ->
 
 
 async def storm(stack: stackenv.StackEnv, scenario_path: Path) -> dict[str, Any]:
-    from reclaimd.chaos import report
-    from reclaimd.chaos import scenario as scenarios
-    from reclaimd.chaos.drill import Progress, run_drill
+    from chaos import report
+    from chaos import scenario as scenarios
+    from chaos.drill import Progress, run_drill
 
     scenario = scenarios.load(scenario_path)
     verdict = await run_drill(scenario, stack=stack, progress=Progress(sys.stderr))
@@ -397,7 +397,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"python": platform.python_version(), "cpus": _cpus()},
     }
     if args.cache:
-        from reclaimd import bench_cache
+        from chaos import bench_cache
 
         result["cache"] = await bench_cache.bench(bench_cache.parse([]), stack)
     args.drill_json.parent.mkdir(parents=True, exist_ok=True)
@@ -422,7 +422,7 @@ def _concurrencies(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="reclaimd.bench_storm", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="chaos.bench_storm", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", type=Path, default=SCENARIO)
     p.add_argument("--calibrate-nodes", type=int, default=200)
     p.add_argument("--concurrency", type=_concurrencies, default=[1, 8, 32, 64, 128])

@@ -700,7 +700,7 @@ def measure(kubeconfig: str, tree: Path | None = None) -> dict[str, Any]:
         [
             sys.executable,
             "-m",
-            "reclaimd.bench_cache",
+            "chaos.bench_cache",
             "--measure",
             str(Path(kubeconfig).resolve()),
         ],
@@ -756,7 +756,7 @@ async def bench(args: argparse.Namespace, stack: Any) -> dict[str, Any]:
         try:
             await cleanup(api, selector)
         except Exception as e:  # the figures stand; the leftover is reported, exit 1
-            report["cleanup_error"] = f"{e}; run `python -m reclaimd.bench_cache --cleanup`"
+            report["cleanup_error"] = f"{e}; run `python -m chaos.bench_cache --cleanup`"
     return report
 
 
@@ -788,7 +788,7 @@ def table(report: dict[str, Any]) -> str:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m reclaimd.bench_cache", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m chaos.bench_cache", description=__doc__)
     p.add_argument("--nodes", type=int, default=5000)
     p.add_argument("--pods", type=int, default=50000)
     p.add_argument("--gpu-pods", type=int, default=10000)
@@ -812,7 +812,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any] | None:
-    from reclaimd.chaos import stack as stackenv
+    from chaos import stack as stackenv
 
     stack = stackenv.load()
     task = asyncio.current_task()
@@ -839,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.measure:
         return measure_main(args.measure)
-    from reclaimd.chaos.stack import StackNotRunning
+    from chaos.stack import StackNotRunning
 
     try:
         report = asyncio.run(_main(args))

@@ -4,7 +4,7 @@ One daemon runs every source at once against the local stack: SQS (moto), Pub/Su
 emulator), the Kafka notices topic, Kueue Workloads on the apiserver, and EC2 IMDS and the
 GCE metadata server, both served by a small aiohttp server this bench starts (the daemon's
 ``imds.url`` and ``gce_metadata.url`` point at it). Per transport the bench sends
-``--per-transport`` hostile messages from ``reclaimd.hostile`` (seeded: truncated JSON, huge
+``--per-transport`` hostile messages from ``chaos.hostile`` (seeded: truncated JSON, huge
 bodies, deep nesting, wrong types, control and bidi characters, grammar-breaking identifiers,
 path traversal, SSRF-looking URLs, duplicate keys, ...), with a few real notices mixed in,
 each aimed at a kwok node of its own (``--nodes``, created for the run, deleted after).
@@ -38,7 +38,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from reclaimd import handlers, hostile
+import handlers
+from chaos import hostile
 from reclaimd.model import rfc3339, utcnow
 
 OUT = Path("out") / "bench-fuzz.json"
@@ -167,8 +168,8 @@ def metadata_app(state: MetadataState) -> Any:
 
 class FuzzRun:
     def __init__(self, args: argparse.Namespace) -> None:
-        from reclaimd.chaos import stack as stackenv
-        from reclaimd.chaos.harness import Harness
+        from chaos import stack as stackenv
+        from chaos.harness import Harness
 
         self.args = args
         self.stack = stackenv.load()
@@ -188,7 +189,7 @@ class FuzzRun:
     # -- fleet --
 
     def _fleet(self) -> tuple[list[Any], list[Any]]:
-        from reclaimd.chaos import fleet
+        from chaos import fleet
 
         n_gce = max(REAL["pubsub"] + REAL["gce_metadata"], self.args.nodes // 3)
         n_aws = max(REAL["sqs"] + REAL["kafka_notices"] + REAL["imds"], self.args.nodes - n_gce)
@@ -239,7 +240,7 @@ class FuzzRun:
     async def run_all(self) -> dict[str, Any]:
         from aiohttp import web
 
-        from reclaimd.chaos import inject
+        from chaos import inject
 
         async with self.h as h:
             with contextlib.suppress(Exception):  # the harness's queue on the shared moto
@@ -369,7 +370,7 @@ class FuzzRun:
         return {(i + 1) * n // (k + 1) for i in range(k)}
 
     async def _sqs(self) -> None:
-        from reclaimd.chaos import inject
+        from chaos import inject
 
         sqs, url, tally = self.h.sqs, self.h.queue_url, self.sent["sqs"]
         reals = iter(self.aws[: REAL["sqs"]])
@@ -402,7 +403,7 @@ class FuzzRun:
         await asyncio.to_thread(flush)
 
     async def _pubsub(self) -> None:
-        from reclaimd.chaos import inject
+        from chaos import inject
 
         tally, reals, at = (
             self.sent["pubsub"],
@@ -441,7 +442,7 @@ class FuzzRun:
     async def _kafka(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        from reclaimd.chaos import inject
+        from chaos import inject
 
         tally, reals, at = (
             self.sent["kafka_notices"],
@@ -629,7 +630,7 @@ class FuzzRun:
         self.sent["imds"] = state.served["imds"]
 
     async def _gce(self, node: Any) -> None:
-        from reclaimd.chaos import inject
+        from chaos import inject
 
         state = self.state
         assert state is not None
@@ -1030,7 +1031,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="reclaimd.bench_fuzz", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="chaos.bench_fuzz", description=__doc__.splitlines()[0])
     p.add_argument(
         "--per-transport", type=int, default=10_000, help="hostile messages per transport"
     )
@@ -1041,7 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_transport < 10 or args.nodes < 14:
         print("bench_fuzz: --per-transport must be >= 10 and --nodes >= 14", file=sys.stderr)
         return 2
-    from reclaimd.chaos.stack import StackNotRunning
+    from chaos.stack import StackNotRunning
 
     try:
         run = FuzzRun(args)

@@ -11,7 +11,7 @@ arrival order: the same storm fails the same attempts however its requests inter
 ``max_faults_per_key`` caps the faults one object gets (a test can then know every object ends
 stored, whatever retry limit the client has).
 
-Run: ``python -m reclaimd.faultproxy --upstream http://127.0.0.1:15000 --fault-share 0.1``.
+Run: ``python -m chaos.faultproxy --upstream http://127.0.0.1:15000 --fault-share 0.1``.
 It prints ``listening on <url>`` once ready. ``GET /_faultproxy/log`` returns the log as JSON;
 ``POST /_faultproxy/reset`` clears it.
 """
@@ -179,7 +179,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reclaimd.faultproxy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m chaos.faultproxy", description=__doc__)
     parser.add_argument("--upstream", required=True, help="S3 endpoint, e.g. moto's URL")
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port (0: any free port)")
     parser.add_argument("--fault-share", type=float, default=0.1, help="PutObject answered 503")

@@ -8,7 +8,7 @@ second of the stash and of the upload against the physical limits measured in th
 moto), and the restart overhead: a fresh incarnation from process start to its first step
 after ``restore()`` from S3 (restore alone, too).
 
-``python -m reclaimd.bench_trainer [--sizes 1,8,32,128] [--world 2]``: sizes in millions of
+``python -m chaos.bench_trainer [--sizes 1,8,32,128] [--world 2]``: sizes in millions of
 parameters (each is 12 bytes of state with Adam's two moments). out/bench-trainer.json.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from reclaimd.chaos.torchjob import TorchGang, read_log
+from chaos.torchjob import TorchGang, read_log
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Gang, GangKey, Member, Notice, NoticeKind, Target, utcnow
 from reclaimd.objectstore import make_s3_client

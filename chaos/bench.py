@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from chaos import stack as stackenv
+from chaos.harness import Harness
+from chaos.trainers import Behaviour
 from reclaimd import postmortem
-from reclaimd.chaos import stack as stackenv
-from reclaimd.chaos.harness import Harness
-from reclaimd.chaos.trainers import Behaviour
 from reclaimd.model import utcnow
 
 STEPS = {
@@ -105,7 +105,7 @@ def _cpus() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="reclaimd.bench")
+    p = argparse.ArgumentParser(prog="chaos.bench")
     p.add_argument("--notices", type=int, default=50)
     p.add_argument("--out", type=Path, default=Path("out/bench.json"))
     args = p.parse_args(argv)

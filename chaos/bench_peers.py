@@ -542,7 +542,7 @@ async def _watch(
 @dataclass
 class Bench:
     args: argparse.Namespace
-    stack: Any  # reclaimd.chaos.stack.StackEnv, pointed at the bench's moto
+    stack: Any  # chaos.stack.StackEnv, pointed at the bench's moto
     moto: Moto
     apiserver: Apiserver
     workdir: Path
@@ -562,8 +562,8 @@ class Bench:
         """Both ServiceAccounts with their RBAC, a token each, the FlowSchemas that count them."""
         from kubernetes_asyncio import client as k8s
 
-        from reclaimd.chaos import fleet, kube
-        from reclaimd.chaos.harness import RBAC
+        from chaos import fleet, kube
+        from chaos.harness import RBAC
         from reclaimd.cluster.client import build_api_client
 
         api = await build_api_client(self.stack.kubeconfig)
@@ -652,8 +652,8 @@ class Bench:
     async def run_side(self, side: str, repeat: int) -> dict[str, Any]:
         from kubernetes_asyncio import client as k8s
 
-        from reclaimd.chaos import fleet
-        from reclaimd.chaos.harness import Harness
+        from chaos import fleet
+        from chaos.harness import Harness
 
         n = self.args.nodes
         run_id = f"bp{repeat}{side[0]}{uuid.uuid4().hex[:5]}"
@@ -703,7 +703,7 @@ class Bench:
             await core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
 
     async def _start(self, side: str, h: Any) -> Any:
-        from reclaimd.chaos.process import DaemonProcess
+        from chaos.process import DaemonProcess
 
         if side == "reclaimd":
             # `reclaimd run` with the drills' settings, its SQS source on the bench's queue.
@@ -797,7 +797,7 @@ class Bench:
 
     async def _send_all(self, run: _Run) -> tuple[dict[str, float], float, float]:
         """One warning per node, 16 sends at a time; each node's send time (when SQS took it)."""
-        from reclaimd.chaos import inject
+        from chaos import inject
 
         loop = asyncio.get_running_loop()
         sent: dict[str, float] = {}
@@ -842,7 +842,7 @@ class _Run:
 
     side: str
     tag: str
-    h: Any  # reclaimd.chaos.harness.Harness
+    h: Any  # chaos.harness.Harness
     specs: Sequence[Any]  # fleet.NodeSpec
     node_of: dict[str, str]
     selector: str
@@ -1130,7 +1130,7 @@ def _moto(workdir: Path) -> Iterator[Moto]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from reclaimd.chaos import stack as stackenv
+    from chaos import stack as stackenv
 
     try:
         stack = stackenv.load()
@@ -1214,7 +1214,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from reclaimd.chaos.stack import StackNotRunning
+    from chaos.stack import StackNotRunning
 
     try:
         result = asyncio.run(run(args))

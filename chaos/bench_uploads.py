@@ -171,7 +171,7 @@ async def fault_proxy(upstream: str, cfg: StormConfig) -> AsyncIterator[str]:
     cmd = [
         sys.executable,
         "-m",
-        "reclaimd.faultproxy",
+        "chaos.faultproxy",
         "--upstream",
         upstream,
         "--fault-share",
@@ -510,7 +510,7 @@ def table(rep: StormReport) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reclaimd.bench_uploads", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m chaos.bench_uploads", description=__doc__)
     d = StormConfig()
     parser.add_argument("--ranks", type=int, default=d.ranks)
     parser.add_argument("--objects", type=int, default=d.objects_per_rank)

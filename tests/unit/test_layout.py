@@ -1,0 +1,29 @@
+"""The tree's layout: three real top-level packages, the rig kept out of the product and the
+image (pure: reads the checkout)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_no_symlinks_in_the_packages() -> None:
+    links = [
+        str(p.relative_to(REPO))
+        for top in ("reclaimd", "handlers", "chaos")
+        for p in (REPO / top).rglob("*")
+        if p.is_symlink()
+    ]
+    assert links == []
+
+
+def test_the_image_archives_the_product_alone() -> None:
+    """deploy/image/build.sh builds the image's wheel from these paths: chaos/ is not one."""
+    text = (REPO / "deploy" / "image" / "build.sh").read_text()
+    m = re.search(r"^IMAGE_PATHS=\(([^)]*)\)", text, re.M)
+    assert m is not None
+    paths = m.group(1).split()
+    assert {"reclaimd", "handlers", "pyproject.toml"} <= set(paths)
+    assert "chaos" not in paths
