@@ -374,6 +374,23 @@ class ClusterLog(Protocol):
     async def sweep(self) -> int: ...
 
 
+# 400, 404, 422: the request itself, or the namespace, is wrong. Not 401/403: an API server
+# just restarted answers 403 until its RBAC caches fill (failover-4020099555: a record
+# refused so was published unlocked, and the peer that took the notice over published the
+# same event again).
+_FOR_GOOD_STATUS: Final = frozenset({400, 404, 422})
+
+
+def refused_for_good(e: BaseException) -> bool:
+    """A cluster record write that can never succeed: too large for an annotation, or a
+    status that no retry changes."""
+    if getattr(e, "retriable", False):
+        return False
+    if isinstance(e, ValueError):  # ledgerlog.TooLarge: the encoded event is over the limit
+        return True
+    return getattr(e, "status", None) in _FOR_GOOD_STATUS
+
+
 class _ClusterUnreadable(Exception):
     """The cluster records could not be read: rows that have one wait for the next round."""
 
@@ -518,9 +535,10 @@ class LedgerWriter:
             await self._cluster.put(event_id, key, value, headers, deadline=deadline)
             state = Cluster.HELD
         except Exception as e:  # the outbox has it: a failed cluster write must not fail the step
-            # Refused for good (too large, forbidden, invalid): no record exists. Out of retries
-            # on a transient error: one may exist, the publisher looks before it sends.
-            state = Cluster.UNKNOWN if getattr(e, "retriable", False) else Cluster.NONE
+            # Refused for good (too large, invalid, no such namespace): no record can exist,
+            # the event goes out with the outbox alone. Anything else may pass later, and a
+            # peer may record the same event meanwhile: the publisher looks before it sends.
+            state = Cluster.NONE if refused_for_good(e) else Cluster.UNKNOWN
             self.cluster_write_errors += 1
             log_event(
                 log,

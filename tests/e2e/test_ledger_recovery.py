@@ -20,6 +20,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from test_ledger_kafka import dead_port, new_topic, read_all, waste
 
+from reclaimd.cluster import client
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.ledgerlog import LedgerLog, PendingEvent
 from reclaimd.cluster.ratelimit import RateLimiter
@@ -424,6 +425,53 @@ async def test_an_event_charged_again_after_it_was_published_is_not_published_tw
         await b.record(event)  # the takeover's second charge of the same gang
         assert await b.flush(WAIT_S)
         assert b.published == 0 and b.found_published == 1 and b.adopted == 0
+    assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=1)) == Counter(
+        {event.event_id: 1}
+    )
+
+
+class Refusing(LedgerLog):
+    """A real cluster log whose writes an API server just restarted refuses with 403 (its
+    RBAC caches not filled yet) until ``allow`` is set."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.allow = asyncio.Event()
+        self.refused = 0
+
+    async def put(self, *args: Any, **kwargs: Any) -> bool:
+        if not self.allow.is_set():
+            self.refused += 1
+            raise client.Forbidden("create lease", 403, "leases.coordination.k8s.io is forbidden")
+        return await super().put(*args, **kwargs)
+
+
+async def test_an_event_refused_with_403_waits_for_its_record_and_is_published_once(
+    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """failover-4020099555: a 403 from a restarting API server was taken for a refusal for
+    good, the event went out without its record (the event id's lock), and the peer that took
+    the notice over recorded and published the same event again. A 403 now leaves the event
+    in doubt: it waits for its record, and finds the peer holds it (and published it)."""
+    topic = await new_topic(stack.kafka_bootstrap)
+    event = waste("aws-forbidden")
+    limiter = RateLimiter()
+    log_a = Refusing(kube, namespace, holder("a"), topic, limiter=limiter)
+    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+
+    async def alive(_h: str) -> bool:
+        return True
+
+    async with writer(stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a, alive) as a:
+        await a.record(event)
+        assert a.cluster_write_errors == 1
+        async with writer(stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, alive) as b:
+            await b.record(event)  # the takeover's charge of the same gang, recorded first
+            assert await b.flush(WAIT_S) and b.published == 1
+        assert a.published == 0  # still waiting for its record, not sent unlocked
+        log_a.allow.set()
+        assert await a.flush(WAIT_S)
+        assert a.published == 0 and a.given_away == 1  # b's record: b's to publish, and it did
     assert count_ids(await read_all(stack.kafka_bootstrap, topic, expect=1)) == Counter(
         {event.event_id: 1}
     )
