@@ -38,6 +38,13 @@
 -- Reserved idle: per committed instance-hour of an instance the meter saw (PricingCategory
 -- Committed, or a reserved or capacity-block node), its GPU-hours minus those the meter
 -- attributed, at its rate: the group 'reserved-idle', never spread over tenants.
+--
+-- Cost (a month of a 2,000-node fleet: 6.6 M bill rows, 2.9 M allocation rows): the bill is
+-- read once and grouped once, to its instance-hours; every other step works on those or on
+-- the allocation's rows. Each join has the smaller relation on its right, the side a hash
+-- join builds its table on (the bill's instance-hours, not the allocation's rows; the
+-- restart-waste parts, not the instance-hours: a RIGHT JOIN), and DuckDB keeps the joins as
+-- written (engine.run_sql).
 
 WITH
 instances AS (
@@ -111,7 +118,6 @@ bill_gpu_hours AS (
     b.resource_id,
     b.hour_start,
     COALESCE(i.sku, b.bill_sku) AS sku,
-    i.purchase_option,
     b.pricing_category,
     b.cost,
     b.list_cost,
@@ -125,7 +131,6 @@ bill_rate AS (
     resource_id,
     hour_start,
     sku,
-    purchase_option,
     pricing_category,
     gpu_hours,
     cost / gpu_hours AS rate,
@@ -168,17 +173,31 @@ alloc_priced AS (
   LEFT JOIN od_file odf ON odf.sku = a.sku
   LEFT JOIN od_bill odb ON odb.sku = a.sku
 ),
+-- the allocation's rows summed per group and purchase option, before the columns by option
+alloc_by_option AS (
+  SELECT
+    grp,
+    purchase_option,
+    SUM(gpu_hours) AS gpu_hours,
+    SUM(mig_profile_hours) AS mig_profile_hours,
+    SUM(hbm_gb_hours) AS hbm_gb_hours,
+    SUM(cost) AS cost,
+    SUM(od_cost - cost) AS gross_savings,
+    SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
+  FROM alloc_priced
+  GROUP BY grp, purchase_option
+),
 committed AS (
   SELECT
     br.resource_id,
     br.hour_start,
     br.gpu_hours,
     br.rate,
-    CASE WHEN br.purchase_option = 'capacity_block' THEN 'capacity_block' ELSE 'reserved' END
+    CASE WHEN i.purchase_option = 'capacity_block' THEN 'capacity_block' ELSE 'reserved' END
       AS purchase_option
   FROM bill_rate br
   JOIN instances i ON i.resource_id = br.resource_id
-  WHERE br.pricing_category = 'Committed' OR br.purchase_option IN ('reserved', 'capacity_block')
+  WHERE br.pricing_category = 'Committed' OR i.purchase_option IN ('reserved', 'capacity_block')
 ),
 held AS (
   SELECT a.resource_id, a.hour_start, SUM(a.gpu_hours + a.mig_gpu_hours) AS gpu_hours
@@ -241,8 +260,8 @@ waste_priced AS (
     w.gpu_seconds / 3600.0 * COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) AS cost,
     CASE WHEN COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) IS NULL
       THEN w.gpu_seconds / 3600.0 ELSE 0 END AS unpriced_gpu_hours
-  FROM waste_placed w
-  LEFT JOIN bill_rate br ON br.resource_id = w.resource_id AND br.hour_start = w.hour_start
+  FROM bill_rate br
+  RIGHT JOIN waste_placed w ON br.resource_id = w.resource_id AND br.hour_start = w.hour_start
   LEFT JOIN instance_rate ir ON ir.resource_id = w.resource_id
   LEFT JOIN rates r ON r.sku = w.sku AND r.purchase_option = w.purchase_option
 ),
@@ -267,7 +286,7 @@ parts AS (
     SUM(CASE WHEN purchase_option = 'capacity_block' THEN cost ELSE 0 END) AS cost_capacity_block,
     0 AS reserved_idle_gpu_hours,
     0 AS reserved_idle_cost,
-    SUM(CASE WHEN purchase_option = 'spot' THEN od_cost - cost ELSE 0 END) AS spot_gross_savings,
+    SUM(CASE WHEN purchase_option = 'spot' THEN gross_savings ELSE 0 END) AS spot_gross_savings,
     0 AS restart_waste_gpu_hours,
     0 AS restart_waste_cost,
     0 AS restart_waste_cost_spot,
@@ -280,7 +299,7 @@ parts AS (
     0 AS not_opted_in,
     0 AS deadline_misses,
     SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
-  FROM alloc_priced
+  FROM alloc_by_option
   GROUP BY grp
   UNION ALL
   SELECT

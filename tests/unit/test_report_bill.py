@@ -418,6 +418,53 @@ def test_bad_bill_values_are_refused_with_their_line(
     assert rc == 2 and f"{focus}:{row + 1}: {message}" in err, err
 
 
+def typed_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """The bill as Parquet with every number a DOUBLE and the start a TIMESTAMPTZ."""
+    csv_path = write_csv(path.with_suffix(".csv"), rows)
+    duckdb.connect().execute(
+        "COPY (SELECT * REPLACE (CAST(ChargePeriodStart AS TIMESTAMPTZ) AS ChargePeriodStart,"
+        " TRY_CAST(EffectiveCost AS DOUBLE) AS EffectiveCost,"
+        " TRY_CAST(ListCost AS DOUBLE) AS ListCost,"
+        " TRY_CAST(ConsumedQuantity AS DOUBLE) AS ConsumedQuantity)"
+        f" FROM read_csv('{csv_path}', all_varchar = true)) TO '{path}' (FORMAT parquet)"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (3, "EffectiveCost", "nan", "EffectiveCost 'nan' is not a finite number"),
+        (5, "ListCost", "-inf", "ListCost '-inf' is not a finite number"),
+        (2, "ConsumedQuantity", "-250", "ConsumedQuantity '-250.0' is negative"),
+    ],
+)
+def test_bad_values_in_a_typed_parquet_bill_are_refused_with_their_row(
+    bill: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    case: tuple[int, str, str, str],
+) -> None:
+    # Every number a DOUBLE: the file's bounds show a bad value is there, then its row.
+    row, column, value, message = case
+    rows = bill_rows()
+    rows[row - 1][column] = value
+    pq = typed_parquet(tmp_path / "bad.parquet", rows)
+    rc, err = run(["--ledger", str(bill["ledger"]), "--focus", str(pq)], capsys)
+    assert rc == 2 and f"{pq}: row {row}: {message}" in err, err
+
+
+def test_a_typed_parquet_bill_and_a_negative_correction_in_it_are_not_refused(
+    bill: dict[str, Path], tmp_path: Path
+) -> None:
+    typed = typed_parquet(tmp_path / "typed.parquet", bill_rows())
+    assert report(bill, focus=typed) == report(bill)
+    rows = bill_rows()
+    rows[1]["ConsumedQuantity"], rows[1]["ChargeClass"] = "-250", "Correction"
+    pq = typed_parquet(tmp_path / "correction.parquet", rows)
+    assert report(bill, focus=pq) == report(bill, focus=write_csv(tmp_path / "c.csv", rows))
+
+
 def test_a_missing_column_and_a_reversed_window_are_refused(
     bill: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
