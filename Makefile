@@ -130,4 +130,4 @@ bench-trainer: trainer-deps
 # BENCH_REPORT_ARGS="--nodes 200 --hours 72 --events 5000" for a quick run.
 .PHONY: bench-report
 bench-report: venv
-	$(BIN)/python -m reclaimd.report.bench $(BENCH_REPORT_ARGS)
+	$(BIN)/python -m chaos.bench_report $(BENCH_REPORT_ARGS)

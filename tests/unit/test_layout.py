@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+RIG = re.compile(r"^(bench|bench_\w+|hostile|faultproxy|drill|campaign)\.py$")
 
 
 def test_no_symlinks_in_the_packages() -> None:
@@ -17,6 +18,12 @@ def test_no_symlinks_in_the_packages() -> None:
         if p.is_symlink()
     ]
     assert links == []
+
+
+def test_the_product_package_holds_no_rig_module() -> None:
+    assert [p.name for p in (REPO / "reclaimd").rglob("*.py") if RIG.match(p.name)] == []
+    assert (REPO / "chaos" / "bench_storm.py").is_file()
+    assert (REPO / "chaos" / "bench_report.py").is_file()
 
 
 def test_the_image_archives_the_product_alone() -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from test_report_bill import bill_rows, ledger_rows, write_csv, write_jsonl
 
+from chaos import bench_report as report_bench
 from reclaimd.ledger import LabelPolicy
 from reclaimd.report import Group, Window, engine, ledger_input, trino
-from reclaimd.report import bench as report_bench
 from reclaimd.report.render import _round
 
 

@@ -236,7 +236,7 @@ def _raw_scan(files: Files) -> dict[str, Any]:
 
 
 def child(argv: list[str]) -> int:
-    """``python -m reclaimd.report.bench --child WHAT ROOT``: one measurement, as JSON."""
+    """``python -m chaos.bench_report --child WHAT ROOT``: one measurement, as JSON."""
     what, root = argv[0], Path(argv[1])
     t0 = time.perf_counter()
     result: dict[str, Any] = {}
@@ -324,7 +324,7 @@ def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> d
 
 def _measure(what: str, root: Path, *extra: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "reclaimd.report.bench", "--child", what, str(root), *extra],
+        [sys.executable, "-m", "chaos.bench_report", "--child", what, str(root), *extra],
         check=True,
         capture_output=True,
         text=True,
