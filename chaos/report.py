@@ -57,7 +57,7 @@ class Save:
     answers_known: bool = False
     # Answered while a replica was paused, past a deadline inside the same pause (reclaimd
     # cannot tell whether it came in before the deadline), or just before a replica was
-    # SIGKILLed (it may not have written the ack yet): ``chaos.drill._save_facts``.
+    # SIGKILLed (it may not have written the ack yet): ``chaos.drill_judge.save_facts``.
     unplaceable: bool = False
 
     def counted(self) -> bool | None:

@@ -222,14 +222,14 @@ def test_a_two_replica_pubsub_drill_gives_each_replica_a_slot_subscription() -> 
     assert two.reclaimd.replicas == 2
     drill = Drill(two, cast(Any, None), run_id="r1")
     drill.built.pubsub_subscription = "reclaimd-r1"
-    assert drill.pubsub_slots == 2
-    assert drill._pubsub_subscriptions() == ["reclaimd-r1-0", "reclaimd-r1-1"]
+    assert drill.world.pubsub_slots == 2
+    assert drill.world.pubsub_subscriptions() == ["reclaimd-r1-0", "reclaimd-r1-1"]
 
     one = two.model_copy(update={"reclaimd": two.reclaimd.model_copy(update={"replicas": 1})})
     alone = Drill(one, cast(Any, None), run_id="r1")
     alone.built.pubsub_subscription = "reclaimd-r1"
-    assert alone.pubsub_slots == 1
-    assert alone._pubsub_subscriptions() == ["reclaimd-r1"]  # today's plain subscription
+    assert alone.world.pubsub_slots == 1
+    assert alone.world.pubsub_subscriptions() == ["reclaimd-r1"]  # today's plain subscription
 
 
 def test_terraform_makes_the_subscriptions_the_slots_consume() -> None:
