@@ -406,9 +406,11 @@ def settle(
 
     Given away: a peer holds the cluster record (it recorded the event first, or adopted it),
     so it publishes the event; the row waits (``Cluster.PEER``) until then. In doubt: a
-    transaction carrying the row was begun before (it may have committed), or the row's record
-    is gone or its write had no answer (a peer may have published and deleted it); the topic
-    decides. ``records`` is ``None`` when no row needed the cluster (it was not read).
+    transaction carrying the row was begun before (it may have committed), the row's record
+    is gone or its write had no answer (a peer may have published and deleted it), or the
+    record is ours by adoption (its first holder may have published it before it died:
+    failover-4020099555 published such a row again); the topic decides. ``records`` is
+    ``None`` when no row needed the cluster (it was not read).
     """
     ours: list[Row] = []
     doubt: list[Row] = []
@@ -418,7 +420,11 @@ def settle(
         rec = records.get(r.id) if records is not None and in_cluster else None
         if rec is not None and rec.holder != holder:
             gone.append(r)
-        elif r.tried or (in_cluster and rec is None):
+        elif (
+            r.tried
+            or (in_cluster and rec is None)
+            or (rec is not None and any(h != holder for h in rec.holders))
+        ):
             doubt.append(r)
         else:
             ours.append(r)
@@ -480,6 +486,10 @@ class LedgerWriter:
         # Producer timestamps come from the writer's clock: look this far before a row's time.
         self._scan_margin_s = scan_margin_s
         self._scan_timeout_s = scan_timeout_s
+        # The publisher's reading of the records and the recovery pass's adoption never
+        # interleave: a row read as ours between an adoption and its topic scan was sent
+        # without a look (failover-4020099555: the adopted event was on the topic already).
+        self._settling = asyncio.Lock()
         self._pruned_at: float | None = None
         self._producer: AIOKafkaProducer | None = None
         self._wake = asyncio.Event()
@@ -629,7 +639,8 @@ class LedgerWriter:
                 await self._prune()
                 await self._idle()
                 continue
-            ours, unreadable = await self._settle(rows)
+            async with self._settling:
+                ours, unreadable = await self._settle(rows)
             if ours:
                 await self._send_batch(producer, ours)
             if unreadable is not None:
@@ -901,6 +912,13 @@ class LedgerWriter:
         # (Kafka unreachable) adopting is pointless anyway: the topic cannot be read.
         if not orphans or not self._self_fenced.is_set():
             return 0
+        async with self._settling:
+            return await self._adopt(orphans)
+
+    async def _adopt(self, orphans: list[PendingEvent]) -> int:
+        """Take the orphans' records over, fence their earlier holders, publish what the topic
+        lacks (``recover_once``, with the publisher's settling held off)."""
+        assert self._cluster is not None
         taken: list[PendingEvent] = []
         for rec in orphans:
             mine = rec if rec.holder == self.holder else await self._cluster.adopt(rec)

@@ -523,6 +523,17 @@ def test_settle_doubts_tried_rows_and_records_that_vanished() -> None:
     assert [r.id for r in gone] == ["tried-adopted"]
 
 
+def test_settle_doubts_a_row_whose_record_it_holds_by_adoption() -> None:
+    """failover-4020099555: the record's first holder published the event, then died before
+    its record became a tombstone; the replica that adopted the record must look at the
+    topic, not send its own row of the same event as if the record had always been its own."""
+    adopted = PendingEvent("n", "t", "e", None, b"v", (), T0, "a", ("b", "a"))
+    ours, doubt, gone = settle([row("e", Cluster.HELD)], {"e": adopted}, "a")
+    assert (ours, [r.id for r in doubt], gone) == ([], ["e"], [])
+    own = PendingEvent("n", "t", "e", None, b"v", (), T0, "a", ("a", "a"))  # an earlier life
+    assert [r.id for r in settle([row("e", Cluster.HELD)], {"e": own}, "a")[0]] == ["e"]
+
+
 def test_settle_without_cluster_rows_reads_no_records() -> None:
     ours, doubt, gone = settle([row("a"), row("b", tried=True)], None, "a")
     assert ([r.id for r in ours], [r.id for r in doubt], gone) == (["a"], ["b"], [])
