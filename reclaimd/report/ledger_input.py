@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from reclaimd.ledger import LabelPolicy, normalize_purchase_option
 from reclaimd.model import ParseError, parse_time
@@ -24,6 +24,7 @@ from reclaimd.model import ParseError, parse_time
 WASTE_V1 = "reclaimd.restart-waste/v1"
 WASTE_V2 = "reclaimd.restart-waste/v2"
 ALLOCATION_V1 = "reclaimd.allocation/v1"
+KNOWN: Final = (WASTE_V1, WASTE_V2, ALLOCATION_V1)
 
 
 class InputError(ValueError):
@@ -191,6 +192,13 @@ def collect(events: Iterable[tuple[str, Mapping[str, Any]]], policy: LabelPolicy
     for where, ev in events:
         event_id = str(ev.get("EventId") or "")
         schema = ev.get("schema")
+        # The schema first: a row this report cannot read is refused even when its EventId
+        # repeats an earlier event's (it is not a replay of a row of a known schema).
+        if schema not in KNOWN:
+            raise InputError(
+                f"{where}: unknown schema {str(schema)[:60]!r} (this report reads"
+                f" {', '.join(KNOWN)})"
+            )
         if schema == ALLOCATION_V1:
             rank = _revision(ev, where)
             row = allocation_row(ev, where, policy)
@@ -200,13 +208,7 @@ def collect(events: Iterable[tuple[str, Mapping[str, Any]]], policy: LabelPolicy
         if event_id and event_id in seen:
             continue
         seen.add(event_id)
-        if schema in (WASTE_V1, WASTE_V2):
-            ledger.waste.extend(waste_parts(ev, where, policy))
-        else:
-            known = ", ".join((WASTE_V1, WASTE_V2, ALLOCATION_V1))
-            raise InputError(
-                f"{where}: unknown schema {str(schema)[:60]!r} (this report reads {known})"
-            )
+        ledger.waste.extend(waste_parts(ev, where, policy))
     ledger.allocation = [r for _, r in alloc.values()]
     opened = [rank[1] for rank, _ in alloc.values() if not rank[0]]
     if opened:

@@ -395,6 +395,18 @@ def test_an_unknown_schema_version_is_refused(
     assert rc == 2 and f"{lp}:1: unknown schema 'reclaimd.allocation/v9'" in err, err
 
 
+def test_an_unknown_schema_is_refused_even_when_its_event_id_repeats_an_earlier_one(
+    bill: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A v9 row that reuses rw-1's EventId (line 10) was skipped as a replay before its schema
+    # was looked at: the report went on without saying it cannot read it.
+    events = ledger_rows()
+    events.append({**events[7], "schema": "reclaimd.restart-waste/v9"})
+    lp = write_jsonl(tmp_path / "v9-replay.jsonl", events)
+    rc, err = run(["--ledger", str(lp), "--focus", str(bill["focus"])], capsys)
+    assert rc == 2 and f"{lp}:10: unknown schema 'reclaimd.restart-waste/v9'" in err, err
+
+
 @pytest.mark.parametrize(
     "case",
     [
