@@ -30,7 +30,8 @@
 -- not. An instance-hour's GPU-hours are its instance-hours x GPUs (AWS and others) or the
 -- hours of its GPU SKU rows (Google: SkuMeter names a GPU; its core and RAM SKUs are
 -- apportioned over them). A GPU-hour costs the instance-hour's compute EffectiveCost / its
--- GPU-hours, and its PricingCategory is that of the rows that carry the GPU-hours. Without
+-- GPU-hours, and its PricingCategory is that of the rows that carry the GPU-hours (mixed:
+-- Committed, else Dynamic, else Standard; see `bill`). Without
 -- a bill row it costs the rates file's figure for its SKU and purchase option. The
 -- on-demand price of a SKU is the rates file's on_demand figure, else the bill's Standard
 -- rows for that SKU, else the instance-hour's ListCost (FOCUS: the list price).
@@ -99,13 +100,24 @@ compute_rows AS (
     OR unit LIKE '%hour%'
     OR unit LIKE '%second%'
 ),
+-- The hour's PricingCategory, from the rows carrying its GPU-hours: Committed if any is (an
+-- hour partly covered by a savings plan or reservation: its idle GPUs are paid for either
+-- way, so they are reserved idle), else Dynamic if any is, else Standard if any is (an
+-- on-demand reference price only when every GPU row is on-demand), else the rows' own.
 bill AS (
   SELECT
     resource_id,
     hour_start,
     MAX(CASE WHEN is_instance_row + is_gpu_sku_row > 0 THEN SkuId END) AS bill_sku,
-    MAX(CASE WHEN is_instance_row + is_gpu_sku_row > 0 THEN PricingCategory END)
-      AS pricing_category,
+    CASE
+      WHEN SUM(CASE WHEN is_instance_row + is_gpu_sku_row > 0
+                     AND PricingCategory = 'Committed' THEN 1 ELSE 0 END) > 0 THEN 'Committed'
+      WHEN SUM(CASE WHEN is_instance_row + is_gpu_sku_row > 0
+                     AND PricingCategory = 'Dynamic' THEN 1 ELSE 0 END) > 0 THEN 'Dynamic'
+      WHEN SUM(CASE WHEN is_instance_row + is_gpu_sku_row > 0
+                     AND PricingCategory = 'Standard' THEN 1 ELSE 0 END) > 0 THEN 'Standard'
+      ELSE MAX(CASE WHEN is_instance_row + is_gpu_sku_row > 0 THEN PricingCategory END)
+    END AS pricing_category,
     SUM(EffectiveCost) AS cost,
     SUM(ListCost) AS list_cost,
     SUM(CASE WHEN is_instance_row = 1 THEN quantity_hours ELSE 0 END) AS instance_hours,

@@ -332,6 +332,38 @@ def test_a_spot_hour_with_a_standard_data_transfer_row_stays_spot(
     assert round(a["spot_net_savings"], 2) == 48.32
 
 
+def test_an_hour_partly_covered_by_a_commitment_is_committed(tmp_path: Path) -> None:
+    # i-sp's 12:00 hour, half covered by a savings plan: 0.5 Hrs Committed $20 + 0.5 Hrs
+    # Standard $40 = 1 instance-hour, 8 GPU-h, $60 -> $7.50 / GPU-h. The meter sees an
+    # on-demand node (a savings plan is a billing construct) and team-b holding 4 of its 8.
+    # Committed if any of the hour's GPU rows is: the 4 idle GPU-h are reserved idle
+    # (4 x $7.50 = $30), and the blended $7.50 is no on-demand price. (Picked alphabetically,
+    # "Standard" won: no idle row, and spot "saved" only 8 x (7.50 - 5) = $20.)
+    rows = [
+        aws("i-spot", 40.00, PricingCategory="Dynamic"),
+        aws("i-sp", 20.00, PricingCategory="Committed", ConsumedQuantity=0.5),
+        aws("i-sp", 40.00, ConsumedQuantity=0.5),
+    ]
+    files = {
+        "ledger": write_jsonl(
+            tmp_path / "sp.jsonl",
+            [
+                alloc("team-a", "n-spot", "i-spot", 8, "spot"),
+                alloc("team-b", "n-sp", "i-sp", 4, "on_demand"),
+            ],
+        ),
+        "focus": write_csv(tmp_path / "sp.csv", rows),
+    }
+    g = report(files)
+    assert set(g) == {"team-a", "team-b", "reserved-idle"}
+    assert cents(g["team-b"], "allocated_cost", "cost_on_demand") == (30.00, 30.00)
+    idle = g["reserved-idle"]
+    assert (idle["reserved_idle_gpu_hours"], round(idle["reserved_idle_cost"], 2)) == (4, 30.00)
+    # no Standard hour of p5 left: the on-demand price is the spot hour's ListCost,
+    # $98.32 / 8 = $12.29; spot saved 8 x (12.29 - 5) = $58.32
+    assert round(g["team-a"]["spot_net_savings"], 2) == 58.32
+
+
 def test_by_purchase_option_keeps_reserved_idle_apart(bill: dict[str, Path]) -> None:
     g = report(bill, by="purchase_option")
     assert round(g["reserved"]["cost_reserved"], 2) == 24.00
