@@ -22,6 +22,9 @@ from reclaimd import skus
 from reclaimd.ledger import DEFAULT_ALLOW, PURCHASE_OPTIONS, normalize_purchase_option
 from reclaimd.report.ledger_input import AllocationRow, InputError, Ledger, WastePart
 
+# The columns a true price needs (docs/ledger.md, "Which bill rows price a GPU-hour"): the
+# instance-hour, its cost and quantity, and every column the compute-row rule tests. Read as
+# "not stated", a missing one let tax, credits, commitment purchases or seconds into the rate.
 FOCUS_REQUIRED: Final = (
     "ChargePeriodStart",
     "ResourceId",
@@ -29,9 +32,14 @@ FOCUS_REQUIRED: Final = (
     "PricingCategory",
     "EffectiveCost",
     "ConsumedQuantity",
+    "ProviderName",
+    "ServiceCategory",
+    "ChargeCategory",
+    "ConsumedUnit",
 )
-# Columns report.sql reads when the export has them; an absent one is NULL ("not stated"),
-# and its test on a row does not apply (docs/ledger.md).
+# Where a Google row names its GPU SKU: needed only by a bill with Google rows.
+GPU_SKU_NAMES: Final = ("SkuMeter", "x_SkuDescription")
+# The text columns of relation ``focus``; an optional one the export lacks (SkuMeter) is NULL.
 FOCUS_TEXT: Final = (
     "ProviderName",
     "ServiceCategory",
@@ -397,6 +405,21 @@ def _check_focus(
     raise InputError(f"{where}: {column} {str(value)[:40]!r} {what}")
 
 
+def check_columns(path: Path, kinds: Mapping[str, str]) -> None:
+    """Refuse a FOCUS file without a column a true price needs (``FOCUS_REQUIRED``)."""
+    missing = [c for c in FOCUS_REQUIRED if c not in kinds]
+    if missing:
+        raise InputError(f"{path}: missing FOCUS column(s) {', '.join(missing)}")
+
+
+def _has_google_rows(con: duckdb.DuckDBPyConnection) -> bool:
+    row = con.execute(
+        "SELECT 1 FROM focus_raw"
+        " WHERE LOWER(CAST(\"ProviderName\" AS VARCHAR)) LIKE 'google%' LIMIT 1"
+    ).fetchone()
+    return row is not None
+
+
 def load_focus(con: duckdb.DuckDBPyConnection, path: Path | None, window: Window) -> None:
     """The bill as relation ``focus`` (a view: a Parquet file is scanned, not copied)."""
     if path is None:
@@ -413,9 +436,12 @@ def load_focus(con: duckdb.DuckDBPyConnection, path: Path | None, window: Window
     _, unit = _open_focus(con, path)
     described = con.execute("SELECT column_name, column_type FROM (DESCRIBE focus_raw)")
     kinds = {str(n): kind_of(str(t)) for n, t in described.fetchall() if n != "__line"}
-    missing = [c for c in FOCUS_REQUIRED if c not in kinds]
-    if missing:
-        raise InputError(f"{path}: missing FOCUS column(s) {', '.join(missing)}")
+    check_columns(path, kinds)
+    if not any(c in kinds for c in GPU_SKU_NAMES) and _has_google_rows(con):
+        raise InputError(
+            f"{path}: missing FOCUS column(s) SkuMeter (a Google Cloud row names its GPU SKU"
+            " there, or in x_SkuDescription)"
+        )
     _check_focus(con, path, kinds, unit)
     # The ids as a table, not focus_view's subquery: DuckDB estimates a DISTINCT's rows as
     # its input's (every bill row), and a plan could build the join's hash table on the

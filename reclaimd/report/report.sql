@@ -19,15 +19,16 @@
 --           ConsumedUnit, SkuId, SkuMeter, PricingCategory, EffectiveCost, ListCost,
 --           ConsumedQuantity)
 --          the hourly FOCUS cost-and-usage export, every row; ResourceId reduced to the
---          instance id (GCE: 'project/name'). A column the export lacks is NULL ("not
---          stated": its test below does not apply).
+--          instance id (GCE: 'project/name'). Every column the compute-row rule tests must
+--          be there (reclaimd refuses a file without one); SkuMeter and ListCost may be NULL
+--          where the export has none.
 --   rates  (sku, purchase_option, usd_per_gpu_hour)   optional, may be empty
 --   skus   (sku, gpus)                                GPUs per instance type
 --
 -- Compute rows (docs/ledger.md, "Which bill rows price a GPU-hour"): ChargeCategory Usage,
 -- ServiceCategory Compute, ConsumedUnit a time (hours, seconds) or a memory-time (GiB-hours,
 -- byte-seconds); data transfer, storage, support, tax, credits and commitment purchases are
--- not. An instance-hour's GPU-hours are its instance-hours x GPUs (AWS and others) or the
+-- not, nor is a row that leaves one of the three blank (it is not shown to be compute). An instance-hour's GPU-hours are its instance-hours x GPUs (AWS and others) or the
 -- hours of its GPU SKU rows (Google: SkuMeter names a GPU; its core and RAM SKUs are
 -- apportioned over them). A GPU-hour costs the instance-hour's compute EffectiveCost / its
 -- GPU-hours, and its PricingCategory is that of the rows that carry the GPU-hours (mixed:
@@ -72,8 +73,8 @@ bill_rows AS (
     CASE WHEN LOWER(SkuMeter) LIKE '%gpu%' THEN 1 ELSE 0 END AS names_gpu
   FROM focus
   WHERE ResourceId IS NOT NULL
-    AND (ChargeCategory = 'Usage' OR ChargeCategory IS NULL)
-    AND (ServiceCategory = 'Compute' OR ServiceCategory IS NULL)
+    AND ChargeCategory = 'Usage'
+    AND ServiceCategory = 'Compute'
 ),
 compute_rows AS (
   SELECT
@@ -89,14 +90,12 @@ compute_rows AS (
     END AS quantity_hours,
     CASE
       WHEN is_google = 1 THEN 0
-      WHEN unit IS NULL THEN 1
       WHEN unit IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds') THEN 1
       ELSE 0
     END AS is_instance_row,
     is_google * names_gpu AS is_gpu_sku_row
   FROM bill_rows
-  WHERE unit IS NULL
-    OR unit IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds')
+  WHERE unit IN ('h', 'hr', 'hrs', 'hour', 'hours', 's', 'second', 'seconds')
     OR unit LIKE '%hour%'
     OR unit LIKE '%second%'
 ),

@@ -166,6 +166,7 @@ def run_report(
         where = f" WHERE {' AND '.join(holds)}" if holds else ""
         c.query(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {name}{where}")
     kinds = _table(c, "focus_raw", focus)
+    engine.check_columns(focus, kinds)
     view = engine.focus_view("focus_raw", kinds, window)
     c.query(f"CREATE OR REPLACE VIEW focus AS {view}")
     rate_rows = list(rates)

@@ -82,9 +82,10 @@ def part(instance: str | None, node: str, po: str, gpu_s: float) -> dict[str, An
     }
 
 
+# A small export: the columns a price needs (engine.FOCUS_REQUIRED), an end and ListCost.
 FOCUS_HEADER = (
-    "ChargePeriodStart,ChargePeriodEnd,ResourceId,SkuId,PricingCategory,ChargeCategory,"
-    "EffectiveCost,ListCost,ConsumedQuantity\n"
+    "ProviderName,ChargePeriodStart,ChargePeriodEnd,ResourceId,SkuId,PricingCategory,"
+    "ServiceCategory,ChargeCategory,EffectiveCost,ListCost,ConsumedQuantity,ConsumedUnit\n"
 )
 
 
@@ -92,7 +93,10 @@ def focus_row(
     instance: str, cost: float, category: str, *, list_cost: float = 98.32, hour: datetime = H12
 ) -> str:
     end = z(hour + timedelta(hours=1))
-    return f"{z(hour)},{end},{instance},p5.48xlarge,{category},Usage,{cost},{list_cost},1\n"
+    return (
+        f"AWS,{z(hour)},{end},{instance},p5.48xlarge,{category},Compute,Usage,{cost},"
+        f"{list_cost},1,Hrs\n"
+    )
 
 
 @pytest.fixture
@@ -242,25 +246,25 @@ def test_focus_1_2_with_other_providers_and_columns_parses(
     sql = """
         CREATE TABLE f AS SELECT * FROM (VALUES
           ('AWS', 'Amazon Web Services', 'arn:aws:ec2:us-east-2:123:instance/i-spot', 'p5.48xlarge',
-           'Dynamic', 'Usage', NULL, TIMESTAMPTZ 'T12', TIMESTAMPTZ 'T13',
-           40.0, 98.32, 40.0, 1.0, 'Hours', 'USD', '{"team":"a"}', 'x'),
+           'Dynamic', 'Compute', 'Usage', NULL, TIMESTAMPTZ 'T12', TIMESTAMPTZ 'T13',
+           40.0, 98.32, 40.0, 1.0, 'Hours', 'USD', '{"team":"a"}', 'x', NULL),
           ('AWS', 'Amazon Web Services', 'arn:aws:ec2:us-east-2:123:instance/i-od', 'p5.48xlarge',
-           'Standard', 'Usage', NULL, TIMESTAMPTZ 'T12', TIMESTAMPTZ 'T13',
-           80.0, 98.32, 80.0, 1.0, 'Hours', 'USD', '{}', 'y'),
+           'Standard', 'Compute', 'Usage', NULL, TIMESTAMPTZ 'T12', TIMESTAMPTZ 'T13',
+           80.0, 98.32, 80.0, 1.0, 'Hours', 'USD', '{}', 'y', NULL),
           ('AWS', 'Amazon Web Services', 'arn:aws:ec2:us-east-2:123:instance/i-od', 'p5.48xlarge',
-           'Standard', 'Tax', NULL, TIMESTAMPTZ 'T12', TIMESTAMPTZ 'T13',
-           7.0, 7.0, 7.0, 1.0, 'Hours', 'USD', '{}', 'y'),
+           'Standard', 'Compute', 'Tax', NULL, TIMESTAMPTZ 'T12', TIMESTAMPTZ 'T13',
+           7.0, 7.0, 7.0, 1.0, 'Hours', 'USD', '{}', 'y', NULL),
           ('Google Cloud', 'Google Cloud',
            '//compute.googleapis.com/projects/p/zones/z/instances/g1',
-           'a3-highgpu-8g', 'Committed', 'Usage', NULL, TIMESTAMPTZ 'T12',
-           TIMESTAMPTZ 'T13', 60.0, 88.0, 60.0, 1.0, 'Hours', 'USD', '{}', NULL),
-          ('Microsoft', 'Microsoft', '/subscriptions/s/vm/v1', 'ND96', 'Standard', 'Usage', NULL,
-           TIMESTAMPTZ 'T12', TIMESTAMPTZ 'T13', 1.0, 1.0, 1.0, 1.0,
-           'Hours', 'USD', '{}', NULL)
+           'a3-highgpu-8g', 'Committed', 'Compute', 'Usage', NULL, TIMESTAMPTZ 'T12',
+           TIMESTAMPTZ 'T13', 60.0, 88.0, 60.0, 1.0, 'Hours', 'USD', '{}', NULL, 'H100 GPU'),
+          ('Microsoft', 'Microsoft', '/subscriptions/s/vm/v1', 'ND96', 'Standard', 'Compute',
+           'Usage', NULL, TIMESTAMPTZ 'T12', TIMESTAMPTZ 'T13', 1.0, 1.0, 1.0, 1.0,
+           'Hours', 'USD', '{}', NULL, NULL)
         ) AS t(ProviderName, ServiceProviderName, ResourceId, SkuId, PricingCategory,
-               ChargeCategory, ChargeClass, ChargePeriodStart, ChargePeriodEnd, EffectiveCost,
-               ListCost, BilledCost,
-               ConsumedQuantity, ConsumedUnit, BillingCurrency, Tags, x_ServiceCode)
+               ServiceCategory, ChargeCategory, ChargeClass, ChargePeriodStart, ChargePeriodEnd,
+               EffectiveCost, ListCost, BilledCost, ConsumedQuantity, ConsumedUnit,
+               BillingCurrency, Tags, x_ServiceCode, SkuMeter)
         """
     t12, t13 = "'2026-03-01 12:00:00+00'", "'2026-03-01 13:00:00+00'"
     con.execute(sql.replace("'T12'", t12).replace("'T13'", t13))

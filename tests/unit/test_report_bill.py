@@ -509,6 +509,71 @@ def test_a_typed_parquet_bill_and_a_negative_correction_in_it_are_not_refused(
     assert report(bill, focus=pq) == report(bill, focus=write_csv(tmp_path / "c.csv", rows))
 
 
+def without(rows: list[dict[str, Any]], path: Path, *dropped: str) -> Path:
+    """The bill as CSV without the ``dropped`` columns."""
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[c for c in FOCUS_COLUMNS if c not in dropped])
+        w.writeheader()
+        w.writerows({k: v for k, v in r.items() if k not in dropped} for r in rows)
+    return path
+
+
+@pytest.mark.parametrize(
+    "column", ["ChargeCategory", "ServiceCategory", "ConsumedUnit", "ProviderName", "SkuMeter"]
+)
+def test_a_bill_missing_a_column_the_compute_rule_needs_is_refused(
+    bill: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str
+) -> None:
+    # Each was read as "not stated" and its test skipped, exit 0. Without ChargeCategory the
+    # RI purchase, the tax and the credit were priced as GPU-hours (team-b's effective cost
+    # $2,550.50, not $64); without ConsumedUnit GCE's GPU-seconds were hours (team-c $60.01,
+    # not $108); without ProviderName GCE's core and RAM rows were instance-hours (figures
+    # NULL); without ServiceCategory a network or storage row on an instance's id with an
+    # hourly unit is compute (none in this bill, which is no reason to take the rest on
+    # trust); without SkuMeter (this bill has Google rows) no GCE row names its GPU.
+    focus = without(bill_rows(), tmp_path / f"no-{column}.csv", column)
+    rc, err = run(["--ledger", str(bill["ledger"]), "--focus", str(focus)], capsys)
+    assert rc == 2 and f"{focus}: missing FOCUS column(s) {column}" in err, err
+
+
+REQUIRED = (
+    "ChargePeriodStart", "ResourceId", "SkuId", "PricingCategory", "EffectiveCost",
+    "ConsumedQuantity", "ProviderName", "ServiceCategory", "ChargeCategory", "ConsumedUnit",
+)  # fmt: skip
+
+
+def test_a_minimal_export_with_the_needed_columns_prices_to_the_cent(
+    bill: dict[str, Path], tmp_path: Path
+) -> None:
+    # The AWS rows with only the columns the rule needs (no SkuMeter: no Google row; no
+    # ListCost, SubAccountId, ChargeClass): team-a and team-b and the reserved idle as in the
+    # full bill (test_every_figure_of_the_hand_built_bill_to_the_cent); team-c's instances
+    # have no row here, so its GPU-hours are unpriced, not guessed.
+    rows = [r for r in bill_rows() if r["ProviderName"] == "AWS"]
+    dropped = [c for c in FOCUS_COLUMNS if c not in REQUIRED]
+    g = report(bill, focus=without(rows, tmp_path / "minimal.csv", *dropped))
+    keys = ("allocated_cost", "cost_spot", "cost_on_demand", "cost_reserved")
+    assert cents(g["team-a"], *keys) == (80.00, 40.00, 40.00, 0.00)
+    assert cents(g["team-a"], "restart_waste_cost", "spot_net_savings") == (20.00, 30.00)
+    assert cents(g["team-b"], *keys) == (64.00, 0.00, 40.00, 24.00)
+    assert round(g["reserved-idle"]["reserved_idle_cost"], 2) == 72.00
+    assert (g["team-c"]["allocated_cost"], g["team-c"]["unpriced_gpu_hours"]) == (0, 14 + 4)
+
+
+def test_a_row_that_does_not_state_its_charge_category_prices_nothing(
+    bill: dict[str, Path], tmp_path: Path
+) -> None:
+    # The RI purchase ($10,000 on i-rsv at 12:00) with a blank ChargeCategory: not shown to
+    # be usage, so not a compute row. (Taken as usage it made i-rsv's 12:00 hour 2
+    # instance-hours for $10,048: $628 / GPU-h.) Same for a blank ServiceCategory.
+    for column in ("ChargeCategory", "ServiceCategory"):
+        rows = bill_rows()
+        rows[8][column] = ""
+        g = report(bill, focus=write_csv(tmp_path / f"blank-{column}.csv", rows))
+        assert cents(g["team-b"], "allocated_cost", "cost_reserved") == (64.00, 24.00), column
+        assert round(g["reserved-idle"]["reserved_idle_cost"], 2) == 72.00, column
+
+
 def test_a_missing_column_and_a_reversed_window_are_refused(
     bill: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
