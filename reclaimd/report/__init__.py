@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ from typing import Any
 from reclaimd.ledger import DEFAULT_ALLOW, LabelPolicy
 from reclaimd.model import ParseError, parse_time
 from reclaimd.report import engine, ledger_input, render
-from reclaimd.report.engine import Group, Window
+from reclaimd.report.engine import Group, Idle, Window
 from reclaimd.report.ledger_input import InputError
 
-__all__ = ["Group", "InputError", "Window", "add_parser", "build", "cmd_report"]
+__all__ = ["Group", "Idle", "InputError", "Report", "Window", "add_parser", "build", "cmd_report"]
+DETAIL_FORMATS = ("table", "json", "html")  # CSV is one row per group, nothing else
 
 
 def _when(value: str) -> datetime:
@@ -47,8 +49,21 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--until", type=_when, help="window end, exclusive")
     s.add_argument("--by", default="tenant", choices=DEFAULT_ALLOW)
     s.add_argument("--format", default="table", choices=["table", "json", "csv", "html"])
+    s.add_argument(
+        "--detail",
+        action="store_true",
+        help="also list each instance-hour behind reserved-idle and unallocated (instance ids;"
+        " table, json, html)",
+    )
     s.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
     s.set_defaults(func=cmd_report)
+
+
+@dataclass(frozen=True)
+class Report:
+    groups: list[Group]
+    window: Window  # the window the groups cover (open bounds closed on the ledger's hours)
+    idle: list[Idle] = field(default_factory=list)  # with detail only
 
 
 def build(
@@ -59,20 +74,21 @@ def build(
     rates: Path | None,
     window: Window,
 ) -> list[Group]:
-    return build_with_window(sources, by=by, focus=focus, rates=rates, window=window)[0]
+    return build_report(sources, by=by, focus=focus, rates=rates, window=window).groups
 
 
-def build_with_window(
+def build_report(
     sources: list[str],
     *,
     by: str,
     focus: Path | None,
     rates: Path | None,
     window: Window,
-) -> tuple[list[Group], Window]:
-    """The groups, and the window they cover: an open bound is the ledger's own first hour
-    or the end of its last (a report states its window, and prices no bill hour outside
-    the hours its ledger covers)."""
+    detail: bool = False,
+) -> Report:
+    """The groups, the window they cover (an open bound is the ledger's own first hour or the
+    end of its last: a report states its window, and prices no bill hour outside the hours
+    its ledger covers) and, with ``detail``, the idle instance-hours."""
     if focus is None and rates is None:
         raise InputError("give a FOCUS export (--focus), a rates file (--rates), or both")
     if window.since and window.until and window.since >= window.until:
@@ -80,8 +96,10 @@ def build_with_window(
     ledger = ledger_input.read(sources, window.since, LabelPolicy())
     rate_rows = engine.read_rates(rates) if rates is not None else []
     window = _span(ledger, window)
-    groups = engine.report(ledger, by=by, focus=focus, rates=rate_rows, window=window)
-    return groups, window
+    groups, idle = engine.report_with_idle(
+        ledger, by=by, focus=focus, rates=rate_rows, window=window, detail=detail
+    )
+    return Report(groups=groups, window=window, idle=idle)
 
 
 def _span(ledger: ledger_input.Ledger, window: Window) -> Window:
@@ -97,14 +115,15 @@ def _span(ledger: ledger_input.Ledger, window: Window) -> Window:
     )
 
 
-def render_as(fmt: str, groups: list[Group], window: Window, by: str) -> str:
+def render_as(fmt: str, rep: Report, by: str, *, detail: bool = False) -> str:
+    idle = rep.idle if detail else None
     if fmt == "json":
-        return render.as_json(groups, window, by) + "\n"
+        return render.as_json(rep.groups, rep.window, by, idle=idle) + "\n"
     if fmt == "csv":
-        return render.as_csv(groups, by)
+        return render.as_csv(rep.groups, by)
     if fmt == "html":
-        return render.as_html(groups, window, by)
-    return render.as_table(groups, by)
+        return render.as_html(rep.groups, rep.window, by, idle=idle)
+    return render.as_table(rep.groups, by, idle=idle)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -113,10 +132,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         until=args.until.replace(tzinfo=None) if args.until else None,
     )
     try:
-        groups, window = build_with_window(
-            args.ledger, by=args.by, focus=args.focus, rates=args.rates, window=window
+        if args.detail and args.format not in DETAIL_FORMATS:
+            raise InputError(f"--detail is shown with --format {', '.join(DETAIL_FORMATS)}")
+        rep = build_report(
+            args.ledger,
+            by=args.by,
+            focus=args.focus,
+            rates=args.rates,
+            window=window,
+            detail=args.detail,
         )
-        text = render_as(args.format, groups, window, args.by)
+        text = render_as(args.format, rep, args.by, detail=args.detail)
         if args.output is not None:
             args.output.write_text(text)
         else:

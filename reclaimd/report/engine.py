@@ -53,6 +53,9 @@ FOCUS_NUMERIC: Final = ("EffectiveCost", "ListCost", "ConsumedQuantity")
 RATES_COLUMNS: Final = ("sku", "purchase_option", "usd_per_gpu_hour")
 NONE: Final = "unattributed"  # the group of rows that lack the label
 IDLE: Final = "reserved-idle"  # the group report.sql gives committed capacity nobody held
+UNALLOCATED: Final = "unallocated"  # ... and the idle GPUs of on-demand and spot instances
+# Where report.sql's result begins: idle.sql's SELECT replaces it (``idle_sql``).
+RESULT_MARKER: Final = "-- the result: one row per group"
 
 # The columns of report.sql's result, in order (the JSON keys of a group).
 COLUMNS: Final = (
@@ -70,6 +73,8 @@ COLUMNS: Final = (
     "cost_capacity_block",
     "reserved_idle_gpu_hours",
     "reserved_idle_cost",
+    "unallocated_gpu_hours",
+    "unallocated_cost",
     "restart_waste_gpu_hours",
     "restart_waste_cost",
     "notices",
@@ -123,11 +128,31 @@ def sql_text() -> str:
     return resources.files("reclaimd.report").joinpath("report.sql").read_text()
 
 
+def idle_sql() -> str:
+    """report.sql's relations with idle.sql's SELECT as the result: the instance-hours behind
+    the groups reserved-idle and unallocated (one definition of them, not two)."""
+    text = sql_text()
+    head = text[: text.index(RESULT_MARKER)]
+    return head + resources.files("reclaimd.report").joinpath("idle.sql").read_text()
+
+
 @dataclass(frozen=True)
 class Group:
     by: str
     key: str
     figures: dict[str, float | int | None]
+
+
+@dataclass(frozen=True)
+class Idle:
+    """One instance-hour's GPUs the bill charged and the meter saw nobody hold."""
+
+    group: str  # IDLE or UNALLOCATED
+    hour: datetime  # naive UTC
+    instance: str  # the instance id as report.sql matches it (GCE: project/name)
+    purchase_option: str | None
+    gpu_hours: float
+    cost: float
 
 
 @dataclass(frozen=True)
@@ -519,6 +544,27 @@ def run_sql(con: duckdb.DuckDBPyConnection, by: str) -> list[Group]:
     return groups_of(names, result.fetchall(), by)
 
 
+def idle_of(rows: Iterable[Sequence[Any]]) -> list[Idle]:
+    """idle.sql's result rows (any engine's)."""
+    return [
+        Idle(
+            group=str(r[0]),
+            # DuckDB gives a datetime, Trino's HTTP protocol '2026-03-01 12:00:00.000'
+            hour=r[1] if isinstance(r[1], datetime) else datetime.fromisoformat(str(r[1])),
+            instance=str(r[2]),
+            purchase_option=None if r[3] is None else str(r[3]),
+            gpu_hours=float(r[4]),
+            cost=float(r[5]),
+        )
+        for r in rows
+    ]
+
+
+def run_idle(con: duckdb.DuckDBPyConnection) -> list[Idle]:
+    con.execute("SET disabled_optimizers = 'build_side_probe_side'")  # as run_sql
+    return idle_of(con.execute(idle_sql()).fetchall())
+
+
 def report(
     ledger: Ledger,
     *,
@@ -527,6 +573,20 @@ def report(
     rates: Iterable[tuple[str, str, float]] = (),
     window: Window = Window(),
 ) -> list[Group]:
+    return report_with_idle(ledger, by=by, focus=focus, rates=rates, window=window)[0]
+
+
+def report_with_idle(
+    ledger: Ledger,
+    *,
+    by: str = "tenant",
+    focus: Path | None = None,
+    rates: Iterable[tuple[str, str, float]] = (),
+    window: Window = Window(),
+    detail: bool = False,
+) -> tuple[list[Group], list[Idle]]:
+    """The groups, and with ``detail`` the idle instance-hours behind reserved-idle and
+    unallocated (a second query over the same relations: only when asked for)."""
     if by not in DEFAULT_ALLOW:
         raise InputError(f"--by must be one of {', '.join(DEFAULT_ALLOW)}")
     con = connect()
@@ -534,7 +594,8 @@ def report(
         load_ledger(con, ledger, by, window)
         load_focus(con, focus, window)
         load_rates(con, list(rates))
-        return run_sql(con, by)
+        groups = run_sql(con, by)
+        return groups, (run_idle(con) if detail else [])
     finally:
         con.close()
 

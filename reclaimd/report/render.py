@@ -2,7 +2,8 @@
 
 Money is shown to the cent and hours to 0.01 in the table; JSON and CSV carry money to the
 cent and hours to six places. Only group keys (values of one allowlisted label) and figures
-appear: no ids, no node or pod names.
+appear: no ids, no node or pod names; with ``--detail`` only, the cloud instance ids of the
+idle instance-hours (the bill's ids, asked for by name).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Final
 
-from reclaimd.report.engine import COLUMNS, COUNTS, Group, Window
+from reclaimd.report.engine import COLUMNS, COUNTS, Group, Idle, Window
 
 MONEY: Final = frozenset(
     {"allocated_cost", "cost_spot", "cost_on_demand", "cost_reserved", "cost_capacity_block"}
-    | {"reserved_idle_cost", "restart_waste_cost", "effective_cost", "spot_net_savings"}
+    | {"reserved_idle_cost", "unallocated_cost", "restart_waste_cost", "effective_cost"}
+    | {"spot_net_savings"}
 )
 # Bar colours (the Chromium test looks for them): cost by purchase option, waste on top.
 COLOURS: Final = {
@@ -27,6 +29,7 @@ COLOURS: Final = {
     "cost_on_demand": "#2e86c1",
     "cost_spot": "#27ae60",
     "reserved_idle_cost": "#9e9e9e",
+    "unallocated_cost": "#c8b88a",
     "restart_waste_cost": "#d62728",
 }
 WASTE_RED: Final = COLOURS["restart_waste_cost"]
@@ -37,6 +40,7 @@ _TITLES: Final = {
     "cost_on_demand": "on-demand",
     "cost_spot": "spot",
     "reserved_idle_cost": "reserved idle",
+    "unallocated_cost": "unallocated",
     "restart_waste_cost": "restart waste",
 }
 
@@ -64,7 +68,9 @@ def total(groups: Sequence[Group]) -> dict[str, float | int | None]:
     return out
 
 
-def as_json(groups: Sequence[Group], window: Window, by: str) -> str:
+def as_json(
+    groups: Sequence[Group], window: Window, by: str, *, idle: Sequence[Idle] | None = None
+) -> str:
     doc: dict[str, Any] = {
         "by": by,
         "window": {
@@ -76,6 +82,18 @@ def as_json(groups: Sequence[Group], window: Window, by: str) -> str:
         "groups": [{by: g.key, **{k: _round(k, v) for k, v in g.figures.items()}} for g in groups],
         "total": {k: _round(k, v) for k, v in total(groups).items()},
     }
+    if idle is not None:
+        doc["idle"] = [
+            {
+                "group": i.group,
+                "hour": _iso(i.hour),
+                "instance": i.instance,
+                "purchase_option": i.purchase_option,
+                "gpu_hours": round(i.gpu_hours, 6),
+                "cost": round(i.cost, 2),
+            }
+            for i in idle
+        ]
     return json.dumps(doc, indent=2)
 
 
@@ -99,6 +117,7 @@ TABLE: Final = (
     ("od $", "cost_on_demand", "$"),
     ("rsv $", "cost_reserved", "$"),
     ("idle $", "reserved_idle_cost", "$"),
+    ("unalloc $", "unallocated_cost", "$"),
     ("waste GPU-h", "restart_waste_gpu_hours", "h"),
     ("waste $", "restart_waste_cost", "$"),
     ("waste %", "waste_share", "%"),
@@ -129,7 +148,35 @@ def _cell(kind: str, figures: dict[str, float | int | None], name: str) -> str:
     return f"{value:,.2f}"
 
 
-def as_table(groups: Sequence[Group], by: str) -> str:
+IDLE_HEAD: Final = ("group", "hour", "instance", "option", "GPU-h", "cost $")
+
+
+def _idle_rows(idle: Sequence[Idle]) -> list[list[str]]:
+    return [
+        [
+            i.group,
+            _iso(i.hour) or "",
+            i.instance,
+            i.purchase_option or "-",
+            f"{i.gpu_hours:,.2f}",
+            f"{i.cost:,.2f}",
+        ]
+        for i in idle
+    ]
+
+
+def _aligned(rows: Sequence[Sequence[str]], right_from: int) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            c.rjust(w) if i >= right_from else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in rows
+    ]
+
+
+def as_table(groups: Sequence[Group], by: str, *, idle: Sequence[Idle] | None = None) -> str:
     head = [by, *(t for t, _, _ in TABLE)]
     rows = [[g.key, *(_cell(k, g.figures, n) for _, n, k in TABLE)] for g in groups]
     tot = total(groups)
@@ -148,10 +195,15 @@ def as_table(groups: Sequence[Group], by: str) -> str:
     unpriced = tot["unpriced_gpu_hours"] or 0
     if unpriced:
         out.append(f"unpriced: {unpriced:,.2f} GPU-h had no bill row and no rate")
+    if idle is not None:
+        out += ["", "idle GPUs by hour and instance:"]
+        out += _aligned([list(IDLE_HEAD), *_idle_rows(idle)], right_from=4)
     return "\n".join(out) + "\n"
 
 
-def as_html(groups: Sequence[Group], window: Window, by: str) -> str:
+def as_html(
+    groups: Sequence[Group], window: Window, by: str, *, idle: Sequence[Idle] | None = None
+) -> str:
     """One page, no scripts, no external references: per group a stacked bar, then the table."""
     width, bar_h, gap, left, right = 1100, 34, 14, 170, 150
     stacks = [(g, [(s, max(0.0, float(g.figures[s] or 0))) for s in SEGMENTS]) for g in groups]
@@ -220,5 +272,17 @@ def as_html(groups: Sequence[Group], window: Window, by: str) -> str:
         " restart waste on top (the effective cost).</p>"
         + "".join(parts)
         + f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-        "</body></html>\n"
+        + (_idle_html(idle) if idle is not None else "")
+        + "</body></html>\n"
+    )
+
+
+def _idle_html(idle: Sequence[Idle]) -> str:
+    head = "".join(f"<th>{escape(t)}</th>" for t in IDLE_HEAD)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in _idle_rows(idle)
+    )
+    return (
+        "<h2>Idle GPUs by hour and instance</h2>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
     )

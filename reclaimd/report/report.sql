@@ -37,9 +37,10 @@
 -- on-demand price of a SKU is the rates file's on_demand figure, else the bill's Standard
 -- rows for that SKU, else the instance-hour's ListCost (FOCUS: the list price).
 --
--- Reserved idle: per committed instance-hour of an instance the meter saw (PricingCategory
--- Committed, or a reserved or capacity-block node), its GPU-hours minus those the meter
--- attributed, at its rate: the group 'reserved-idle', never spread over tenants.
+-- Reserved idle and unallocated: per instance-hour of an instance the meter saw, its
+-- GPU-hours minus those the meter attributed, at its rate: the group 'reserved-idle' for
+-- committed capacity (PricingCategory Committed, or a reserved or capacity-block node),
+-- 'unallocated' for the rest; never spread over tenants (see `idle`).
 --
 -- Cost (a month of a 2,000-node fleet: 6.6 M bill rows, 2.9 M allocation rows): the bill is
 -- read once and grouped once, to its instance-hours; every other step works on those or on
@@ -198,32 +199,44 @@ alloc_by_option AS (
   FROM alloc_priced
   GROUP BY grp, purchase_option
 ),
-committed AS (
+-- Paid GPU capacity nobody held, per instance-hour of an instance the meter saw: the bill's
+-- GPU-hours minus those the meter attributed, at the hour's rate. Committed capacity
+-- (PricingCategory Committed, or a reserved or capacity-block node) is 'reserved-idle'; the
+-- rest (idle GPUs of a partly held on-demand or spot instance, or its hour with nothing held)
+-- is 'unallocated'. Groups of their own, never spread over tenants, so that the groups add up
+-- to the bill's GPU compute of these instances.
+seen_hours AS (
   SELECT
     br.resource_id,
     br.hour_start,
     br.gpu_hours,
     br.rate,
-    CASE WHEN i.purchase_option = 'capacity_block' THEN 'capacity_block' ELSE 'reserved' END
-      AS purchase_option
+    CASE
+      WHEN i.purchase_option = 'capacity_block' THEN 'capacity_block'
+      WHEN br.pricing_category = 'Committed' OR i.purchase_option = 'reserved' THEN 'reserved'
+      ELSE i.purchase_option
+    END AS purchase_option
   FROM bill_rate br
   JOIN instances i ON i.resource_id = br.resource_id
-  WHERE br.pricing_category = 'Committed' OR i.purchase_option IN ('reserved', 'capacity_block')
 ),
 held AS (
-  SELECT a.resource_id, a.hour_start, SUM(a.gpu_hours + a.mig_gpu_hours) AS gpu_hours
-  FROM alloc a
-  JOIN committed c ON c.resource_id = a.resource_id AND c.hour_start = a.hour_start
-  GROUP BY a.resource_id, a.hour_start
+  SELECT resource_id, hour_start, SUM(gpu_hours + mig_gpu_hours) AS gpu_hours
+  FROM alloc
+  WHERE resource_id IS NOT NULL
+  GROUP BY resource_id, hour_start
 ),
-reserved_idle AS (
+idle AS (
   SELECT
-    c.purchase_option,
-    c.gpu_hours - COALESCE(h.gpu_hours, 0) AS gpu_hours,
-    (c.gpu_hours - COALESCE(h.gpu_hours, 0)) * c.rate AS cost
-  FROM committed c
-  LEFT JOIN held h ON h.resource_id = c.resource_id AND h.hour_start = c.hour_start
-  WHERE c.gpu_hours > COALESCE(h.gpu_hours, 0)
+    CASE WHEN s.purchase_option IN ('reserved', 'capacity_block') THEN 'reserved-idle'
+      ELSE 'unallocated' END AS kind,
+    s.resource_id,
+    s.hour_start,
+    s.purchase_option,
+    s.gpu_hours - COALESCE(h.gpu_hours, 0) AS gpu_hours,
+    (s.gpu_hours - COALESCE(h.gpu_hours, 0)) * s.rate AS cost
+  FROM seen_hours s
+  LEFT JOIN held h ON h.resource_id = s.resource_id AND h.hour_start = s.hour_start
+  WHERE s.gpu_hours > COALESCE(h.gpu_hours, 0)
 ),
 waste_hours AS (
   SELECT DISTINCT node, hour_start FROM waste
@@ -297,6 +310,8 @@ parts AS (
     SUM(CASE WHEN purchase_option = 'capacity_block' THEN cost ELSE 0 END) AS cost_capacity_block,
     0 AS reserved_idle_gpu_hours,
     0 AS reserved_idle_cost,
+    0 AS unallocated_gpu_hours,
+    0 AS unallocated_cost,
     SUM(CASE WHEN purchase_option = 'spot' THEN gross_savings ELSE 0 END) AS spot_gross_savings,
     0 AS restart_waste_gpu_hours,
     0 AS restart_waste_cost,
@@ -314,20 +329,22 @@ parts AS (
   GROUP BY grp
   UNION ALL
   SELECT
-    'reserved-idle',
+    kind,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    SUM(gpu_hours),
-    SUM(cost),
+    SUM(CASE WHEN kind = 'reserved-idle' THEN gpu_hours ELSE 0 END),
+    SUM(CASE WHEN kind = 'reserved-idle' THEN cost ELSE 0 END),
+    SUM(CASE WHEN kind = 'unallocated' THEN gpu_hours ELSE 0 END),
+    SUM(CASE WHEN kind = 'unallocated' THEN cost ELSE 0 END),
     0,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0
-  FROM reserved_idle
-  HAVING COUNT(*) > 0
+  FROM idle
+  GROUP BY kind
   UNION ALL
   SELECT
     grp,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    0, 0,
+    0, 0, 0, 0,
     0,
     SUM(gpu_hours),
     SUM(cost),
@@ -342,7 +359,7 @@ parts AS (
   SELECT
     grp,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    0, 0,
+    0, 0, 0, 0,
     0,
     0, 0, 0, 0, 0,
     SUM(CASE WHEN outcome = 'checkpointed' THEN 1 ELSE 0 END),
@@ -372,6 +389,8 @@ grouped AS (
     SUM(cost_capacity_block) AS cost_capacity_block,
     SUM(reserved_idle_gpu_hours) AS reserved_idle_gpu_hours,
     SUM(reserved_idle_cost) AS reserved_idle_cost,
+    SUM(unallocated_gpu_hours) AS unallocated_gpu_hours,
+    SUM(unallocated_cost) AS unallocated_cost,
     SUM(restart_waste_gpu_hours) AS restart_waste_gpu_hours,
     SUM(restart_waste_cost) AS restart_waste_cost,
     SUM(notices) AS notices,
@@ -382,13 +401,16 @@ grouped AS (
     SUM(no_ack) AS no_ack,
     SUM(not_opted_in) AS not_opted_in,
     SUM(deadline_misses) AS deadline_misses,
-    SUM(allocated_cost) + SUM(reserved_idle_cost) + SUM(restart_waste_cost) AS effective_cost,
+    SUM(allocated_cost) + SUM(reserved_idle_cost) + SUM(unallocated_cost)
+      + SUM(restart_waste_cost) AS effective_cost,
     SUM(restart_waste_gpu_hours) / NULLIF(SUM(allocated_gpu_hours), 0) AS waste_share,
     SUM(spot_gross_savings) - SUM(restart_waste_cost_spot) AS spot_net_savings,
     SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
   FROM parts
   GROUP BY grp
 )
+-- the result: one row per group (idle.sql puts its own SELECT here: one row per idle
+-- instance-hour, over the relations above)
 SELECT
   grp,
   allocated_gpu_hours,
@@ -405,6 +427,8 @@ SELECT
   cost_capacity_block,
   reserved_idle_gpu_hours,
   reserved_idle_cost,
+  unallocated_gpu_hours,
+  unallocated_cost,
   restart_waste_gpu_hours,
   restart_waste_cost,
   notices,

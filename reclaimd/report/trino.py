@@ -152,6 +152,43 @@ def run_report(
     schema: str = "reclaimd_report",
 ) -> list[Group]:
     """report.sql over the files, in Trino: the groups DuckDB's ``report_landed`` gives."""
+    c = _relations(
+        url, alloc=alloc, waste=waste, focus=focus, rates=rates, window=window, schema=schema
+    )
+    names, rows = c.query(engine.sql_text())
+    return engine.groups_of(names, rows, by)
+
+
+def run_idle(
+    url: str,
+    *,
+    alloc: Path,
+    waste: Path,
+    focus: Path,
+    rates: Iterable[tuple[str, str, float]] = (),
+    window: Window = engine.ALL,
+    schema: str = "reclaimd_report",
+) -> list[engine.Idle]:
+    """The idle instance-hours (``engine.idle_sql``: report.sql's relations, idle.sql's
+    SELECT) over the files, in Trino."""
+    c = _relations(
+        url, alloc=alloc, waste=waste, focus=focus, rates=rates, window=window, schema=schema
+    )
+    _, rows = c.query(engine.idle_sql())
+    return engine.idle_of(rows)
+
+
+def _relations(
+    url: str,
+    *,
+    alloc: Path,
+    waste: Path,
+    focus: Path,
+    rates: Iterable[tuple[str, str, float]],
+    window: Window,
+    schema: str,
+) -> Client:
+    """The five relations report.sql reads, as views over the files; a client on them."""
     c = Client(url)
     c.query(f"CREATE SCHEMA IF NOT EXISTS hive.{schema}")
     c = Client(url, schema=schema)
@@ -183,5 +220,4 @@ def run_report(
         f"CREATE OR REPLACE VIEW skus AS SELECT * FROM"
         f" (VALUES {_values(sku_rows, ('varchar', 'integer'))}) AS t(sku, gpus)"
     )
-    names, rows = c.query(engine.sql_text())
-    return engine.groups_of(names, rows, by)
+    return c

@@ -372,8 +372,11 @@ def test_json_keys_and_formats(files: dict[str, Path], capsys: pytest.CaptureFix
 def test_the_sql_file_is_the_one_the_report_runs() -> None:
     text = engine.sql_text()
     assert text.lstrip().startswith("-- reclaimd report")
+    # --detail: report.sql's relations, then idle.sql's SELECT in place of the groups'
+    idle = engine.idle_sql()
+    assert idle.startswith(text[: text.index(engine.RESULT_MARKER)]) and "FROM idle" in idle
     for engine_specific in ("::", "date_trunc", "regexp", "TRY_CAST", "QUALIFY"):
-        assert engine_specific not in text  # portable to Athena and BigQuery
+        assert engine_specific not in text + idle  # portable to Athena and BigQuery
 
 
 # --- the picture ---------------------------------------------------------------------------

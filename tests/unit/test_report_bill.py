@@ -304,6 +304,76 @@ def test_every_figure_of_the_hand_built_bill_to_the_cent(bill: dict[str, Path]) 
     assert round(allocated + idle["reserved_idle_cost"], 2) == 328.00
 
 
+def half_od(bill: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
+    """The hand-built ledger without team-b's 4 GPU-h on i-od: i-od is half allocated."""
+    events = [e for e in ledger_rows() if e["EventId"] != "al-team-b-n-od"]
+    return {**bill, "ledger": write_jsonl(tmp_path / "half-od.jsonl", events)}
+
+
+def test_an_on_demand_instance_half_allocated_shows_its_idle_half(
+    bill: dict[str, Path], tmp_path: Path
+) -> None:
+    # i-od ($80, 8 GPU-h at $10) holds team-a's 4 GPU-h only: the other 4 x $10 = $40 is the
+    # group 'unallocated' (it vanished before: the groups added up to $288 of $328).
+    g = report(half_od(bill, tmp_path))
+    assert set(g) == {"team-a", "team-b", "team-c", "unattributed", "reserved-idle", "unallocated"}
+    un = g["unallocated"]
+    assert (un["unallocated_gpu_hours"], round(un["unallocated_cost"], 2)) == (4, 40.00)
+    assert (un["allocated_cost"], un["reserved_idle_cost"], round(un["effective_cost"], 2)) == (
+        0,
+        0,
+        40.00,
+    )
+    # team-b keeps only i-rsv's 4 reserved GPU-h x $6 = $24; the others as in the full report
+    assert cents(g["team-b"], "allocated_cost", "effective_cost") == (24.00, 24.00)
+    assert cents(g["team-a"], "allocated_cost", "effective_cost") == (80.00, 100.00)
+    for key in ("team-a", "team-b", "team-c", "unattributed", "reserved-idle"):
+        assert g[key]["unallocated_cost"] == 0, key
+    # the groups add up to the bill's GPU compute of the instances the meter saw:
+    # 40 + 80 + 48 + 48 + 32 + 80 = $328 = allocated 80 + 24 + 92 + 20 + idle 72 + 40
+    paid = sum(x["allocated_cost"] + x["reserved_idle_cost"] + x["unallocated_cost"]
+               for x in g.values())  # fmt: skip
+    assert round(paid, 2) == 328.00
+    # with the waste (a 20, c 16): effective 100 + 24 + 108 + 20 + 72 + 40 = $364
+    assert round(sum(x["effective_cost"] for x in g.values()), 2) == 364.00
+    assert un["cost_share"] == round(40 / 364, 6)
+
+
+def test_the_idle_detail_lists_each_instance_hour(
+    bill: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = half_od(bill, tmp_path)
+    rc = cli.main(["report", "--ledger", str(files["ledger"]), "--focus", str(files["focus"]),
+                   "--since", "2026-03-01T12:00:00Z", "--until", "2026-03-01T14:00:00Z",
+                   "--format", "json", "--detail"])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    # per hour and instance: i-od 12:00 4 x $10; i-rsv 12:00 4 x $6 and 13:00 8 x $6
+    assert doc["idle"] == [
+        {"group": "unallocated", "hour": "2026-03-01T12:00:00Z", "instance": "i-od",
+         "purchase_option": "on_demand", "gpu_hours": 4.0, "cost": 40.00},
+        {"group": "reserved-idle", "hour": "2026-03-01T12:00:00Z", "instance": "i-rsv",
+         "purchase_option": "reserved", "gpu_hours": 4.0, "cost": 24.00},
+        {"group": "reserved-idle", "hour": "2026-03-01T13:00:00Z", "instance": "i-rsv",
+         "purchase_option": "reserved", "gpu_hours": 8.0, "cost": 48.00},
+    ]  # fmt: skip
+    # the same lines under the table; the groups' totals are what the lines add up to
+    rc = cli.main(["report", "--ledger", str(files["ledger"]), "--focus", str(files["focus"]),
+                   "--since", "2026-03-01T12:00:00Z", "--until", "2026-03-01T14:00:00Z",
+                   "--detail"])  # fmt: skip
+    table = capsys.readouterr().out
+    assert rc == 0
+    assert [line.split() for line in table.splitlines() if " i-" in line] == [
+        ["unallocated", "2026-03-01T12:00:00Z", "i-od", "on_demand", "4.00", "40.00"],
+        ["reserved-idle", "2026-03-01T12:00:00Z", "i-rsv", "reserved", "4.00", "24.00"],
+        ["reserved-idle", "2026-03-01T13:00:00Z", "i-rsv", "reserved", "8.00", "48.00"],
+    ]
+    # without --detail no instance id is shown
+    rc = cli.main(["report", "--ledger", str(files["ledger"]), "--focus", str(files["focus"]),
+                   "--format", "json"])  # fmt: skip
+    assert rc == 0 and "i-od" not in capsys.readouterr().out
+
+
 def test_the_same_bill_in_parquet_gives_the_same_report(
     bill: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ in another order).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,12 @@ def test_the_hand_built_bill_gives_the_same_figures_in_trino_and_duckdb(
     assert duck["team-c"]["restart_waste_cost"] == 16.00
     got = shown(trino.run_report(trino_url, alloc=alloc, waste=waste, focus=focus))
     assert got == duck
+    # idle.sql after report.sql's relations, in Trino: i-rsv's 12:00 (4 x $6) and 13:00 (8 x $6)
+    idle = trino.run_idle(trino_url, alloc=alloc, waste=waste, focus=focus)
+    assert [(i.group, i.hour, i.instance, i.gpu_hours, round(i.cost, 2)) for i in idle] == [
+        ("reserved-idle", datetime(2026, 3, 1, 12), "i-rsv", 4.0, 24.00),
+        ("reserved-idle", datetime(2026, 3, 1, 13), "i-rsv", 8.0, 48.00),
+    ]
 
 
 def test_a_generated_fleet_gives_the_same_figures_in_trino_and_duckdb(
@@ -75,7 +82,9 @@ def test_a_generated_fleet_gives_the_same_figures_in_trino_and_duckdb(
     window = Window(since=files.start, until=files.end)
     duck = engine.report_landed(files.alloc, files.waste, files.focus, window=window)
     figures = {g.key: g.figures for g in duck}
-    assert len(figures) == 10  # team-0..7, unattributed, reserved-idle
+    # team-0..7, unattributed, reserved-idle; no unallocated: every on-demand and spot
+    # instance-hour of the fleet is fully held
+    assert len(figures) == 10
     assert figures["reserved-idle"]["reserved_idle_cost"]
     got = trino.run_report(
         trino_url, alloc=files.alloc, waste=files.waste, focus=files.focus, window=window
