@@ -49,6 +49,7 @@ ACCOUNT = "123456789012"
 SKU = "p5.48xlarge"
 GPUS_PER_INSTANCE = 8  # p5.48xlarge (reclaimd/skus.py): an instance-hour is 8 GPU-hours
 OD_RATE = 12.29  # USD per GPU-hour on demand (98.32 per instance-hour)
+UNALLOCATED = "unallocated"  # the report's group for billed GPUs nobody held (not committed)
 SLACK_USD = 0.001  # ledger and meter rounding (0.001 GPU-s, 1e-6 GPU-h) is far below this
 
 SCENARIO: dict[str, Any] = {
@@ -133,9 +134,9 @@ class Rates:
 
 FOCUS_COLUMNS = (
     "BillingAccountId", "ProviderName", "ChargePeriodStart", "ChargePeriodEnd",
-    "ChargeCategory", "ResourceId", "ResourceType", "SkuId", "PricingCategory", "RegionId",
-    "AvailabilityZone", "ConsumedQuantity", "ConsumedUnit", "EffectiveCost", "ListCost",
-    "BilledCost", "Tags",
+    "ChargeCategory", "ServiceCategory", "ResourceId", "ResourceType", "SkuId",
+    "PricingCategory", "RegionId", "AvailabilityZone", "ConsumedQuantity", "ConsumedUnit",
+    "EffectiveCost", "ListCost", "BilledCost", "Tags",
 )  # fmt: skip
 
 
@@ -153,6 +154,7 @@ def focus_export(path: Path, plan: scenario.Plan, hours: Sequence[datetime], rat
                     "ChargePeriodStart": rfc3339(hour),
                     "ChargePeriodEnd": rfc3339(hour + timedelta(hours=1)),
                     "ChargeCategory": "Usage",
+                    "ServiceCategory": "Compute",
                     "ResourceId": f"arn:aws:ec2:{n.zone[:-1]}:{ACCOUNT}:instance/{n.instance_id}",
                     "ResourceType": "Instance",
                     "SkuId": n.sku,
@@ -302,6 +304,7 @@ class Truth:
     facts: Mapping[str, report.GangFacts]
     events: Mapping[str, Mapping[str, Any]]
     rates: Rates
+    hours: Sequence[datetime]  # the bill's hours
 
 
 def expect_allocation(by: str, truth: Truth, out: Expected) -> None:
@@ -496,11 +499,56 @@ async def metered_drill(env: stackenv.StackEnv, tmp_path: Path) -> Run:
     return Run(d, (looks[0], looks[1]), writer.rows, alloc_topic)
 
 
+def expect_unallocated(truth: Truth) -> tuple[float, float]:
+    """(GPU-hours, cost) the bill charged for the drill's instances and no rank held as the
+    meter saw it (before its first look, after its last, the GPUs no rank asked for), at
+    each hour's rate. Only instances the meter saw (a rank on them) are in the report."""
+    t1, t2 = truth.looks
+    held: dict[tuple[str, datetime], float] = defaultdict(float)
+    for g in truth.plan.gangs:
+        for r in g.ranks:
+            for hour in truth.hours:
+                held[r.node, hour] += g.gpus_per_rank * overlap_s(t1, t2, hour) / 3600
+    gpu_h = cost = 0.0
+    for key in sorted({k for k, _ in held}):
+        node = truth.plan.node(key)
+        for hour in truth.hours:
+            idle = GPUS_PER_INSTANCE - held[key, hour]
+            if idle > 1e-9:
+                gpu_h += idle
+                cost += idle * truth.rates(node, hour)
+    return gpu_h, cost
+
+
+def check_unallocated(groups: Sequence[Mapping[str, Any]], truth: Truth) -> list[str]:
+    """The idle GPUs of the drill's spot and on-demand instances: one group of their own,
+    to the cent, carrying nothing else (no tenant's cost, no waste)."""
+    gpu_h, cost = expect_unallocated(truth)
+    if len(groups) != 1:
+        return [f"{UNALLOCATED}: {len(groups)} groups, expected 1 ({gpu_h:.6f} GPU-h)"]
+    got = groups[0]
+    print(f"  {UNALLOCATED}: {got['unallocated_gpu_hours']:.6f} GPU-h, "
+          f"{got['unallocated_cost']:.2f} USD; expected {gpu_h:.6f}, {cost:.6f}")  # fmt: skip
+    problems = []
+    if abs(got["unallocated_gpu_hours"] - gpu_h) > 2e-5:
+        problems.append(
+            f"{UNALLOCATED} GPU-hours: report {got['unallocated_gpu_hours']} vs {gpu_h}"
+        )
+    for name in ("unallocated_cost", "effective_cost"):
+        if not same_cent(got[name], cost):
+            problems.append(f"{UNALLOCATED} {name}: report {got[name]} vs {cost:.6f}")
+    if got["allocated_cost"] != 0 or got["restart_waste_cost"] != 0:
+        problems.append(f"{UNALLOCATED} carries allocated or waste cost: {got}")
+    return problems
+
+
 def check_report(doc: Mapping[str, Any], by: str, truth: Truth) -> list[str]:
     want = Expected()
     expect_allocation(by, truth, want)
     expect_waste(by, truth, want)
-    problems = check_money(doc, by, want)
+    idle = [g for g in doc["groups"] if g[by] == UNALLOCATED]
+    doc = {**doc, "groups": [g for g in doc["groups"] if g[by] != UNALLOCATED]}
+    problems = check_money(doc, by, want) + check_unallocated(idle, truth)
     if by == "tenant":
         for got in doc["groups"]:
             for outcome in OUTCOME_COLUMNS:
@@ -521,7 +569,7 @@ async def test_the_report_of_a_drill_matches_its_ground_truth_to_the_cent(
     last_stop = max(parse_time(e["ChargePeriodEnd"]) for e in events.values())
     # The bill: every drill instance, every hour from the first look to the last stop.
     hours = hours_between(run.looks[0], last_stop)
-    truth = Truth(d.plan, run.looks, d.facts, events, Rates(d.plan.nodes, hours[0]))
+    truth = Truth(d.plan, run.looks, d.facts, events, Rates(d.plan.nodes, hours[0]), hours)
     check_ledger_split(truth)
     focus = tmp_path / "focus.csv"
     focus_export(focus, d.plan, hours, truth.rates)
