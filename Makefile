@@ -39,12 +39,14 @@ stack-status: venv
 test: trainer-deps lint stack-up deploy-tools
 	$(BIN)/pytest -v -ra tests
 
-# One Spot warning shown step by step, then a zone-wide storm drill judged against ground truth.
+# A zone-wide storm drill judged against ground truth and what its interruptions cost, then one
+# Spot warning shown step by step, metered: the demo ends on its cost picture (allocated cost
+# by purchase option, restart waste on top, the window stated).
 demo: stack-up
-	$(BIN)/python -m chaos.demo
 	$(BIN)/reclaimd drill run chaos/scenarios/spot-az-storm.yaml --timeline \
 		--json .stack/demo-storm.json --svg .stack/demo-slowest-notice.svg
 	$(BIN)/python -m chaos.demo_report .stack/demo-storm.json .stack/demo-report.html
+	$(BIN)/python -m chaos.demo
 
 bench: stack-up
 	$(BIN)/python -m chaos.bench

@@ -1,4 +1,4 @@
-"""``make demo``'s last step: what the storm's interruptions cost, per tenant.
+"""``make demo``: what the storm's interruptions cost, per tenant (before the step-by-step demo).
 
 Reads the drill's own ledger topic (``reclaimd.restart-waste.<run id>``, named in the drill's
 JSON report) with ``reclaimd report``, priced from ``chaos/demo-rates.csv`` (list prices for
