@@ -652,7 +652,7 @@ def measure_main(kubeconfig: str) -> int:
         from reclaimd.cluster import cache, client
 
         api = await client.build_api_client(kubeconfig)
-        # As ``Daemon._wire`` builds it.
+        # As ``reclaimd.wiring.wire`` builds it.
         view = cache.ClusterCache(api, labeler=ledger.cost_labels)
         start = time.monotonic()
         await view.start()

@@ -67,7 +67,7 @@ class Listener:
     ) -> None:
         self.host, self.port = host, port
         self.advertise = advertise or os.environ.get("POD_IP", "") or "127.0.0.1"
-        self.answer = answer  # set once the gang records exist (``Daemon._wire``)
+        self.answer = answer  # set once the gang records exist (``reclaimd.wiring.wire``)
         self.cut = cut  # ``HolderLeases.cut_off``, once the holder Lease exists
         self._server: asyncio.Server | None = None
 
