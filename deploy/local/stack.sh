@@ -460,7 +460,17 @@ start_process() {
     # (make, pytest) and `down` can signal the whole group.
     # 8>&-: the server must not inherit the stack lock, or it would hold it for its lifetime.
     setsid "${CMD[@]}" >>"$LOGS/$name.log" 2>&1 </dev/null 8>&- &
-    echo $! >"$(pidfile "$name")"
+    local pid=$! match i
+    echo "$pid" >"$(pidfile "$name")"
+    # Until it execs, the child is a fork of this shell with our command line: our_pid would
+    # read it as gone (a fresh machine's `make test` died on "kube-apiserver exited while
+    # starting" with the server running). Wait for the exec, or for the child to end.
+    match=$(comp_match "$name")
+    for ((i = 0; i < 100; i++)); do
+        [[ -r /proc/$pid/cmdline ]] || break
+        [[ $(tr '\0' ' ' <"/proc/$pid/cmdline") == *"$match"* ]] && break
+        sleep 0.05
+    done
 }
 
 # ensure NAME: start NAME unless it answers or our process for it is already starting.
