@@ -468,7 +468,7 @@ start_process() {
     match=$(comp_match "$name")
     for ((i = 0; i < 100; i++)); do
         [[ -r /proc/$pid/cmdline ]] || break
-        [[ $(tr '\0' ' ' <"/proc/$pid/cmdline") == *"$match"* ]] && break
+        [[ $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) == *"$match"* ]] && break
         sleep 0.05
     done
 }
