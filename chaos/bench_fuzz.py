@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import json
 import random
-import socket
 import statistics
 import sys
 import time
@@ -40,6 +39,7 @@ from typing import Any
 
 import handlers
 from chaos import hostile
+from chaos.ports import free_port as _free_port
 from reclaimd.model import rfc3339, utcnow
 
 OUT = Path("out") / "bench-fuzz.json"
@@ -58,12 +58,6 @@ AWS_ZONE = "us-east-2a"
 
 def progress(text: str) -> None:
     print(f"[bench-fuzz {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _instance_id(run: str, key: str) -> str:

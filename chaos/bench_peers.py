@@ -30,7 +30,6 @@ import platform
 import random
 import re
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -45,6 +44,8 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import yaml
+
+from chaos.ports import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[1]
 NTH_BUILD = REPO / "deploy" / "local" / "nth" / "build.sh"
@@ -414,12 +415,6 @@ class NthProcess:
 
 
 # --- a moto of the bench's own, with the instances ----------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Any
 
 import aiohttp
 
+from chaos.ports import free_port as _free_port
 from chaos.torchjob import TorchGang, read_log
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Gang, GangKey, Member, Notice, NoticeKind, Target, utcnow
@@ -40,12 +41,6 @@ from reclaimd.objectstore import make_s3_client
 from reclaimd.putbudget import TenantPutBudgets
 
 LAYERS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_moto() -> tuple[subprocess.Popen[bytes], str]:

@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from urllib.request import urlopen
 import aiohttp
 import botocore.exceptions
 
+from chaos.ports import free_port
 from reclaimd.model import rfc3339, utcnow
 from reclaimd.objectstore import BoundPut, GuardedPut, PutCounters, PutLimits, make_s3_client
 from reclaimd.putbudget import HEADER, REQUEST_FIELD, TenantPutBudgets
@@ -125,12 +125,6 @@ class StormReport:
 
 
 # --- servers this bench starts -------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chaos.ports import free_port
 from reclaimd.model import utcnow
 
 from .scenario import Integration, Plan, Scenario, ScenarioError, Source
@@ -418,12 +418,6 @@ async def build_cluster(h: Harness, plan: Plan, built: Built, say: Callable[[str
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def aemm_binary(stack: StackEnv) -> Path | None:

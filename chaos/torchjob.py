@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import signal as signals
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from chaos.ports import free_port
 from reclaimd.trainer import Signal
 from reclaimd.trainer.torch import Checkpointer, S3Reader, SaveReport
 
@@ -192,12 +192,6 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (one job, read 
 
 
 # --- the drill's side: start the gang, read its logs -------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class TorchGang:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -31,6 +30,7 @@ from stack import REPO_DIR
 from chaos import kube as chaos_kube
 from chaos import stack as stackenv
 from chaos.harness import Harness
+from chaos.ports import free_port
 
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
 VERSIONS = REPO_DIR / "deploy" / "local" / "versions.env"
@@ -52,12 +52,6 @@ def _pin(name: str) -> str:
 
 
 HELM = CACHE / f"helm-{_pin('HELM_VERSION')}" / "helm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def image_tag() -> str:

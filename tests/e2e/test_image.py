@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -25,6 +24,7 @@ from stack import REPO_DIR, Stack
 
 from chaos import kube as chaos_kube
 from chaos.harness import RBAC
+from chaos.ports import free_port
 
 BUILD = REPO_DIR / "deploy" / "image" / "build.sh"
 BUILD_TIMEOUT_S = 1500  # a cold build on a busy 2-core machine (base, wheels, image)
@@ -115,12 +115,6 @@ def test_holds_the_daemon_only(image: str) -> None:
     drill = run_once(image, "drill", "--help")
     assert drill.returncode == 2
     assert "invalid choice: 'drill'" in drill.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def self_contained(kubeconfig: Path) -> dict[str, Any]:

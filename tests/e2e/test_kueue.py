@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
@@ -36,6 +35,7 @@ import handlers
 from chaos import fleet
 from chaos import stack as stackenv
 from chaos.harness import Harness
+from chaos.ports import free_port as _free_port
 from chaos.stack import StackEnv
 from chaos.trainers import TrainerFleet
 from reclaimd import annotations as ann
@@ -96,12 +96,6 @@ spec:
   next:
     delete: true
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class TrainingKwok:

@@ -15,7 +15,6 @@ import asyncio
 import json
 import math
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chaos import stack as stackenv
 from chaos.harness import Harness
+from chaos.ports import free_port
 from reclaimd import postmortem
 from reclaimd.model import Notice
 
@@ -176,13 +176,6 @@ async def test_spans_reach_the_collector_over_otlp(
 
 
 # --- /metrics, /healthz, /readyz ------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

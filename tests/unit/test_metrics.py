@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -16,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from chaos.ports import free_port
 from reclaimd import health, metrics
 from reclaimd.checkpoint import NOT_OPTED_IN
 from reclaimd.intake import Admission
@@ -396,13 +396,6 @@ def test_label_names_are_fixed_and_few() -> None:
 
 
 # --- serving ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def get(url: str, accept: str = "") -> tuple[int, str, str]:
