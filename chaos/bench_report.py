@@ -262,7 +262,7 @@ def child(argv: list[str]) -> int:
         window = engine.Window(files.start, files.end)
         was_up = trino.is_up()
         try:
-            groups = trino.run_report(
+            groups, _ = trino.run_report(
                 trino.start(), alloc=files.alloc, waste=files.waste, focus=files.focus,
                 window=window,
             )  # fmt: skip

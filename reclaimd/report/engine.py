@@ -531,7 +531,7 @@ def groups_of(names: Sequence[str], rows: Iterable[Sequence[Any]], by: str) -> l
     return groups
 
 
-def run_sql(con: duckdb.DuckDBPyConnection, by: str) -> list[Group]:
+def _disable_build_side_flip(con: duckdb.DuckDBPyConnection) -> None:
     # report.sql writes each join with the smaller relation on its right, the side a hash
     # join builds its table on (the bill's instance-hours, not the allocation's rows; the
     # instances, not the bill's instance-hours). DuckDB estimates an aggregate's or a CTE's
@@ -539,6 +539,10 @@ def run_sql(con: duckdb.DuckDBPyConnection, by: str) -> list[Group]:
     # of rows (a month's fleet, make bench-report: the allocation's join 4x as long, twice
     # the memory); keep them as written.
     con.execute("SET disabled_optimizers = 'build_side_probe_side'")
+
+
+def run_sql(con: duckdb.DuckDBPyConnection, by: str) -> list[Group]:
+    _disable_build_side_flip(con)
     result = con.execute(sql_text())
     names = [d[0] for d in result.description or ()]
     return groups_of(names, result.fetchall(), by)
@@ -561,19 +565,8 @@ def idle_of(rows: Iterable[Sequence[Any]]) -> list[Idle]:
 
 
 def run_idle(con: duckdb.DuckDBPyConnection) -> list[Idle]:
-    con.execute("SET disabled_optimizers = 'build_side_probe_side'")  # as run_sql
+    _disable_build_side_flip(con)
     return idle_of(con.execute(idle_sql()).fetchall())
-
-
-def report(
-    ledger: Ledger,
-    *,
-    by: str = "tenant",
-    focus: Path | None = None,
-    rates: Iterable[tuple[str, str, float]] = (),
-    window: Window = Window(),
-) -> list[Group]:
-    return report_with_idle(ledger, by=by, focus=focus, rates=rates, window=window)[0]
 
 
 def report_with_idle(

@@ -82,7 +82,9 @@ compute_rows AS (
     resource_id,
     hour_start,
     SkuId,
-    PricingCategory,
+    CASE PricingCategory
+      WHEN 'Committed' THEN 3 WHEN 'Dynamic' THEN 2 WHEN 'Standard' THEN 1 ELSE 0
+    END AS pricing_rank,
     EffectiveCost,
     ListCost,
     CASE
@@ -103,21 +105,14 @@ compute_rows AS (
 -- The hour's PricingCategory, from the rows carrying its GPU-hours: Committed if any is (an
 -- hour partly covered by a savings plan or reservation: its idle GPUs are paid for either
 -- way, so they are reserved idle), else Dynamic if any is, else Standard if any is (an
--- on-demand reference price only when every GPU row is on-demand), else the rows' own.
+-- on-demand reference price only when every GPU row is on-demand). As a rank, 3 to 0: one
+-- integer MAX, where the names cost a string aggregate per condition.
 bill AS (
   SELECT
     resource_id,
     hour_start,
     MAX(CASE WHEN is_instance_row + is_gpu_sku_row > 0 THEN SkuId END) AS bill_sku,
-    CASE
-      WHEN SUM(CASE WHEN is_instance_row + is_gpu_sku_row > 0
-                     AND PricingCategory = 'Committed' THEN 1 ELSE 0 END) > 0 THEN 'Committed'
-      WHEN SUM(CASE WHEN is_instance_row + is_gpu_sku_row > 0
-                     AND PricingCategory = 'Dynamic' THEN 1 ELSE 0 END) > 0 THEN 'Dynamic'
-      WHEN SUM(CASE WHEN is_instance_row + is_gpu_sku_row > 0
-                     AND PricingCategory = 'Standard' THEN 1 ELSE 0 END) > 0 THEN 'Standard'
-      ELSE MAX(CASE WHEN is_instance_row + is_gpu_sku_row > 0 THEN PricingCategory END)
-    END AS pricing_category,
+    MAX(CASE WHEN is_instance_row + is_gpu_sku_row > 0 THEN pricing_rank END) AS pricing_rank,
     SUM(EffectiveCost) AS cost,
     SUM(ListCost) AS list_cost,
     SUM(CASE WHEN is_instance_row = 1 THEN quantity_hours ELSE 0 END) AS instance_hours,
@@ -130,7 +125,7 @@ bill_gpu_hours AS (
     b.resource_id,
     b.hour_start,
     COALESCE(i.sku, b.bill_sku) AS sku,
-    b.pricing_category,
+    b.pricing_rank,
     b.cost,
     b.list_cost,
     COALESCE(b.instance_hours * COALESCE(i.gpus, s.gpus), 0) + b.gpu_sku_hours AS gpu_hours
@@ -143,7 +138,7 @@ bill_rate AS (
     resource_id,
     hour_start,
     sku,
-    pricing_category,
+    pricing_rank,
     gpu_hours,
     cost / gpu_hours AS rate,
     list_cost / gpu_hours AS list_rate
@@ -153,7 +148,7 @@ bill_rate AS (
 od_bill AS (
   SELECT sku, AVG(rate) AS rate
   FROM bill_rate
-  WHERE pricing_category = 'Standard'
+  WHERE pricing_rank = 1
   GROUP BY sku
 ),
 od_file AS (
@@ -213,7 +208,7 @@ seen_hours AS (
     br.rate,
     CASE
       WHEN i.purchase_option = 'capacity_block' THEN 'capacity_block'
-      WHEN br.pricing_category = 'Committed' OR i.purchase_option = 'reserved' THEN 'reserved'
+      WHEN br.pricing_rank = 3 OR i.purchase_option = 'reserved' THEN 'reserved'
       ELSE i.purchase_option
     END AS purchase_option
   FROM bill_rate br

@@ -150,32 +150,15 @@ def run_report(
     window: Window = engine.ALL,
     by: str = "tenant",
     schema: str = "reclaimd_report",
-) -> list[Group]:
-    """report.sql over the files, in Trino: the groups DuckDB's ``report_landed`` gives."""
+    detail: bool = False,
+) -> tuple[list[Group], list[engine.Idle]]:
+    """report.sql over the files, in Trino: the groups DuckDB's ``report_landed`` gives, and
+    with ``detail`` the idle instance-hours (``engine.idle_sql``) over the same views."""
     c = _relations(
         url, alloc=alloc, waste=waste, focus=focus, rates=rates, window=window, schema=schema
     )
-    names, rows = c.query(engine.sql_text())
-    return engine.groups_of(names, rows, by)
-
-
-def run_idle(
-    url: str,
-    *,
-    alloc: Path,
-    waste: Path,
-    focus: Path,
-    rates: Iterable[tuple[str, str, float]] = (),
-    window: Window = engine.ALL,
-    schema: str = "reclaimd_report",
-) -> list[engine.Idle]:
-    """The idle instance-hours (``engine.idle_sql``: report.sql's relations, idle.sql's
-    SELECT) over the files, in Trino."""
-    c = _relations(
-        url, alloc=alloc, waste=waste, focus=focus, rates=rates, window=window, schema=schema
-    )
-    _, rows = c.query(engine.idle_sql())
-    return engine.idle_of(rows)
+    groups = engine.groups_of(*c.query(engine.sql_text()), by)
+    return groups, (engine.idle_of(c.query(engine.idle_sql())[1]) if detail else [])
 
 
 def _relations(
