@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from reclaimd import restarts
 from reclaimd.model import utcnow
 
 from . import report
@@ -45,7 +46,8 @@ class Watcher:
         self.sent = sent  # the injector's list, as it grows
         self.faults = faults  # the fault driver's list, as it grows
         self.say = say
-        self.events: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []  # restart waste: one per gang charged
+        self.restarts: list[dict[str, Any]] = []  # restart overhead of gangs that came back
         self.arrivals: list[report.Arrival] = []
         self.claim_history: dict[str, list[report.ClaimSeen]] = {}
         self.gave_up: report.GaveUp | None = None
@@ -97,6 +99,12 @@ class Watcher:
                     await consumer.stop()
 
     def _arrived(self, event: dict[str, Any], timestamp_ms: int, timestamp_type: int) -> None:
+        if event.get("schema") == restarts.SCHEMA:
+            self.restarts.append(event)
+            seconds = event.get("x_RestartOverheadSeconds")
+            source = event.get("x_RestartOverheadSource")
+            self.say(f"ledger: {event.get('x_GangId')} back after {seconds} s ({source})")
+            return
         self.events.append(event)
         appended = (
             EPOCH + timedelta(milliseconds=timestamp_ms) if timestamp_type == 1 else None

@@ -22,6 +22,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 import handlers
 from reclaimd.cluster.client import build_api_client
+from reclaimd.ledger import SCHEMA as LEDGER_SCHEMA
 from reclaimd.model import Notice, utcnow
 
 from . import fleet, inject, kube
@@ -308,10 +309,16 @@ class Harness:
         )
 
     async def ledger_events(
-        self, *, count: int, timeout_s: float = 60, settle_s: float = 0.0
+        self,
+        *,
+        count: int,
+        timeout_s: float = 60,
+        settle_s: float = 0.0,
+        schema: str = LEDGER_SCHEMA,
     ) -> list[dict[str, Any]]:
-        """Read the run's ledger topic from the start until ``count`` events (then ``settle_s``
-        more, to catch duplicates that should not be there)."""
+        """Read the run's ledger topic from the start until ``count`` events of ``schema``
+        (then ``settle_s`` more, to catch duplicates that should not be there). The topic
+        also carries restart overhead (``restarts.SCHEMA``): asked for by its schema."""
         consumer = self.ledger_consumer()
         await consumer.start()
         events: list[dict[str, Any]] = []
@@ -329,6 +336,8 @@ class Harness:
                 for records in batch.values():
                     for r in records:
                         event = json.loads(r.value)
+                        if event.get("schema") != schema:
+                            continue
                         event["_headers"] = {k: v.decode() for k, v in r.headers}
                         event["_key"] = r.key.decode() if r.key else ""
                         events.append(event)

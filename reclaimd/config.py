@@ -222,6 +222,17 @@ class AllocationSettings(_Strict):
     open_every_s: float = Field(300.0, gt=0)
 
 
+class RestartSettings(_Strict):
+    """Restart overhead (docs/ledger.md): from a notice's receipt until the gang it charged
+    trains again, on the ledger topic as ``reclaimd.restart-overhead/v1``."""
+
+    enabled: bool = True
+    interval_s: float = Field(15.0, gt=0)  # the charged gangs' Leases are read this often
+    # A rank that speaks the SDK's /incarnation but has not stepped this long after all pods
+    # were Ready: the restart is measured to Ready.
+    sdk_wait_s: float = Field(600.0, ge=0)
+
+
 class EventsSettings(_Strict):
     """Kubernetes Events on nodes and pods (``kubectl get events --field-selector
     reason=Interrupted``): best effort, last in the write budget, dropped rather than late."""
@@ -369,6 +380,7 @@ class Settings(_Strict):
     policy: PolicySettings = PolicySettings()
     ledger: LedgerSettings = LedgerSettings()
     allocation: AllocationSettings = AllocationSettings()
+    restarts: RestartSettings = RestartSettings()
     events: EventsSettings = EventsSettings()
     tracing: TracingSettings = TracingSettings()
     cache: CacheConfig = CacheConfig()

@@ -176,6 +176,8 @@ class Daemon:
             tasks.append(tg.create_task(parts.holders.run_probes(), name="peer-probe"))
         if parts.gang_leases is not None:
             tasks.append(tg.create_task(parts.gang_leases.run_sweeps(), name="gang-sweep"))
+        if parts.restarts is not None:
+            tasks.append(tg.create_task(parts.restarts.run(), name="restart-overhead"))
         resumer = claimlog.Resumer(
             parts.store,
             parts.view,

@@ -207,6 +207,7 @@ class Member:
     last_checkpoint: datetime | None = None
     started_at: datetime | None = None
     is_leader: bool = False
+    ready_at: datetime | None = None  # when the pod became Ready (None: not Ready)
 
 
 @dataclass(frozen=True)

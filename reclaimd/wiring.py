@@ -8,6 +8,7 @@ outbox go. ``reclaimd.daemon`` runs what ``wire`` returns.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +25,7 @@ from reclaimd import (
     meter,
     metrics,
     putbudget,
+    restarts,
     tracing,
     waste,
 )
@@ -44,7 +46,7 @@ from reclaimd.cluster import (
 )
 from reclaimd.config import Settings, UnknownTarget
 from reclaimd.intake import Admission, Admitted, Intake
-from reclaimd.model import Notice
+from reclaimd.model import Notice, utcnow
 from reclaimd.pipeline import Budget, Report, Runbook
 from reclaimd.scheduler import GangOwners, Scheduler
 
@@ -66,6 +68,7 @@ class Parts:
     gang_leases: gangclaims.GangClaims | None = None
     probe: probe.Listener | None = None  # our probe port: refused there = we are gone
     meter: meter.Meter | None = None
+    restarts: restarts.RestartWatcher | None = None
     events: events.EventRecorder | None = None
     dry_run: dryrun.WouldParts | None = None  # set: nothing is written, signalled or evicted
 
@@ -278,6 +281,20 @@ def wire(
         meter=None
         if would is not None
         else _meter(s, api, view=view, policy=ledger_writer.policy, limiter=limiter, alive=alive),
+        restarts=None
+        if would is not None or not s.restarts.enabled
+        else restarts.RestartWatcher(
+            gang_leases,
+            view,
+            ledger_writer,
+            holder=s.holder,
+            alive=alive.alive,
+            cluster=s.cluster_name,
+            clock=utcnow,
+            first_step=functools.partial(restarts.sdk_first_step, session),
+            interval_s=s.restarts.interval_s,
+            sdk_wait_s=s.restarts.sdk_wait_s,
+        ),
         events=recorder,
         dry_run=would,
     )

@@ -198,7 +198,11 @@ def slim_pod(pod: RawObject) -> dict[str, Any]:
             "containers": containers("containers"),
             "initContainers": containers("initContainers"),
         },
-        "status": {k: status[k] for k in ("phase", "podIP", "startTime") if k in status},
+        "status": {
+            **{k: status[k] for k in ("phase", "podIP", "startTime") if k in status},
+            # when the pod became Ready: a restarted gang is training again (``restarts``)
+            **({"readyAt": ready} if (ready := gangs.ready_since(status)) else {}),
+        },
     }
 
 

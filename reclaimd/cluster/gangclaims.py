@@ -19,6 +19,9 @@ acked. A replica that takes the notice over reads them back (``owned_by``): it c
 gang whose pods the dead owner already evicted, and charges from the checkpoints the ranks
 acked, not from older ones.
 
+The Lease also says when the notice was received, and, once the gang came back and its
+restart overhead is on the ledger (``restarts``), that it is (``charged``, ``restart_recorded``).
+
 The acks are also kept in memory here, before the write (``held``): a replica cut off from the
 API server cannot write them, and its peer, taking the notice over once its Lease runs out,
 asks it for them through the peer probe port (``probe.ask``) as it reads the Leases.
@@ -31,7 +34,8 @@ import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from kubernetes_asyncio import client as k8s
@@ -47,6 +51,7 @@ from reclaimd.model import (
     ParseError,
     RankAck,
     Recorded,
+    parse_time,
     rfc3339,
     utcnow,
 )
@@ -59,7 +64,12 @@ PODS_ANNOTATION = "reclaimd.io/pod-uids"
 RECORD_ANNOTATION = "reclaimd.io/gang-record"
 ACKS_ANNOTATION = "reclaimd.io/acks"
 TRACE_ANNOTATION = "reclaimd.io/traceparent"
+RECEIVED_ANNOTATION = "reclaimd.io/notice-received-at"
+# Set once the gang's restart overhead is on the ledger (``restarts``): the event's id.
+RESTART_ANNOTATION = "reclaimd.io/restart-recorded"
 NOTICE_LABEL = "reclaimd.io/notice"  # a digest of the notice id: a successor LISTs by it
+# Set with RESTART_ANNOTATION: the restart watcher LISTs only the Leases without it.
+RESTARTED_LABEL = "reclaimd.io/restarted"
 # The acks are worth a bounded wait only: the drain must not stall on a slow API server.
 ACKS_WRITE_S = 10.0
 # A gang Lease outlives every notice of its incarnation (they come within one window) and
@@ -70,6 +80,18 @@ HELD_NOTICES = 4096  # the acks kept in memory for a peer to ask: the latest not
 
 # holder, notice label -> {gang lease name: acks json} (``probe.ask`` bound to an address)
 PeerAcks = Callable[[str, str], Awaitable[Mapping[str, str]]]
+
+
+@dataclass(frozen=True)
+class Charged:
+    """A gang as the notice that charged it recorded it: what its restart is measured from."""
+
+    lease: str
+    version: str  # the Lease's resourceVersion when read
+    holder: str  # the replica that charged it
+    notice_id: str
+    received_at: datetime  # the notice's receipt
+    gang: Gang  # the incarnation the notice stopped
 
 
 def notice_label(notice_id: str) -> str:
@@ -143,6 +165,8 @@ class GangClaims:
             # A new incarnation of the gang: take the Lease over, if nobody wrote it since.
             body["metadata"]["resourceVersion"] = lease.metadata.resource_version
             body["metadata"]["annotations"][ACKS_ANNOTATION] = ""  # the old pods' acks
+            # the old incarnation's restart mark: this one's restart is not measured yet
+            body["metadata"]["labels"] = {**body["metadata"]["labels"], RESTARTED_LABEL: None}
             await self._limiter.call(
                 f"take over lease/{name}",
                 order,
@@ -265,6 +289,65 @@ class GangClaims:
                 logs.event(log, "gang lease sweep failed", logging.WARNING, error=str(e)[:200])
             await asyncio.sleep(every_s)
 
+    async def charged(self) -> list[Charged]:
+        """Every gang a notice charged whose restart is not on the ledger yet."""
+        found = await self._limiter.read(
+            "list gang leases",
+            None,
+            lambda: self._coord.list_namespaced_lease(
+                self.namespace, label_selector=f"{NOTICE_LABEL},!{RESTARTED_LABEL}"
+            ),
+        )
+        out = []
+        for lease in found.items or ():
+            notes = lease.metadata.annotations or {}
+            if notes.get(RESTART_ANNOTATION) or not notes.get(RECORD_ANNOTATION):
+                continue
+            acquired = lease.spec.acquire_time if lease.spec is not None else None
+            try:
+                received = notes.get(RECEIVED_ANNOTATION)
+                # a Lease written before the annotation: created as the notice was handled
+                at = parse_time(received) if received else acquired
+                gang = gangrecord.gang_from_json(notes[RECORD_ANNOTATION])
+            except ParseError as e:
+                log.warning("lease %s: %s", lease.metadata.name, e)
+                continue
+            if at is None:
+                continue
+            out.append(
+                Charged(
+                    lease=lease.metadata.name,
+                    version=lease.metadata.resource_version,
+                    holder=(lease.spec.holder_identity if lease.spec is not None else "") or "",
+                    notice_id=notes.get(NOTICE_ANNOTATION, ""),
+                    received_at=at,
+                    gang=gang,
+                )
+            )
+        return out
+
+    async def restart_recorded(self, c: Charged, event_id: str) -> bool:
+        """Mark ``c``'s Lease: its restart is on the ledger. False when the Lease changed since
+        it was read (taken over by a new incarnation's notice, whose restart is its own)."""
+        body = {
+            "metadata": {
+                "resourceVersion": c.version,
+                "labels": {RESTARTED_LABEL: "true"},
+                "annotations": {RESTART_ANNOTATION: event_id},
+            }
+        }
+        try:
+            await self._limiter.call(
+                f"restart recorded lease/{c.lease}",
+                None,
+                lambda: self._coord.patch_namespaced_lease(
+                    c.lease, self.namespace, body, **MERGE_PATCH
+                ),
+            )
+        except (client.Conflict, client.NotFound):
+            return False
+        return True
+
     def _body(self, name: str, gang: Gang, notice: Notice) -> dict[str, Any]:
         return {
             "metadata": {
@@ -276,6 +359,8 @@ class GangClaims:
                     PODS_ANNOTATION: ",".join(sorted(_uids(gang))),
                     RECORD_ANNOTATION: gangrecord.gang_json(gang),
                     TRACE_ANNOTATION: tracing.current_traceparent(),
+                    RECEIVED_ANNOTATION: rfc3339(notice.received_at),
+                    RESTART_ANNOTATION: "",  # a new incarnation's restart is not measured yet
                 },
             },
             "spec": {"holderIdentity": self.holder[:128], "acquireTime": rfc3339(utcnow())},

@@ -350,6 +350,26 @@ def framework_leader(pod: Pod) -> bool:
 # --- members and gangs -----------------------------------------------------------------------
 
 
+def ready_since(status: Mapping[str, Any]) -> str:
+    """The time the pod's Ready condition turned True ('' when it is not Ready): the slim
+    pod's ``readyAt``, else the condition of a full pod."""
+    if status.get("readyAt"):
+        return str(status["readyAt"])
+    for c in status.get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "Ready":
+            return str(c.get("lastTransitionTime") or "") if c.get("status") == "True" else ""
+    return ""
+
+
+def _ready_at(pod: Pod) -> datetime | None:
+    status = pod.get("status")
+    value = ready_since(status) if isinstance(status, Mapping) else ""
+    try:
+        return parse_time(value) if value else None
+    except ParseError:
+        return None
+
+
 def _started_at(pod: Pod) -> datetime | None:
     value = _status(pod, "startTime")
     if not value:
@@ -394,6 +414,7 @@ def member_of(
         checkpoint_timeout_s=contract.checkpoint_timeout_s,
         last_checkpoint=contract.last_durable_checkpoint,
         started_at=_started_at(pod),
+        ready_at=_ready_at(pod),
         is_leader=leader,
     )
 

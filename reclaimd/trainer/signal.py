@@ -21,6 +21,9 @@ What the thread does on its own:
 - ``ack(result, covers=ids)`` also answers notices this rank has not been asked for yet: the
   other ranks of the gang saved the same step for them (``reclaimd.trainer.torch`` agrees on
   the step), so the request, when it arrives, is answered at once rather than saved again.
+- ``GET <path>/incarnation`` says when this process started serving and when the loop first
+  reached a step boundary (its first read of ``requested``): reclaimd ends a restarted gang's
+  restart overhead at its ranks' first steps after ``restore()`` (docs/ledger.md).
 - The PutObject share (``put_budget`` in the request, ``X-Reclaimd-Put-Budget`` on polls) is
   kept in ``put_budget`` while a request waits, ``None`` once none does; ``on_share`` is called
   (on the server thread) with every change.
@@ -44,7 +47,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from reclaimd import putbudget
-from reclaimd.model import utcnow
+from reclaimd.model import rfc3339, utcnow
 from reclaimd.putbudget import Share
 from reclaimd.trainer.contract import (
     MAX_REQUEST_BYTES,
@@ -99,6 +102,9 @@ class Signal:
         self.answered: dict[str, datetime] = {}  # when each notice's result was first sent
         self.put_budget: Share | None = None
         self.ack_count = 0
+        self.started_at: datetime | None = None
+        # the loop's first step boundary: training (again, after a restore)
+        self.first_step_at: datetime | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -116,6 +122,7 @@ class Signal:
             name="reclaimd-signal",
         )
         self._thread.start()
+        self.started_at = utcnow()
         return self
 
     def stop(self) -> None:
@@ -153,7 +160,18 @@ class Signal:
     def requested(self) -> bool:
         """A request is waiting for its answer: save at this step boundary, then ``ack``."""
         with self._lock:
+            if self.first_step_at is None:
+                self.first_step_at = utcnow()
             return any(not n.done.is_set() for n in self._notices.values())
+
+    def incarnation(self) -> dict[str, str | None]:
+        """What ``GET <path>/incarnation`` answers."""
+        with self._lock:
+            stepped, started = self.first_step_at, self.started_at
+        return {
+            "started_at": rfc3339(started) if started is not None else None,
+            "first_step_at": rfc3339(stepped) if stepped is not None else None,
+        }
 
     def pending(self) -> list[CheckpointRequest]:
         """The requests waiting for an answer, earliest deadline first."""
@@ -301,6 +319,9 @@ def _handler(signal: Signal) -> type[BaseHTTPRequestHandler]:
             self._answer(req.notice_id, n)
 
         def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] == signal.path + "/incarnation":
+                self._json(200, signal.incarnation())
+                return
             prefix = signal.path + "/status/"
             if not self.path.startswith(prefix):
                 self._json(404, {"error": "not found"})
