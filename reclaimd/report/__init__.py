@@ -1,9 +1,9 @@
 """``reclaimd report``: what each tenant's GPUs and restart waste cost, joined with the bill.
 
-Inputs: the ledger (restart-waste and allocation rows; JSON-lines files or Kafka topics), a
-FOCUS cost-and-usage export (CSV or Parquet) and/or a rates file. The join is ``report.sql``
-run in embedded DuckDB (``engine``); the same file runs in Athena or BigQuery (docs/ledger.md).
-Bad input is one line on stderr and exit 2.
+Inputs: the ledger (restart-waste, restart-overhead and allocation rows; JSON-lines files or
+Kafka topics), a FOCUS cost-and-usage export (CSV or Parquet) and/or a rates file. The join
+is ``report.sql`` run in embedded DuckDB (``engine``); the same file runs in Athena or
+BigQuery (docs/ledger.md). Bad input is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def build_report(
 def _span(ledger: ledger_input.Ledger, window: Window) -> Window:
     hours = [a.hour_start for a in ledger.allocation if window.holds(a.hour_start)]
     stops = [w.stopped_at for w in ledger.waste if window.holds(w.stopped_at)]
+    stops += [o.restarted_at for o in ledger.overhead if window.holds(o.restarted_at)]
     firsts = hours + [t.replace(minute=0, second=0, microsecond=0) for t in stops]
     lasts = [h + timedelta(hours=1) for h in firsts]
     open_to = ledger.open_until

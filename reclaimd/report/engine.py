@@ -1,7 +1,7 @@
 """The join, in embedded DuckDB: the ledger's rows, the FOCUS bill, rates, SKUs -> groups.
 
 The pricing logic is all in ``report.sql``, the file shipped for Athena and BigQuery; this
-module only builds the five relations it reads (see the file's header) and checks the inputs
+module only builds the six relations it reads (see the file's header) and checks the inputs
 so that a bad one is a one-line ``InputError``, not a DuckDB traceback.
 """
 
@@ -20,7 +20,13 @@ import duckdb
 
 from reclaimd import skus
 from reclaimd.ledger import DEFAULT_ALLOW, PURCHASE_OPTIONS, normalize_purchase_option
-from reclaimd.report.ledger_input import AllocationRow, InputError, Ledger, WastePart
+from reclaimd.report.ledger_input import (
+    AllocationRow,
+    InputError,
+    Ledger,
+    OverheadPart,
+    WastePart,
+)
 
 # The columns a true price needs (docs/ledger.md, "Which bill rows price a GPU-hour"): the
 # instance-hour, its cost and quantity, and every column the compute-row rule tests. Read as
@@ -77,6 +83,10 @@ COLUMNS: Final = (
     "unallocated_cost",
     "restart_waste_gpu_hours",
     "restart_waste_cost",
+    # a breakdown of allocated_cost (GPUs held while the replacement restores), not added to
+    # effective_cost
+    "restart_overhead_gpu_hours",
+    "restart_overhead_cost",
     "notices",
     "gangs_hit",
     "checkpointed",
@@ -122,6 +132,21 @@ WASTE_SCHEMA: Final = (
     ("outcome", "VARCHAR"),
     ("deadline_met", "BOOLEAN"),
 )
+OVERHEAD_SCHEMA: Final = (
+    ("event_id", "VARCHAR"),
+    ("notice_id", "VARCHAR"),
+    ("gang_id", "VARCHAR"),
+    ("hour_start", "TIMESTAMP"),
+    ("resource_id", "VARCHAR"),
+    ("node", "VARCHAR"),
+    ("sku", "VARCHAR"),
+    ("purchase_option", "VARCHAR"),
+    ("grp", "VARCHAR"),
+    ("gpu_seconds", "DOUBLE"),
+    ("source", "VARCHAR"),
+)
+# The landed ledger tables report_landed reads (Parquet in these shapes)
+LEDGER_TABLES: Final = {"alloc": ALLOC_SCHEMA, "waste": WASTE_SCHEMA, "overhead": OVERHEAD_SCHEMA}
 
 
 def sql_text() -> str:
@@ -193,16 +218,22 @@ def _create(con: duckdb.DuckDBPyConnection, name: str, schema: Sequence[tuple[st
 
 
 def load_ledger(con: duckdb.DuckDBPyConnection, ledger: Ledger, by: str, window: Window) -> None:
-    _create(con, "alloc", ALLOC_SCHEMA)
-    _create(con, "waste", WASTE_SCHEMA)
-    alloc = [_alloc_tuple(a, by) for a in ledger.allocation if window.holds(a.hour_start)]
-    waste = [_waste_tuple(w, by) for w in ledger.waste if window.holds(w.stopped_at)]
-    if not alloc and not waste:
-        raise InputError(f"no allocation or restart-waste rows from {window.describe()}")
-    if alloc:
-        con.executemany(f"INSERT INTO alloc VALUES ({', '.join('?' * len(ALLOC_SCHEMA))})", alloc)
-    if waste:
-        con.executemany(f"INSERT INTO waste VALUES ({', '.join('?' * len(WASTE_SCHEMA))})", waste)
+    rows = {
+        "alloc": [_alloc_tuple(a, by) for a in ledger.allocation if window.holds(a.hour_start)],
+        "waste": [_waste_tuple(w, by) for w in ledger.waste if window.holds(w.stopped_at)],
+        "overhead": [
+            _overhead_tuple(o, by) for o in ledger.overhead if window.holds(o.restarted_at)
+        ],
+    }
+    if not any(rows.values()):
+        raise InputError(
+            f"no allocation, restart-waste or restart-overhead rows from {window.describe()}"
+        )
+    for name, schema in LEDGER_TABLES.items():
+        _create(con, name, schema)
+        if rows[name]:
+            marks = ", ".join("?" * len(schema))
+            con.executemany(f"INSERT INTO {name} VALUES ({marks})", rows[name])
 
 
 def _alloc_tuple(a: AllocationRow, by: str) -> tuple[Any, ...]:
@@ -221,10 +252,14 @@ def _alloc_tuple(a: AllocationRow, by: str) -> tuple[Any, ...]:
     )
 
 
-def _waste_tuple(w: WastePart, by: str) -> tuple[Any, ...]:
+def _part_group(purchase_option: str | None, labels: Mapping[str, str], by: str) -> str:
     # A part's own purchase option groups it when the report is by purchase option: a gang's
     # spot ranks and on-demand ranks land in their own groups.
-    grp = (w.purchase_option or w.labels.get(by)) if by == "purchase_option" else w.labels.get(by)
+    grp = (purchase_option or labels.get(by)) if by == "purchase_option" else labels.get(by)
+    return grp or NONE
+
+
+def _waste_tuple(w: WastePart, by: str) -> tuple[Any, ...]:
     return (
         w.event_id,
         w.notice_id,
@@ -234,10 +269,26 @@ def _waste_tuple(w: WastePart, by: str) -> tuple[Any, ...]:
         w.node,
         w.sku,
         w.purchase_option,
-        grp or NONE,
+        _part_group(w.purchase_option, w.labels, by),
         w.gpu_seconds,
         w.outcome,
         w.deadline_met,
+    )
+
+
+def _overhead_tuple(o: OverheadPart, by: str) -> tuple[Any, ...]:
+    return (
+        o.event_id,
+        o.notice_id,
+        o.gang_id,
+        _hour(o.restarted_at),
+        o.resource_id,
+        o.node,
+        o.sku,
+        o.purchase_option,
+        _part_group(o.purchase_option, o.labels, by),
+        o.gpu_seconds,
+        o.source,
     )
 
 
@@ -593,33 +644,43 @@ def report_with_idle(
         con.close()
 
 
+def hours_within(window: Window) -> str:
+    """A landed ledger table's WHERE for the window (on hour_start), or nothing: one text
+    for DuckDB and Trino."""
+    holds = []
+    if window.since is not None:
+        holds.append(f"hour_start >= {_literal(window.since)}")
+    if window.until is not None:
+        holds.append(f"hour_start < {_literal(window.until)}")
+    return f" WHERE {' AND '.join(holds)}" if holds else ""
+
+
 def report_landed(
     alloc: Path,
     waste: Path,
     focus: Path,
     *,
+    overhead: Path | None = None,
     rates: Iterable[tuple[str, str, float]] = (),
     window: Window = Window(),
     by: str = "tenant",
     threads: int | None = None,
 ) -> list[Group]:
-    """The report over the ledger as landed tables (Parquet in report.sql's ``alloc`` and
-    ``waste`` shapes, as Kafka Connect or Firehose would land them) and a FOCUS file: what
-    a fleet-sized month runs on (``make bench-report``)."""
+    """The report over the ledger as landed tables (Parquet in report.sql's ``alloc``,
+    ``waste`` and ``overhead`` shapes, as Kafka Connect or Firehose would land them) and a
+    FOCUS file: what a fleet-sized month runs on (``make bench-report``). Without
+    ``overhead`` the relation is empty (a ledger landed before the event existed)."""
     con = connect()
     try:
         if threads:
             con.execute(f"SET threads = {int(threads)}")
-        for name, path in (("alloc", alloc), ("waste", waste)):
+        landed = {"alloc": alloc, "waste": waste, "overhead": overhead}
+        for name, path in landed.items():
+            if path is None:
+                _create(con, name, LEDGER_TABLES[name])
+                continue
             rows = f"read_parquet({_quote(path)})"
-            holds = []
-            column = "hour_start"
-            if window.since is not None:
-                holds.append(f"{column} >= {_literal(window.since)}")
-            if window.until is not None:
-                holds.append(f"{column} < {_literal(window.until)}")
-            where = f" WHERE {' AND '.join(holds)}" if holds else ""
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM {rows}{where}")
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM {rows}{hours_within(window)}")
         load_focus(con, focus, window)
         load_rates(con, list(rates))
         return run_sql(con, by)
@@ -627,13 +688,19 @@ def report_landed(
         con.close()
 
 
-def land_ledger(ledger: Ledger, by: str, alloc: Path, waste: Path) -> None:
-    """Write the ledger as the landed ``alloc`` and ``waste`` tables (Parquet), as Kafka
-    Connect or Firehose would land the topics for Athena: what ``report_landed`` reads."""
+def land_ledger(
+    ledger: Ledger, by: str, alloc: Path, waste: Path, overhead: Path | None = None
+) -> None:
+    """Write the ledger as the landed ``alloc``, ``waste`` and (given a path) ``overhead``
+    tables (Parquet), as Kafka Connect or Firehose would land the topics for Athena: what
+    ``report_landed`` reads."""
     con = connect()
     try:
         load_ledger(con, ledger, by, Window())
-        for name, path in (("alloc", alloc), ("waste", waste)):
+        landed = {"alloc": alloc, "waste": waste, "overhead": overhead}
+        for name, path in landed.items():
+            if path is None:
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             con.execute(f"COPY {name} TO {_quote(path)} (FORMAT parquet)")
     finally:

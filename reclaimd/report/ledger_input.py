@@ -1,4 +1,5 @@
-"""The ledger side of the report: restart-waste and allocation rows, flattened for the SQL.
+"""The ledger side of the report: restart-waste, restart-overhead and allocation rows,
+flattened for the SQL.
 
 Rows come from JSON-lines files or Kafka topics (read from the first offset at or after the
 window's start up to the end offsets seen when reading began). Each event is re-policed on the
@@ -16,15 +17,18 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from reclaimd.ledger import LabelPolicy, normalize_purchase_option
 from reclaimd.model import ParseError, parse_time
 
 WASTE_V1 = "reclaimd.restart-waste/v1"
 WASTE_V2 = "reclaimd.restart-waste/v2"
+OVERHEAD_V1 = "reclaimd.restart-overhead/v1"
 ALLOCATION_V1 = "reclaimd.allocation/v1"
-KNOWN: Final = (WASTE_V1, WASTE_V2, ALLOCATION_V1)
+KNOWN: Final = (WASTE_V1, WASTE_V2, OVERHEAD_V1, ALLOCATION_V1)
+# How the controller saw the replacement gang training again (docs/ledger.md)
+OVERHEAD_SOURCES: Final = ("sdk-first-step", "pods-ready")
 
 
 class InputError(ValueError):
@@ -48,6 +52,24 @@ class WastePart:
 
 
 @dataclass(frozen=True)
+class OverheadPart:
+    """One replacement instance's share of a gang's restart overhead: a breakdown of the
+    allocation's GPU-hours, not a cost of its own (docs/ledger.md)."""
+
+    event_id: str
+    notice_id: str
+    gang_id: str
+    restarted_at: datetime  # naive UTC: the replacement's first step, or all its pods Ready
+    resource_id: str | None
+    node: str | None
+    sku: str | None
+    purchase_option: str | None
+    labels: Mapping[str, str]
+    gpu_seconds: float
+    source: str  # one of OVERHEAD_SOURCES
+
+
+@dataclass(frozen=True)
 class AllocationRow:
     hour_start: datetime  # naive UTC
     resource_id: str | None
@@ -65,6 +87,7 @@ class AllocationRow:
 @dataclass
 class Ledger:
     waste: list[WastePart] = field(default_factory=list)
+    overhead: list[OverheadPart] = field(default_factory=list)
     allocation: list[AllocationRow] = field(default_factory=list)
     # the open hour's latest running total kept for a key: metered up to this time
     open_until: datetime | None = None
@@ -141,14 +164,82 @@ def waste_parts(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> list[
         out.append(
             replace(
                 base,
-                resource_id=_text(p.get("ResourceId")),
-                node=_text(p.get("x_K8sNodeName")),
-                sku=_text(p.get("SkuId")) or base.sku,
-                purchase_option=normalize_purchase_option(_text(p.get("x_PurchaseOption"))),
+                **_placed(p, base.sku),
                 gpu_seconds=_number(p, "x_WastedGpuSeconds", f"{where}: part {i}"),
             )
         )
     return out
+
+
+class _Placement(TypedDict):
+    resource_id: str | None
+    node: str | None
+    sku: str | None
+    purchase_option: str | None
+
+
+def _placed(p: Mapping[str, Any], gang_sku: str | None) -> _Placement:
+    """A part's instance facts (restart waste and overhead alike): its node's, the SKU else
+    the gang's; the purchase option is the node's own (a gang can span spot and on-demand)."""
+    return _Placement(
+        resource_id=_text(p.get("ResourceId")),
+        node=_text(p.get("x_K8sNodeName")),
+        sku=_text(p.get("SkuId")) or gang_sku,
+        purchase_option=normalize_purchase_option(_text(p.get("x_PurchaseOption"))),
+    )
+
+
+def _overhead_source(ev: Mapping[str, Any], where: str) -> str:
+    source = ev.get("x_RestartOverheadSource")
+    if source is None:
+        raise InputError(f"{where}: x_RestartOverheadSource is missing")
+    if source not in OVERHEAD_SOURCES:
+        raise InputError(
+            f"{where}: x_RestartOverheadSource {str(source)[:40]!r} is not one of"
+            f" {', '.join(OVERHEAD_SOURCES)}"
+        )
+    return str(source)
+
+
+def _overhead_raw_parts(ev: Mapping[str, Any], where: str) -> list[Mapping[str, Any]]:
+    """The event's parts, refused when missing, or empty while the event has overhead (it
+    would vanish from the report unpriced and unseen)."""
+    raw = ev.get("x_RestartOverheadByInstance")
+    if not isinstance(raw, list):
+        raise InputError(f"{where}: x_RestartOverheadByInstance is missing or not a list")
+    total = _number(ev, "x_RestartOverheadGpuSeconds", where, 0.0)
+    if not raw and total > 0:
+        raise InputError(
+            f"{where}: x_RestartOverheadByInstance is empty, but x_RestartOverheadGpuSeconds"
+            f" is {total:g}"
+        )
+    for i, p in enumerate(raw):
+        if not isinstance(p, Mapping):
+            raise InputError(f"{where}: x_RestartOverheadByInstance[{i}] is not an object")
+    return raw
+
+
+def overhead_parts(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> list[OverheadPart]:
+    """One row per replacement instance of a restart-overhead event, at x_RestartedAt."""
+    event_id = _text(ev.get("EventId"))
+    if event_id is None:
+        raise InputError(f"{where}: EventId is missing or not a string")
+    source = _overhead_source(ev, where)
+    restarted_at = _time(ev, "x_RestartedAt", where)
+    labels = _labels(ev, policy)
+    return [
+        OverheadPart(
+            event_id=event_id,
+            notice_id=str(ev.get("x_NoticeId") or ""),
+            gang_id=str(ev.get("x_GangId") or ""),
+            restarted_at=restarted_at,
+            **_placed(p, labels.get("sku")),
+            labels=labels,
+            gpu_seconds=_number(p, "x_RestartOverheadGpuSeconds", f"{where}: part {i}"),
+            source=source,
+        )
+        for i, p in enumerate(_overhead_raw_parts(ev, where))
+    ]
 
 
 def allocation_row(ev: Mapping[str, Any], where: str, policy: LabelPolicy) -> AllocationRow:
@@ -184,10 +275,11 @@ def _revision(ev: Mapping[str, Any], where: str) -> tuple[bool, int]:
 
 
 def collect(events: Iterable[tuple[str, Mapping[str, Any]]], policy: LabelPolicy) -> Ledger:
-    """Sort events into waste parts and allocation rows, deduped on EventId: a restart-waste
-    event's first copy, an allocation key's closed row or else its latest running total."""
+    """Sort events into waste parts, overhead parts and allocation rows, deduped on EventId:
+    a restart-waste or restart-overhead event's first copy, an allocation key's closed row or
+    else its latest running total."""
     ledger = Ledger()
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()  # (kind, EventId): each kind's ids are its own
     alloc: dict[str, tuple[tuple[bool, int], AllocationRow]] = {}
     for where, ev in events:
         event_id = str(ev.get("EventId") or "")
@@ -205,10 +297,14 @@ def collect(events: Iterable[tuple[str, Mapping[str, Any]]], policy: LabelPolicy
             if event_id not in alloc or rank > alloc[event_id][0]:
                 alloc[event_id] = (rank, row)
             continue
-        if event_id and event_id in seen:
+        kind = "overhead" if schema == OVERHEAD_V1 else "waste"
+        if event_id and (kind, event_id) in seen:
             continue
-        seen.add(event_id)
-        ledger.waste.extend(waste_parts(ev, where, policy))
+        seen.add((kind, event_id))
+        if kind == "overhead":
+            ledger.overhead.extend(overhead_parts(ev, where, policy))
+        else:
+            ledger.waste.extend(waste_parts(ev, where, policy))
     ledger.allocation = [r for _, r in alloc.values()]
     opened = [rank[1] for rank, _ in alloc.values() if not rank[0]]
     if opened:

@@ -20,9 +20,10 @@ from reclaimd.report.engine import COLUMNS, COUNTS, Group, Idle, Window
 MONEY: Final = frozenset(
     {"allocated_cost", "cost_spot", "cost_on_demand", "cost_reserved", "cost_capacity_block"}
     | {"reserved_idle_cost", "unallocated_cost", "restart_waste_cost", "effective_cost"}
-    | {"spot_net_savings"}
+    | {"restart_overhead_cost", "spot_net_savings"}
 )
 # Bar colours (the Chromium test looks for them): cost by purchase option, waste on top.
+# Restart overhead has no segment: it is part of the cost bars already (not additive).
 COLOURS: Final = {
     "cost_reserved": "#1f4e79",
     "cost_capacity_block": "#7f5fa8",
@@ -120,6 +121,8 @@ TABLE: Final = (
     ("unalloc $", "unallocated_cost", "$"),
     ("waste GPU-h", "restart_waste_gpu_hours", "h"),
     ("waste $", "restart_waste_cost", "$"),
+    ("overhead GPU-h", "restart_overhead_gpu_hours", "h"),
+    ("overhead $", "restart_overhead_cost", "$"),
     ("waste %", "waste_share", "%"),
     ("effective $", "effective_cost", "$"),
     ("share", "cost_share", "%"),
@@ -269,7 +272,9 @@ def as_html(
         f"<title>reclaimd report by {escape(by)}</title><style>{style}</style></head><body>"
         f"<h1>GPU cost and restart waste by {escape(by)}</h1>"
         f"<p>{escape(window.describe())}, USD. Bars: cost by purchase option,"
-        " restart waste on top (the effective cost).</p>"
+        " restart waste on top (the effective cost). Restart overhead (GPUs held while a"
+        " replacement gang restores) is part of the cost bars: the table shows it, not the"
+        " bars.</p>"
         + "".join(parts)
         + f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         + (_idle_html(idle) if idle is not None else "")

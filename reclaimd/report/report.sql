@@ -1,7 +1,8 @@
--- reclaimd report: allocation and restart waste, priced with the cloud bill (FOCUS).
+-- reclaimd report: allocation, restart waste and restart overhead, priced with the cloud bill
+-- (FOCUS).
 --
 -- Portable SQL (DuckDB, Athena/Trino, BigQuery): no casts, no engine functions, no
--- parameters. It reads five relations; `reclaimd report` builds them in DuckDB, the Trino
+-- parameters. It reads six relations; `reclaimd report` builds them in DuckDB, the Trino
 -- test runs this same text over the same Parquet files, and docs/ledger.md shows the views
 -- to create over the ledger and the bill where they live.
 --
@@ -15,6 +16,12 @@
 --           purchase_option, grp, gpu_seconds, outcome, deadline_met)
 --          restart-waste events (reclaimd.restart-waste/v2), one row per x_WasteByInstance
 --          part; hour_start is the hour the ranks stopped in.
+--   overhead (event_id, notice_id, gang_id, hour_start, resource_id, node, sku,
+--             purchase_option, grp, gpu_seconds, source)
+--          restart-overhead events (reclaimd.restart-overhead/v1), one row per
+--          x_RestartOverheadByInstance part (the replacement's instances); hour_start is the
+--          hour the replacement was training again in (x_RestartedAt); source is
+--          'sdk-first-step' or 'pods-ready'. May be empty.
 --   focus  (ChargePeriodStart, ResourceId, ProviderName, ServiceCategory, ChargeCategory,
 --           ConsumedUnit, SkuId, SkuMeter, PricingCategory, EffectiveCost, ListCost,
 --           ConsumedQuantity)
@@ -37,6 +44,16 @@
 -- on-demand price of a SKU is the rates file's on_demand figure, else the bill's Standard
 -- rows for that SKU, else the instance-hour's ListCost (FOCUS: the list price).
 --
+-- Restart waste and restart overhead parts are priced alike (`restart_priced`): on the
+-- meter's id of their node's instance, at the hour's rate, else the instance's average rate
+-- over the window, else the rates file. Restart waste (progress lost, to be computed again)
+-- is added to effective_cost. Restart overhead is NOT: the replacement's pods hold their
+-- GPUs while they restore, so the meter already charged those GPU-hours as allocation;
+-- restart_overhead_gpu_hours / _cost say how much of the allocated cost went on restarting
+-- (a breakdown), and adding them would count those GPU-hours twice. For the same reason an
+-- unpriced overhead part is not in unpriced_gpu_hours (its hours are the allocation's), and
+-- notices and gangs_hit count the restart-waste events only.
+--
 -- Reserved idle and unallocated: per instance-hour of an instance the meter saw, its
 -- GPU-hours minus those the meter attributed, at its rate: the group 'reserved-idle' for
 -- committed capacity (PricingCategory Committed, or a reserved or capacity-block node),
@@ -46,8 +63,8 @@
 -- read once and grouped once, to its instance-hours; every other step works on those or on
 -- the allocation's rows. Each join has the smaller relation on its right, the side a hash
 -- join builds its table on (the bill's instance-hours, not the allocation's rows; the
--- restart-waste parts, not the instance-hours: a RIGHT JOIN), and DuckDB keeps the joins as
--- written (engine.run_sql).
+-- restart parts, waste and overhead together, not the instance-hours: a RIGHT JOIN), and
+-- DuckDB keeps the joins as written (engine.run_sql).
 
 WITH
 instances AS (
@@ -233,19 +250,31 @@ idle AS (
   LEFT JOIN held h ON h.resource_id = s.resource_id AND h.hour_start = s.hour_start
   WHERE s.gpu_hours > COALESCE(h.gpu_hours, 0)
 ),
-waste_hours AS (
-  SELECT DISTINCT node, hour_start FROM waste
+-- Restart waste and restart overhead parts as one relation, placed and priced once: both
+-- are small (one row per gang, notice and instance), so the union costs the allocation
+-- nothing; kind tells them apart.
+restart_parts AS (
+  SELECT 'waste' AS kind, notice_id, gang_id, grp, purchase_option, sku, hour_start, node,
+    resource_id, gpu_seconds
+  FROM waste
+  UNION ALL
+  SELECT 'overhead' AS kind, notice_id, gang_id, grp, purchase_option, sku, hour_start, node,
+    resource_id, gpu_seconds
+  FROM overhead
+),
+restart_hours AS (
+  SELECT DISTINCT node, hour_start FROM restart_parts
 ),
 node_instance AS (
   SELECT a.node, a.hour_start, MAX(a.resource_id) AS resource_id
   FROM alloc a
-  JOIN waste_hours w ON w.node = a.node AND w.hour_start = a.hour_start
+  JOIN restart_hours w ON w.node = a.node AND w.hour_start = a.hour_start
   WHERE a.resource_id IS NOT NULL
   GROUP BY a.node, a.hour_start
 ),
-waste_placed AS (
+restart_placed AS (
   SELECT
-    w.event_id,
+    w.kind,
     w.notice_id,
     w.gang_id,
     w.grp,
@@ -253,8 +282,6 @@ waste_placed AS (
     w.sku,
     w.hour_start,
     w.gpu_seconds,
-    w.outcome,
-    w.deadline_met,
     -- the meter's id of the node's instance (a GCE part names the instance, not its project)
     CASE
       WHEN n.resource_id IS NOT NULL
@@ -263,29 +290,27 @@ waste_placed AS (
         THEN n.resource_id
       ELSE w.resource_id
     END AS resource_id
-  FROM waste w
+  FROM restart_parts w
   LEFT JOIN node_instance n ON n.node = w.node AND n.hour_start = w.hour_start
 ),
-waste_priced AS (
+restart_priced AS (
   SELECT
-    w.event_id,
+    w.kind,
     w.notice_id,
     w.gang_id,
     w.grp,
     w.purchase_option,
-    w.outcome,
-    w.deadline_met,
     w.gpu_seconds / 3600.0 AS gpu_hours,
     w.gpu_seconds / 3600.0 * COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) AS cost,
     CASE WHEN COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) IS NULL
       THEN w.gpu_seconds / 3600.0 ELSE 0 END AS unpriced_gpu_hours
   FROM bill_rate br
-  RIGHT JOIN waste_placed w ON br.resource_id = w.resource_id AND br.hour_start = w.hour_start
+  RIGHT JOIN restart_placed w ON br.resource_id = w.resource_id AND br.hour_start = w.hour_start
   LEFT JOIN instance_rate ir ON ir.resource_id = w.resource_id
   LEFT JOIN rates r ON r.sku = w.sku AND r.purchase_option = w.purchase_option
 ),
 gang_outcome AS (
-  SELECT DISTINCT event_id, grp, outcome, deadline_met FROM waste_priced
+  SELECT DISTINCT event_id, grp, outcome, deadline_met FROM waste
 ),
 parts AS (
   SELECT
@@ -310,6 +335,8 @@ parts AS (
     SUM(CASE WHEN purchase_option = 'spot' THEN gross_savings ELSE 0 END) AS spot_gross_savings,
     0 AS restart_waste_gpu_hours,
     0 AS restart_waste_cost,
+    0 AS restart_overhead_gpu_hours,
+    0 AS restart_overhead_cost,
     0 AS restart_waste_cost_spot,
     0 AS notices,
     0 AS gangs_hit,
@@ -331,7 +358,7 @@ parts AS (
     SUM(CASE WHEN kind = 'unallocated' THEN gpu_hours ELSE 0 END),
     SUM(CASE WHEN kind = 'unallocated' THEN cost ELSE 0 END),
     0,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0
   FROM idle
   GROUP BY kind
@@ -341,14 +368,16 @@ parts AS (
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0,
     0,
-    SUM(gpu_hours),
-    SUM(cost),
-    SUM(CASE WHEN purchase_option = 'spot' THEN cost ELSE 0 END),
-    COUNT(DISTINCT notice_id),
-    COUNT(DISTINCT gang_id),
+    SUM(CASE WHEN kind = 'waste' THEN gpu_hours ELSE 0 END),
+    SUM(CASE WHEN kind = 'waste' THEN cost ELSE 0 END),
+    SUM(CASE WHEN kind = 'overhead' THEN gpu_hours ELSE 0 END),
+    SUM(CASE WHEN kind = 'overhead' THEN cost ELSE 0 END),
+    SUM(CASE WHEN kind = 'waste' AND purchase_option = 'spot' THEN cost ELSE 0 END),
+    COUNT(DISTINCT CASE WHEN kind = 'waste' THEN notice_id END),
+    COUNT(DISTINCT CASE WHEN kind = 'waste' THEN gang_id END),
     0, 0, 0, 0, 0, 0,
-    SUM(unpriced_gpu_hours)
-  FROM waste_priced
+    SUM(CASE WHEN kind = 'waste' THEN unpriced_gpu_hours ELSE 0 END)
+  FROM restart_priced
   GROUP BY grp
   UNION ALL
   SELECT
@@ -356,7 +385,7 @@ parts AS (
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0,
     0,
-    0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0,
     SUM(CASE WHEN outcome = 'checkpointed' THEN 1 ELSE 0 END),
     SUM(CASE WHEN outcome = 'partial' THEN 1 ELSE 0 END),
     SUM(CASE WHEN outcome = 'not_durable' THEN 1 ELSE 0 END),
@@ -388,6 +417,8 @@ grouped AS (
     SUM(unallocated_cost) AS unallocated_cost,
     SUM(restart_waste_gpu_hours) AS restart_waste_gpu_hours,
     SUM(restart_waste_cost) AS restart_waste_cost,
+    SUM(restart_overhead_gpu_hours) AS restart_overhead_gpu_hours,
+    SUM(restart_overhead_cost) AS restart_overhead_cost,
     SUM(notices) AS notices,
     SUM(gangs_hit) AS gangs_hit,
     SUM(checkpointed) AS checkpointed,
@@ -396,6 +427,7 @@ grouped AS (
     SUM(no_ack) AS no_ack,
     SUM(not_opted_in) AS not_opted_in,
     SUM(deadline_misses) AS deadline_misses,
+    -- not restart_overhead_cost: it is part of allocated_cost already (the header)
     SUM(allocated_cost) + SUM(reserved_idle_cost) + SUM(unallocated_cost)
       + SUM(restart_waste_cost) AS effective_cost,
     SUM(restart_waste_gpu_hours) / NULLIF(SUM(allocated_gpu_hours), 0) AS waste_share,
@@ -426,6 +458,8 @@ SELECT
   unallocated_cost,
   restart_waste_gpu_hours,
   restart_waste_cost,
+  restart_overhead_gpu_hours,
+  restart_overhead_cost,
   notices,
   gangs_hit,
   checkpointed,

@@ -2,7 +2,7 @@
 
 A single-node Trino on 127.0.0.1 is started by ``deploy/local/trino.sh`` (trino-server from
 Maven Central, cached under ``~/.cache/reclaimd/``); its ``hive`` catalog reads local files
-through a file metastore. ``run_report`` makes external tables over the files, the five
+through a file metastore. ``run_report`` makes external tables over the files, the six
 relations as views (``focus`` from ``engine.focus_view``, the same definition DuckDB uses),
 and runs ``report.sql``'s text unchanged. The client is Trino's HTTP protocol, standard
 library only.
@@ -14,7 +14,7 @@ import json
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -140,12 +140,19 @@ def _values(rows: Iterable[Sequence[Any]], types: Sequence[str]) -> str:
     )
 
 
+def _empty(schema: Sequence[tuple[str, str]]) -> str:
+    """A SELECT of no rows with ``schema``'s columns (a relation with no file behind it)."""
+    cols = ", ".join(f"CAST(NULL AS {_sql_type(t)}) AS {n}" for n, t in schema)
+    return f"SELECT {cols} WHERE false"
+
+
 def run_report(
     url: str,
     *,
     alloc: Path,
     waste: Path,
     focus: Path,
+    overhead: Path | None = None,
     rates: Iterable[tuple[str, str, float]] = (),
     window: Window = engine.ALL,
     by: str = "tenant",
@@ -154,9 +161,8 @@ def run_report(
 ) -> tuple[list[Group], list[engine.Idle]]:
     """report.sql over the files, in Trino: the groups DuckDB's ``report_landed`` gives, and
     with ``detail`` the idle instance-hours (``engine.idle_sql``) over the same views."""
-    c = _relations(
-        url, alloc=alloc, waste=waste, focus=focus, rates=rates, window=window, schema=schema
-    )
+    ledger = {"alloc": alloc, "waste": waste, "overhead": overhead}
+    c = _relations(url, ledger=ledger, focus=focus, rates=rates, window=window, schema=schema)
     groups = engine.groups_of(*c.query(engine.sql_text()), by)
     return groups, (engine.idle_of(c.query(engine.idle_sql())[1]) if detail else [])
 
@@ -164,27 +170,24 @@ def run_report(
 def _relations(
     url: str,
     *,
-    alloc: Path,
-    waste: Path,
+    ledger: Mapping[str, Path | None],
     focus: Path,
     rates: Iterable[tuple[str, str, float]],
     window: Window,
     schema: str,
 ) -> Client:
-    """The five relations report.sql reads, as views over the files; a client on them."""
+    """The six relations report.sql reads, as views over the files (a ledger table without
+    a file: an empty view); a client on them."""
     c = Client(url)
     c.query(f"CREATE SCHEMA IF NOT EXISTS hive.{schema}")
     c = Client(url, schema=schema)
-    for name, path in (("alloc_raw", alloc), ("waste_raw", waste)):
-        _table(c, name, path)
-        view = name.removesuffix("_raw")
-        holds = []
-        if window.since is not None:
-            holds.append(f"hour_start >= {engine._literal(window.since)}")
-        if window.until is not None:
-            holds.append(f"hour_start < {engine._literal(window.until)}")
-        where = f" WHERE {' AND '.join(holds)}" if holds else ""
-        c.query(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {name}{where}")
+    for view, path in ledger.items():
+        if path is None:
+            c.query(f"CREATE OR REPLACE VIEW {view} AS {_empty(engine.LEDGER_TABLES[view])}")
+            continue
+        _table(c, f"{view}_raw", path)
+        where = engine.hours_within(window)
+        c.query(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {view}_raw{where}")
     kinds = _table(c, "focus_raw", focus)
     engine.check_columns(focus, kinds)
     view = engine.focus_view("focus_raw", kinds, window)

@@ -202,7 +202,9 @@ def test_by_purchase_option_puts_each_part_in_its_own_group(files: dict[str, Pat
 
 def test_window_and_empty_window(files: dict[str, Path]) -> None:
     late = Window(since=datetime(2026, 3, 2))
-    with pytest.raises(engine.InputError, match="no allocation or restart-waste rows"):
+    with pytest.raises(
+        engine.InputError, match="no allocation, restart-waste or restart-overhead rows"
+    ):
         groups_of(files, window=late)
     # the waste stopped at 12:30, inside [12:15, 13:00); the 12:00 allocation hour is not
     g = groups_of(
@@ -308,7 +310,7 @@ def test_bad_focus_is_one_line_and_exit_2(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--since", "2030-01-01"], "no allocation or restart-waste rows"),
+        (["--since", "2030-01-01"], "no allocation, restart-waste or restart-overhead rows"),
         (["--rates", "RATES_BAD"], "usd_per_gpu_hour is not a number"),
         (["--ledger", "LEDGER_BAD"], "not JSON"),
         (["--focus", "/nonexistent.csv"], "no such file"),

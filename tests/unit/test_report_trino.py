@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from test_report_bill import bill_rows, ledger_rows, write_csv, write_jsonl
+from test_report_overhead import overhead_rows
 
 from chaos import bench_report as report_bench
 from reclaimd.ledger import LabelPolicy
@@ -36,11 +37,14 @@ def shown(groups: list[Group]) -> dict[str, dict[str, float | int | None]]:
     return {g.key: {k: _round(k, v) for k, v in g.figures.items()} for g in groups}
 
 
-def landed(tmp_path: Path) -> tuple[Path, Path, Path]:
-    ledger = ledger_input.read([str(write_jsonl(tmp_path / "l.jsonl", ledger_rows()))], None,
+def landed(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """test_report_bill's ledger with test_report_overhead's restart overhead, landed."""
+    events = ledger_rows() + overhead_rows()
+    ledger = ledger_input.read([str(write_jsonl(tmp_path / "l.jsonl", events))], None,
                                LabelPolicy())  # fmt: skip
     alloc, waste = tmp_path / "alloc" / "a.parquet", tmp_path / "waste" / "w.parquet"
-    engine.land_ledger(ledger, "tenant", alloc, waste)
+    overhead = tmp_path / "overhead" / "o.parquet"  # a directory each: one external table
+    engine.land_ledger(ledger, "tenant", alloc, waste, overhead)
     csv = write_csv(tmp_path / "focus.csv", bill_rows())
     focus = tmp_path / "focus" / "f.parquet"
     focus.parent.mkdir()
@@ -53,18 +57,26 @@ def landed(tmp_path: Path) -> tuple[Path, Path, Path]:
         f" FROM read_csv('{csv}', all_varchar = true)) TO '{focus}' (FORMAT parquet)"
     )
     con.close()
-    return alloc, waste, focus
+    return alloc, waste, overhead, focus
 
 
 def test_the_hand_built_bill_gives_the_same_figures_in_trino_and_duckdb(
     trino_url: str, tmp_path: Path
 ) -> None:
-    alloc, waste, focus = landed(tmp_path)
-    duck = shown(engine.report_landed(alloc, waste, focus))
-    # the landed tables give what the JSON-lines ledger gives (test_report_bill's figures)
+    alloc, waste, overhead, focus = landed(tmp_path)
+    duck = shown(engine.report_landed(alloc, waste, focus, overhead=overhead))
+    # the landed tables give what the JSON-lines ledger gives (test_report_bill's and
+    # test_report_overhead's figures)
     assert duck["reserved-idle"]["reserved_idle_cost"] == 72.00
     assert duck["team-c"]["restart_waste_cost"] == 16.00
-    groups, idle = trino.run_report(trino_url, alloc=alloc, waste=waste, focus=focus, detail=True)
+    assert (duck["team-a"]["restart_overhead_cost"], duck["team-c"]["restart_overhead_cost"]) == (
+        12.50,
+        4.00,
+    )
+    assert duck["team-a"]["effective_cost"] == 100.00  # overhead not added
+    groups, idle = trino.run_report(
+        trino_url, alloc=alloc, waste=waste, overhead=overhead, focus=focus, detail=True
+    )
     assert shown(groups) == duck
     # idle.sql after report.sql's relations, in Trino: i-rsv's 12:00 (4 x $6) and 13:00 (8 x $6)
     assert [(i.group, i.hour, i.instance, i.gpu_hours, round(i.cost, 2)) for i in idle] == [
