@@ -4,17 +4,20 @@ Ready (kube-apiserver + kwok, SQS on moto, Kafka)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client as k8s
 
+from chaos import fleet
 from chaos import stack as stackenv
 from chaos.harness import Harness
 from reclaimd import restarts
 from reclaimd.cluster.gangclaims import RESTART_ANNOTATION, lease_name
 from reclaimd.model import Gang, GangKey, parse_time
+from reclaimd.trainer.signal import Signal
 
 
 @pytest.fixture
@@ -74,3 +77,38 @@ async def test_a_gang_that_comes_back_is_charged_its_restart_once(h: Harness) ->
     coord = k8s.CoordinationV1Api(h.api)
     lease = await coord.read_namespaced_lease(lease_name(Gang(key, ())), "reclaimd")
     assert lease.metadata.annotations[RESTART_ANNOTATION] == ev["EventId"]
+
+
+async def test_ranks_of_the_trainer_sdk_end_the_restart_at_their_first_step(h: Harness) -> None:
+    nodes = [h.node_spec(i) for i in range(4)]
+    await h.add_nodes(nodes)
+    gang = await h.add_gang("sdk", [nodes[0].name, nodes[1].name])
+    await h.start_daemon(restarts={"interval_s": 0.5})
+    h.send_spot(nodes[0])
+    (waste,) = await h.ledger_events(count=1, timeout_s=90, settle_s=1.0)
+    assert await h.pods_left([gang.pod_name(0), gang.pod_name(1)]) == []
+
+    # the replacement's ranks serve the SDK's Signal (restoring: no step yet)
+    with Signal(host="127.0.0.1", port=0) as a, Signal(host="127.0.0.1", port=0) as b:
+        back = fleet.GangSpec(
+            name="sdk",
+            ranks=[fleet.RankSpec(nodes[2].name, a.url), fleet.RankSpec(nodes[3].name, b.url)],
+        )
+        names = await fleet.create_gang(h.api, back, h.namespace)
+        await fleet.wait_running(h.api, h.namespace, names)
+        await ready_times(h, names)
+        # Ready, but the ranks are still restoring: not over yet
+        assert await h.ledger_events(count=1, timeout_s=4, schema=restarts.SCHEMA) == []
+        assert a.requested is False  # rank 0's first step boundary
+        await asyncio.sleep(0.3)
+        assert b.requested is False  # rank 1's, the last
+        events = await h.ledger_events(count=1, timeout_s=30, settle_s=2.0, schema=restarts.SCHEMA)
+    assert len(events) == 1, events
+    (ev,) = events
+    assert ev["x_RestartOverheadSource"] == restarts.SDK_FIRST_STEP
+    assert b.first_step_at is not None
+    assert parse_time(ev["x_RestartedAt"]) == b.first_step_at  # the last rank's first step
+    received = parse_time(waste["x_NoticeReceivedAt"])
+    assert ev["x_RestartOverheadSeconds"] == pytest.approx(
+        (b.first_step_at - received).total_seconds(), abs=0.002
+    )
