@@ -118,7 +118,8 @@ ALLOC_SCHEMA: Final = (
     ("hbm_gb_hours", "DOUBLE"),
     ("node_gpus", "INTEGER"),
 )
-WASTE_SCHEMA: Final = (
+# A restart part, waste or overhead: one gang's share on one instance (report.sql prices both)
+_PART_SCHEMA: Final = (
     ("event_id", "VARCHAR"),
     ("notice_id", "VARCHAR"),
     ("gang_id", "VARCHAR"),
@@ -129,22 +130,9 @@ WASTE_SCHEMA: Final = (
     ("purchase_option", "VARCHAR"),
     ("grp", "VARCHAR"),
     ("gpu_seconds", "DOUBLE"),
-    ("outcome", "VARCHAR"),
-    ("deadline_met", "BOOLEAN"),
 )
-OVERHEAD_SCHEMA: Final = (
-    ("event_id", "VARCHAR"),
-    ("notice_id", "VARCHAR"),
-    ("gang_id", "VARCHAR"),
-    ("hour_start", "TIMESTAMP"),
-    ("resource_id", "VARCHAR"),
-    ("node", "VARCHAR"),
-    ("sku", "VARCHAR"),
-    ("purchase_option", "VARCHAR"),
-    ("grp", "VARCHAR"),
-    ("gpu_seconds", "DOUBLE"),
-    ("source", "VARCHAR"),
-)
+WASTE_SCHEMA: Final = (*_PART_SCHEMA, ("outcome", "VARCHAR"), ("deadline_met", "BOOLEAN"))
+OVERHEAD_SCHEMA: Final = (*_PART_SCHEMA, ("source", "VARCHAR"))
 # The landed ledger tables report_landed reads (Parquet in these shapes)
 LEDGER_TABLES: Final = {"alloc": ALLOC_SCHEMA, "waste": WASTE_SCHEMA, "overhead": OVERHEAD_SCHEMA}
 
