@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -38,11 +39,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 from reclaimd import postmortem
 from reclaimd.model import utcnow
 
-from . import drill_judge, drill_teardown, report
+from . import drill_judge, drill_restart, drill_teardown, report
 from .drill_common import SEND_RETRY_S, retrying, yaml_holder
 from .drill_faults import FaultDriver
 from .drill_inject import Injector
 from .drill_judge import save_facts as _save_facts
+from .drill_restart import Restarter
 from .drill_watch import CLAIM_POLL_S, LATE_READ_S, Watcher
 from .drill_world import KUEUE_CLUSTER_QUEUE, SPAWN_LIMIT, Built, World
 from .scenario import FaultKind, Plan, PlannedGang, Scenario, ScenarioError, Source
@@ -128,6 +130,11 @@ class Drill:
         self.watcher = Watcher(
             self.plan, sent=self.injector.sent, faults=self.saboteur.faults, say=self.say
         )
+        self.restarter = (
+            Restarter(self.plan, self.world.built, self.watcher, self.say)
+            if scenario.restart.enabled
+            else None
+        )
 
     @property
     def scenario(self) -> Scenario:
@@ -170,16 +177,21 @@ class Drill:
                 await world.start_reclaimd(h)
                 reader = asyncio.create_task(watcher.read_ledger(h))
                 poller = asyncio.create_task(watcher.poll_claims(h))
+                tasks = [reader, poller]
+                if self.restarter is not None:
+                    tasks.append(asyncio.create_task(self.restarter.run(h)))
                 try:
                     await self._inject(h)
                     await watcher.wait(h, reader)
+                    if self.restarter is not None:
+                        await self.restarter.wait(self.scenario.expect.timeout_s)
                     # Stopped while the ledger is still read: an event its outbox flushes as
                     # it stops is seen (late, after a give-up; a duplicate, otherwise).
                     await world.stop_reclaimd(h)
                     if watcher.gave_up is not None:
                         await watcher.read_late(reader)
                 finally:
-                    for task in (reader, poller):
+                    for task in tasks:
                         task.cancel()
                         with contextlib.suppress(asyncio.CancelledError):
                             await task
@@ -198,7 +210,7 @@ class Drill:
         assert h.api is not None
         claims = await retrying(lambda: self.watcher.claims(h))
         w = self.watcher
-        return await drill_judge.judge(
+        verdict = await drill_judge.judge(
             h,
             self.plan,
             claims=claims,
@@ -210,6 +222,12 @@ class Drill:
             gave_up=w.gave_up,
             faults=self.saboteur.faults,
             gang_facts=self._gang_facts,
+        )
+        if self.restarter is None:
+            return verdict
+        rows = self.restarter.rows()
+        return dataclasses.replace(
+            verdict, restarts=rows, checks=(*verdict.checks, drill_restart.check(rows))
         )
 
     def _gang_facts(self, g: PlannedGang, namespace: str, alive: set[str]) -> report.GangFacts:

@@ -62,8 +62,11 @@ class GangSpec:
     scope: str = "rank"
     checkpoint_timeout: str = "45s"
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    incarnation: int = 0  # a gang made again after its pods were evicted: pods of new names
 
     def pod_name(self, rank: int) -> str:
+        if self.incarnation:
+            return f"{self.name}-i{self.incarnation}-{rank}"
         return f"{self.name}-{rank}"
 
 

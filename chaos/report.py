@@ -243,6 +243,30 @@ class Check:
 
 
 @dataclass(frozen=True)
+class RestartRow:
+    """A gang the drill made again (``drill_restart``) and its restart overhead's events."""
+
+    gang: str
+    made_at: datetime  # when the replacement's pods were created
+    events: int  # restart-overhead events for it (one, when all is well)
+    seconds: float | None  # the first event's x_RestartOverheadSeconds
+    source: str | None
+
+
+def restart_summary(rows: Sequence[RestartRow]) -> dict[str, Any]:
+    """Restart overhead over the gangs that came back: notice receipt to training again."""
+    seconds = sorted(r.seconds for r in rows if r.seconds is not None)
+    out: dict[str, Any] = {"gangs": len(rows), "charged": len(seconds)}
+    if seconds:
+        out |= {
+            "p50_s": round(statistics.median(seconds), 3),
+            "max_s": round(seconds[-1], 3),
+            "sources": sorted({r.source for r in rows if r.source}),
+        }
+    return out
+
+
+@dataclass(frozen=True)
 class NoticeRow:
     facts: NoticeFacts
     claimed_at: datetime | None = None
@@ -417,6 +441,7 @@ class Verdict:
     garbage_sent: int = 0
     span_files: tuple[str, ...] = ()  # where reclaimd's traces are, for `reclaimd postmortem`
     daemons: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # name, what it said as it stopped
+    restarts: tuple[RestartRow, ...] = ()  # gangs made again (scenario restart.enabled)
 
     @property
     def ok(self) -> bool:
@@ -1424,6 +1449,7 @@ def render(v: Verdict, *, all_rows: bool = False) -> str:
         )
     if not all_rows and len(v.gangs) > SHOWN:
         lines.append(f"  ... {len(v.gangs) - SHOWN} more gangs in the JSON report")
+    lines += _restart_lines(v.restarts)
     if v.faults:
         lines += ["", "faults (seconds after the fault):"]
         lines.append(
@@ -1555,6 +1581,19 @@ def _fault_json(f: FaultRow) -> dict[str, Any]:
     }
 
 
+def _restart_lines(rows: Sequence[RestartRow]) -> list[str]:
+    if not rows:
+        return []
+    s = restart_summary(rows)
+    lines = ["", f"restart overhead: {s['gangs']} gang(s) made again, {s['charged']} charged"]
+    if s["charged"]:
+        lines.append(
+            f"  notice received to training again: p50 {s['p50_s']:.2f} s, max"
+            f" {s['max_s']:.2f} s ({', '.join(s['sources'])})"
+        )
+    return lines
+
+
 def to_json(v: Verdict) -> dict[str, Any]:
     """The ``--json`` report: every notice and every gang, with the checks."""
     slowest = v.slowest
@@ -1598,6 +1637,17 @@ def to_json(v: Verdict) -> dict[str, Any]:
         ],
         "span_files": list(v.span_files),
         "garbage_sent": v.garbage_sent,
+        "restart_overhead": restart_summary(v.restarts) if v.restarts else None,
+        "restarts": [
+            {
+                "gang": r.gang,
+                "made_at": _iso(r.made_at),
+                "events": r.events,
+                "seconds": r.seconds,
+                "source": r.source,
+            }
+            for r in v.restarts
+        ],
         "daemons": {name: dict(stats) for name, stats in v.daemons},
         "notices": [
             {

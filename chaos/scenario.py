@@ -388,6 +388,16 @@ class ReclaimdOverrides(_Strict):
         return Windows(**self.windows)
 
 
+class RestartGangs(_Strict):
+    """The job controller's part: a charged gang whose pods are all gone is made again
+    ``after_s`` later, on nodes no notice targets (Kueue gangs excepted: Kueue re-admits
+    them itself). reclaimd then charges each one's restart overhead (``reclaimd/restarts.py``),
+    and the drill reports it per gang."""
+
+    enabled: bool = False
+    after_s: float = Field(0.0, ge=0, le=600)  # the controller's and scheduler's delay
+
+
 class Expect(_Strict):
     deadlines_met: bool = True  # every notice drained (or signaled) before its deadline
     all_signaled: bool = True  # every opted-in rank of every charged gang was asked
@@ -501,6 +511,7 @@ class Scenario(_Strict):
     notices: tuple[NoticeGroup, ...] = Field(min_length=1)
     reclaimd: ReclaimdOverrides = ReclaimdOverrides()
     faults: tuple[Fault, ...] = ()  # in any order; each at its at_s
+    restart: RestartGangs = RestartGangs()
     expect: Expect = Expect()
 
     @model_validator(mode="after")

@@ -32,6 +32,7 @@ PASSING = [
     "kafka-notices",
     "storm-two-replicas",  # a gang split across replicas is charged once (its Lease)
     "kueue-reclaim",
+    "spot-storm-restart",  # gangs that come back: each charged its restart overhead once
 ]
 
 IMPOSSIBLE: dict[str, Any] = {
@@ -64,6 +65,8 @@ async def test_shipped_scenario_passes(stack: Any, name: str) -> None:
     # a pass must rest on something: notices handled and, for these, gangs charged
     assert verdict.notices and all(n.traced for n in verdict.notices)
     assert verdict.gangs and all(g.events == 1 for g in verdict.gangs)
+    if verdict.restarts:  # and a restart charged is a restart measured: Ready after receipt
+        assert all(r.events == 1 and (r.seconds or 0) > 0 for r in verdict.restarts)
 
 
 def test_every_shipped_scenario_is_accounted_for() -> None:
