@@ -62,7 +62,10 @@ async def test_a_gang_that_comes_back_is_charged_its_restart_once(h: Harness) ->
     assert ev["x_RestartOverheadSeconds"] == pytest.approx(
         (last_ready - received).total_seconds(), abs=0.002
     )
-    assert ev["x_RestartOverheadGpuSeconds"] == pytest.approx(16 * ev["x_RestartOverheadSeconds"])
+    # both rounded to the ms: 16 GPUs x half a ms apart at most
+    assert ev["x_RestartOverheadGpuSeconds"] == pytest.approx(
+        16 * ev["x_RestartOverheadSeconds"], abs=0.01
+    )
     # split where the replacement runs, on those nodes' instances
     parts = {p["x_K8sNodeName"]: p for p in ev["x_RestartOverheadByInstance"]}
     assert set(parts) == {nodes[2].name, nodes[3].name}
