@@ -118,6 +118,12 @@ bench-failover: stack-up
 trainer-deps: venv
 	deploy/trainer/torch.sh
 
+# The trainer SDK as its own wheel, reclaimd-trainer (no controller libraries; torch,
+# lightning and hf are extras): out/reclaimd_trainer-<version>-py3-none-any.whl.
+.PHONY: sdk-wheel
+sdk-wheel: venv
+	$(BIN)/python deploy/trainer/sdk/build.py out
+
 # The trainer side (reclaimd.trainer.torch) with a real gloo job: save time (stash, upload),
 # ack latency, bytes/s against the disk's and moto's own rates, model sizes small to large:
 # out/bench-trainer.json and a table. BENCH_TRAINER_ARGS="--sizes 1,16" for a quick run.
