@@ -126,9 +126,8 @@ def replacement_of(c: Charged, now: Gang | None) -> Gang | None:
     them the charged one's; else None (not there yet)."""
     if now is None:
         return None
-    old = {m.uid for m in c.gang.members}
-    new = tuple(m for m in now.members if m.uid not in old)
-    if len(new) < len(c.gang.members):
+    new = tuple(m for m in now.members if m.uid not in c.uids)
+    if len(new) < len(c.uids):
         return None
     return Gang(key=now.key, members=new, labels=now.labels, scope=now.scope)
 
@@ -207,7 +206,7 @@ def to_event(
     c = r.charged
     return {
         "schema": SCHEMA,
-        "EventId": event_id(c.notice_id, c.gang.key),
+        "EventId": event_id(c.notice_id, c.key),
         "ChargePeriodStart": rfc3339(c.received_at),
         "ChargePeriodEnd": rfc3339(max(r.ended_at, c.received_at)),
         "ChargeCategory": "Usage",
@@ -222,7 +221,7 @@ def to_event(
         "x_RestartOverheadGpuSeconds": round(gang.gpus * seconds, 3),
         "x_RestartOverheadSource": r.source,
         "x_RestartedAt": rfc3339(r.ended_at),
-        "x_WasteEventId": stable_id("rw", c.notice_id, str(c.gang.key)),
+        "x_WasteEventId": stable_id("rw", c.notice_id, str(c.key)),
         "x_GangId": str(gang.key),
         "x_GangSize": len(gang.members),
         "x_GpuCount": gang.gpus,
@@ -275,7 +274,7 @@ class RestartWatcher:
         """One look; the restarts recorded."""
         n = 0
         for c in await self.leases.charged():
-            replacement = replacement_of(c, self.pods.gang(c.gang.key))
+            replacement = replacement_of(c, self.pods.gang(c.key))
             if replacement is None or not await self._ours(c):
                 continue
             r = await restart_of(c, replacement, self.first_step, self.clock(), self.sdk_wait_s)

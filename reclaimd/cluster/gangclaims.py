@@ -41,7 +41,7 @@ from typing import Any, cast
 from kubernetes_asyncio import client as k8s
 
 from reclaimd import checkpoint, logs, tracing
-from reclaimd.cluster import client, gangrecord, leases
+from reclaimd.cluster import client, gangrecord, leases, watch
 from reclaimd.cluster.claims import MERGE_PATCH, claim_order
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import (
@@ -91,7 +91,15 @@ class Charged:
     holder: str  # the replica that charged it
     notice_id: str
     received_at: datetime  # the notice's receipt
-    gang: Gang  # the incarnation the notice stopped
+    key: GangKey
+    uids: frozenset[str]  # the pods of the incarnation the notice stopped
+
+
+def gang_key_of(text: str) -> GangKey | None:
+    """``GangKey``'s ``str`` read back (``kind:namespace/name``); None if it is not one."""
+    kind, _, rest = text.partition(":")
+    namespace, _, name = rest.partition("/")
+    return GangKey(kind, namespace, name) if kind and namespace and name else None
 
 
 def notice_label(notice_id: str) -> str:
@@ -290,40 +298,44 @@ class GangClaims:
             await asyncio.sleep(every_s)
 
     async def charged(self) -> list[Charged]:
-        """Every gang a notice charged whose restart is not on the ledger yet."""
+        """Every gang a notice charged whose restart is not on the ledger yet. Read raw: the
+        Leases carry their gangs' records, and a storm leaves hundreds for hours."""
+        selector = f"{NOTICE_LABEL},!{RESTARTED_LABEL}"
         found = await self._limiter.read(
             "list gang leases",
             None,
-            lambda: self._coord.list_namespaced_lease(
-                self.namespace, label_selector=f"{NOTICE_LABEL},!{RESTARTED_LABEL}"
+            lambda: watch.raw_json(
+                "list gang leases",
+                lambda: self._coord.list_namespaced_lease(
+                    self.namespace, label_selector=selector, _preload_content=False
+                ),
             ),
         )
         out = []
-        for lease in found.items or ():
-            notes = lease.metadata.annotations or {}
-            if notes.get(RESTART_ANNOTATION) or not notes.get(RECORD_ANNOTATION):
+        for lease in found.get("items") or ():
+            meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
+            notes = meta.get("annotations") or {}
+            uids = frozenset(filter(None, str(notes.get(PODS_ANNOTATION, "")).split(",")))
+            key = gang_key_of(str(notes.get(GANG_ANNOTATION, "")))
+            if notes.get(RESTART_ANNOTATION) or not notes.get(RECORD_ANNOTATION) or not uids:
                 continue
-            acquired = lease.spec.acquire_time if lease.spec is not None else None
             try:
-                received = notes.get(RECEIVED_ANNOTATION)
                 # a Lease written before the annotation: created as the notice was handled
-                at = parse_time(received) if received else acquired
-                gang = gangrecord.gang_from_json(notes[RECORD_ANNOTATION])
-            except ParseError as e:
-                log.warning("lease %s: %s", lease.metadata.name, e)
+                at = parse_time(str(notes.get(RECEIVED_ANNOTATION) or spec.get("acquireTime")))
+            except ParseError:
                 continue
-            if at is None:
-                continue
-            out.append(
-                Charged(
-                    lease=lease.metadata.name,
-                    version=lease.metadata.resource_version,
-                    holder=(lease.spec.holder_identity if lease.spec is not None else "") or "",
-                    notice_id=notes.get(NOTICE_ANNOTATION, ""),
-                    received_at=at,
-                    gang=gang,
+            if key is not None:
+                out.append(
+                    Charged(
+                        lease=str(meta.get("name")),
+                        version=str(meta.get("resourceVersion")),
+                        holder=str(spec.get("holderIdentity") or ""),
+                        notice_id=str(notes.get(NOTICE_ANNOTATION, "")),
+                        received_at=at,
+                        key=key,
+                        uids=uids,
+                    )
                 )
-            )
         return out
 
     async def restart_recorded(self, c: Charged, event_id: str) -> bool:

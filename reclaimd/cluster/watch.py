@@ -317,17 +317,23 @@ class KubeEndpoint:
             response.release()
 
     async def _call(self, what: str, **kwargs: Any) -> Mapping[str, Any]:
-        with client.kube_errors(what):
-            response = await self._list_fn(**kwargs, _preload_content=False)
-            try:
-                body = await _read_json(response)
-            finally:
-                response.release()
-        if response.status != 200:
-            raise client.error_for(what, response.status, body, response.headers)
-        if not isinstance(body, Mapping):
-            raise client.ServerError(what, response.status, "response is not a JSON object")
-        return body
+        return await raw_json(what, lambda: self._list_fn(**kwargs, _preload_content=False))
+
+
+async def raw_json(what: str, request: Callable[[], Awaitable[Any]]) -> Mapping[str, Any]:
+    """One call of the generated client with ``_preload_content=False``, its body as plain
+    JSON: a LIST of thousands of objects costs a ``json.loads``, not the client's models."""
+    with client.kube_errors(what):
+        response = await request()
+        try:
+            body = await _read_json(response)
+        finally:
+            response.release()
+    if response.status != 200:
+        raise client.error_for(what, response.status, body, response.headers)
+    if not isinstance(body, Mapping):
+        raise client.ServerError(what, response.status, "response is not a JSON object")
+    return body
 
 
 async def _read_json(response: Any) -> Any:

@@ -32,6 +32,7 @@ from chaos import fleet
 from chaos import stack as stackenv
 from chaos.harness import Harness
 from chaos.torchjob import TorchGang, read_log
+from reclaimd import restarts
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Member, parse_time, utcnow
 from reclaimd.objectstore import make_s3_client
@@ -177,6 +178,21 @@ async def test_real_gloo_ranks_save_on_reclaimds_ask_restore_and_continue(
     assert judge_restart(tmp_path, world, s3, bucket) == step
 
 
+async def come_back(h: Harness, gang: TorchGang, nodes: list[str], gpus: int) -> dict[str, Any]:
+    """Start the job's next incarnation as pods of the same gang on ``nodes``; its restart
+    overhead event, once reclaimd wrote it."""
+    urls = await asyncio.to_thread(gang.start)
+    back = fleet.GangSpec(
+        name="gloo",
+        ranks=[fleet.RankSpec(n, u) for n, u in zip(nodes, urls, strict=True)],
+        gpus_per_rank=gpus,
+        incarnation=1,
+    )
+    await fleet.wait_running(h.api, h.namespace, await fleet.create_gang(h.api, back, h.namespace))
+    (overhead,) = await h.ledger_events(count=1, timeout_s=60, settle_s=1.0, schema=restarts.SCHEMA)
+    return overhead
+
+
 async def test_spot_notice_through_sqs_drains_a_real_torch_gang_that_restores(
     tmp_path: Path, s3: Any, bucket: str, stack: Any, gangs: list[TorchGang]
 ) -> None:
@@ -185,19 +201,19 @@ async def test_spot_notice_through_sqs_drains_a_real_torch_gang_that_restores(
         first = job(tmp_path, world, bucket, stack, 0)
         gangs.append(first)
         urls = await asyncio.to_thread(first.start)
-        nodes = [h.node_spec(i) for i in range(world)]
+        nodes = [h.node_spec(i) for i in range(2 * world)]  # the second half for the restart
         await h.add_nodes(nodes)
         spec = fleet.GangSpec(
             name="gloo",
             ranks=[
                 fleet.RankSpec(n.name, url, last_checkpoint=fleet.ago(600))
-                for n, url in zip(nodes, urls, strict=True)
+                for n, url in zip(nodes[:world], urls, strict=True)
             ],
             gpus_per_rank=gpus,
         )
         names = await fleet.create_gang(h.api, spec, h.namespace)
         await fleet.wait_running(h.api, h.namespace, names)
-        await h.start_daemon()
+        await h.start_daemon(restarts={"interval_s": 0.5})
         notice = h.send_spot(nodes[0])
 
         # The kubelet's part: a rank whose pod is gone is gone (SIGKILL, nothing more saved);
@@ -211,18 +227,29 @@ async def test_spot_notice_through_sqs_drains_a_real_torch_gang_that_restores(
             await asyncio.sleep(0.1)
         assert killed_at is not None, "reclaimd never drained the gang"
         ledger = await h.ledger_events(count=1, timeout_s=90, settle_s=1.0)
-    assert len(ledger) == 1, ledger
-    event = ledger[0]
-    assert event["x_NoticeId"] == notice.id
-    assert event["x_CheckpointOutcome"] == "checkpointed"
-    assert event["x_DeadlineMet"] is True
+        assert len(ledger) == 1, ledger
+        event = ledger[0]
+        assert event["x_NoticeId"] == notice.id
+        assert event["x_CheckpointOutcome"] == "checkpointed"
+        assert event["x_DeadlineMet"] is True
 
-    saved_step = events(tmp_path, 0, "saved", 0)[0]["step"]
-    second = job(tmp_path, world, bucket, stack, 1, steps=saved_step + 15)
-    gangs.append(second)
-    await asyncio.to_thread(second.start)
+        # The job comes back on the other nodes (its controller's part), restores and trains
+        # on: reclaimd charges the restart to its ranks' first step after the restore, which
+        # the SDK reports at <checkpoint url>/incarnation.
+        saved_step = events(tmp_path, 0, "saved", 0)[0]["step"]
+        second = job(tmp_path, world, bucket, stack, 1, steps=saved_step + 300)
+        gangs.append(second)
+        overhead = await come_back(h, second, [n.name for n in nodes[world:]], gpus)
     assert await asyncio.to_thread(second.wait) == [0] * world, second.stderr()
     step = judge_restart(tmp_path, world, s3, bucket)
+    assert overhead["x_RestartOverheadSource"] == restarts.SDK_FIRST_STEP
+    assert overhead["x_WasteEventId"] == event["EventId"]
+    # the last rank's first step after its restore, as the job's own log has it (the SDK
+    # marks it at the poll that follows the step: milliseconds later)
+    first_steps = [events(tmp_path, r, "step", 1)[0]["t"] for r in range(world)]
+    restarted = parse_time(overhead["x_RestartedAt"]).timestamp()
+    print(f"restart overhead {overhead['x_RestartOverheadSeconds']} s, to the first step")
+    assert 0 <= restarted - max(first_steps) < 0.5
 
     # The ledger's lost GPU-seconds against the job's own log. A rank's GPUs were lost from the
     # state it saved until its kill: the steps it ran after the saved one (at its measured step

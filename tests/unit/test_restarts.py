@@ -33,10 +33,15 @@ def member(uid: str, node: str, *, ready_s: float | None = None, url: str = "") 
     )
 
 
-def charged(holder: str = "r0") -> Charged:
-    old = Gang(KEY, (member("a", "n1"), member("b", "n2")), labels=LABELS)
+def charged(holder: str = "r0", uids: frozenset[str] = frozenset({"a", "b"})) -> Charged:
     return Charged(
-        lease="gang-x", version="7", holder=holder, notice_id="n-1", received_at=T0, gang=old
+        lease="gang-x",
+        version="7",
+        holder=holder,
+        notice_id="n-1",
+        received_at=T0,
+        key=KEY,
+        uids=uids,
     )
 
 
@@ -92,7 +97,7 @@ async def test_ranks_that_speak_the_sdk_end_it_at_their_last_first_step() -> Non
 
 async def test_ranks_that_do_not_speak_it_leave_ready_as_the_end() -> None:
     whole = now_gang(member("c", "n3", ready_s=100, url="http://10.0.0.3:8080/checkpoint"))
-    c = Charged("gang-x", "7", "r0", "n-1", T0, Gang(KEY, (member("a", "n1"),), labels=LABELS))
+    c = charged(uids=frozenset({"a"}))
 
     async def first_step(url: str) -> tuple[bool, datetime | None]:
         return False, None  # a trainer of the contract without /incarnation (404)
@@ -252,3 +257,11 @@ async def test_the_sdk_says_when_the_loop_first_stepped_and_the_watcher_reads_it
             assert await restarts.sdk_first_step(session, signal.url + "x") == (False, None)
     async with aiohttp.ClientSession() as session:
         assert await restarts.sdk_first_step(session, signal.url, 0.5) == (False, None)
+
+
+def test_a_gang_key_reads_back_from_its_lease_annotation() -> None:
+    from reclaimd.cluster.gangclaims import gang_key_of
+
+    assert gang_key_of(str(KEY)) == KEY
+    assert gang_key_of("jobset:ml/a/b") == GangKey("jobset", "ml", "a/b")
+    assert gang_key_of("") is None and gang_key_of("job:ml") is None
