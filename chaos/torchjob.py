@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (one job, read 
     ap.add_argument("--incarnation", type=int, default=0)
     ap.add_argument("--stop-after-save", action="store_true")
     ap.add_argument("--put-qps", type=float, default=0.0, help="the guard's own limit (0: default)")
+    ap.add_argument("--every", type=int, default=0, help="routine async saves every N steps")
     args = ap.parse_args(argv)
 
     workdir = Path(args.workdir)
@@ -139,9 +140,25 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (one job, read 
             shares=[x.to_json() if x else None for x in report.shares],
         )
 
+    def routine(report: SaveReport) -> None:
+        # on the SDK's worker thread, once a routine save is COMMITTED: where the loop is now
+        emit(
+            "routine",
+            step=report.step,
+            at_step=step,
+            checkpoint_time=report.result.checkpoint_time.isoformat(),
+            stall_s=report.stall_s,
+            stash_s=report.stash_s,
+            upload_s=report.upload_s,
+            commit_s=report.commit_s,
+            stash_bytes=report.stash_bytes,
+        )
+
     ckpt = Checkpointer(
         signal,
         on_saved=saved,
+        every=args.every,
+        on_durable=routine,
         run=args.run,
         stash_dir=args.stash or workdir / "stash",
         store=store,
@@ -179,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (one job, read 
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             emit("step", step=step, loss=float(loss.item()))
+            if args.every and step % args.every == 0:  # what a routine save there holds
+                emit("state", step=step, digest=digest(model, optimizer))
             report = ckpt.maybe_save(step, model, optimizer)
             if report is not None and args.stop_after_save:
                 break

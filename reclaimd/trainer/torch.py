@@ -67,6 +67,7 @@ from reclaimd.trainer.contract import (
     one_line,
     upload_parts,
 )
+from reclaimd.trainer.routine import RoutineSaves
 from reclaimd.trainer.signal import Signal
 
 COMMITTED = "COMMITTED"
@@ -161,6 +162,7 @@ class SaveReport:
     step: int
     result: CheckpointResult
     stash_s: float = 0.0
+    stall_s: float = 0.0  # a routine save: how long the loop waited (the copy to CPU memory)
     upload_s: float = 0.0
     commit_s: float = 0.0
     stash_bytes: int = 0
@@ -192,6 +194,8 @@ class Checkpointer:
         group_timeout_s: float = 120.0,
         keep_stashes: int = 2,
         on_saved: Callable[[SaveReport], None] | None = None,
+        every: int = 0,
+        on_durable: Callable[[SaveReport], None] | None = None,
     ) -> None:
         if check_every < 1:
             raise ValueError("check_every must be at least 1")
@@ -221,6 +225,8 @@ class Checkpointer:
         self.saves: list[SaveReport] = []
         self.saved_steps: set[int] = set()
         self.poll_count = 0
+        # every > 0: routine async saves between asks (reclaimd/trainer/routine.py)
+        self.routine = RoutineSaves(self, every=every, on_durable=on_durable) if every else None
 
     # --- the decision ------------------------------------------------------------------------
 
@@ -254,11 +260,17 @@ class Checkpointer:
         optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] = (),
         extra: dict[str, Any] | None = None,
     ) -> SaveReport | None:
-        """``poll`` and, if the gang was asked, ``save``: call it on every rank at every step."""
+        """``poll`` and, if the gang was asked, ``save``: call it on every rank at every step.
+        With ``every``, a step that is not asked may start a routine save behind the loop."""
         decision = self.poll(step)
+        state = TrainState(model, optimizers, {"step": step, **(extra or {})})
         if decision is None:
+            if self.routine is not None and self.routine.due(step):
+                self.routine.start(step, state)
             return None
-        return self.save(decision, TrainState(model, optimizers, {"step": step, **(extra or {})}))
+        if self.routine is not None:
+            self.routine.wait()  # one save at a time: the asked one follows the routine one
+        return self.save(decision, state)
 
     # --- the save ----------------------------------------------------------------------------
 
@@ -284,9 +296,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         mine: list[Path] = []
         try:
-            if self.rank == 0 and directory.exists():
-                shutil.rmtree(directory)
-            self._barrier()
+            self.clear_stash(step)
             if write is not None:
                 directory.mkdir(parents=True, exist_ok=True)
                 mine = list(write(directory))
@@ -298,7 +308,7 @@ class Checkpointer:
                     process_group=self.group,
                     no_dist=not self.distributed,
                 )
-                mine = self._my_files(directory)
+                mine = self.my_files(directory)
             self.saved_steps.add(step)
         except Exception as e:
             report.error = one_line(f"stash failed: {type(e).__name__}: {e}")
@@ -309,16 +319,7 @@ class Checkpointer:
         report.stash_bytes = sum(p.stat().st_size for p in mine)
         durable_uri = ""
         if self.store is not None and decision.deadline is not None:
-            t1 = time.perf_counter()
-            ok, uri, report.error = self._upload(decision, mine, report)
-            report.upload_s = time.perf_counter() - t1
-            report.uploaded_bytes = report.stash_bytes if ok else 0
-            report.parts = len(mine)
-            t2 = time.perf_counter()
-            committed = self._commit(decision, ok, report)
-            report.commit_s = time.perf_counter() - t2
-            if committed:
-                durable_uri = self._from_rank0(uri)  # a rank without files has no uri of its own
+            durable_uri = self.upload_and_commit(decision, mine, report)
         elif self.store is not None:
             report.error = "no deadline to upload against"
         if durable_uri:
@@ -327,16 +328,49 @@ class Checkpointer:
             self.on_saved(report)
         self.signal.ack(report.result, covers=decision.notice_ids)
         self.saves.append(report)
-        self._prune()
+        self.prune()
         return report
+
+    def upload_and_commit(
+        self,
+        decision: Decision,
+        files: list[Path],
+        report: SaveReport,
+        *,
+        group: Any = None,
+        stashed: bool = True,
+    ) -> str:
+        """Collective on ``group`` (the checkpointer's by default): upload this rank's
+        ``files``, then rank 0 commits once every rank stored its part. The durable URI, or
+        "" (``report.error`` says why). A rank whose stash failed still takes part."""
+        t1 = time.perf_counter()
+        ok, uri = False, ""
+        if stashed:
+            ok, uri, report.error = self._upload(decision, files, report)
+        report.upload_s = time.perf_counter() - t1
+        report.uploaded_bytes = report.stash_bytes if ok else 0
+        report.parts = len(files)
+        t2 = time.perf_counter()
+        committed = self._commit(decision, ok, report, group)
+        report.commit_s = time.perf_counter() - t2
+        # a rank without files (Lightning: rank 0 writes) has no uri of its own
+        return self._from_rank0(uri, group) if committed else ""
 
     def step_dir(self, step: int) -> Path:
         return self.stash_root / f"step-{step:010d}"
 
+    def clear_stash(self, step: int) -> None:
+        """Collective: a step's stash directory starts empty on every rank."""
+        directory = self.step_dir(step)
+        if self.rank == 0 and directory.exists():
+            shutil.rmtree(directory)
+        if self.distributed:
+            dist.barrier(group=self.group)
+
     def step_prefix(self, step: int) -> str:
         return f"{self.prefix}step-{step:010d}/"
 
-    def _my_files(self, directory: Path) -> list[Path]:
+    def my_files(self, directory: Path) -> list[Path]:
         files = sorted(directory.glob(f"__{self.rank}_*.distcp"))
         if self.rank == 0:
             files.append(directory / METADATA)
@@ -389,8 +423,8 @@ class Checkpointer:
                 last = share
             await asyncio.sleep(0.05)
 
-    def _commit(self, decision: Decision, ok: bool, report: SaveReport) -> bool:
-        everyone = self._all(ok)
+    def _commit(self, decision: Decision, ok: bool, report: SaveReport, group: Any) -> bool:
+        everyone = self.all_ranks(ok, group=group)
         committed = False
         if everyone and self.rank == 0 and self.store is not None:
             assert decision.deadline is not None
@@ -414,7 +448,7 @@ class Checkpointer:
             committed = result.durable
             if not committed:
                 report.error = "commit did not finish before the deadline"
-        return self._all(committed if self.rank == 0 else True) and everyone
+        return self.all_ranks(committed if self.rank == 0 else True, group=group) and everyone
 
     # --- restore -----------------------------------------------------------------------------
 
@@ -496,21 +530,22 @@ class Checkpointer:
         if self.distributed:
             dist.barrier(group=self.group)
 
-    def _all(self, ok: bool) -> bool:
+    def all_ranks(self, ok: bool, *, group: Any = None) -> bool:
+        """Collective: ``ok`` on every rank (on ``group``, the checkpointer's by default)."""
         if not self.distributed:
             return ok
         t = torch.tensor([1 if ok else 0], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group if group is None else group)
         return bool(t.item())
 
-    def _from_rank0(self, value: str) -> str:
+    def _from_rank0(self, value: str, group: Any = None) -> str:
         if not self.distributed:
             return value
         box: list[Any] = [value]
-        dist.broadcast_object_list(box, src=0, group=self.group)
+        dist.broadcast_object_list(box, src=0, group=self.group if group is None else group)
         return str(box[0])
 
-    def _prune(self) -> None:
+    def prune(self) -> None:
         # Every rank: on a real cluster each node has its own stash (here they may share one).
         if self.keep_stashes < 1 or not self.stash_root.is_dir():
             return
@@ -519,6 +554,9 @@ class Checkpointer:
             shutil.rmtree(d, ignore_errors=True)
 
     def close(self) -> None:
+        if self.routine is not None:
+            self.routine.close()
+            self.routine = None
         if self.group is not None:
             dist.destroy_process_group(self.group)
             self.group = None

@@ -7,7 +7,7 @@ the checkpoint contract through the trainer SDK and save through DCP to S3 (moto
 2. The same through the whole controller: a Spot warning through SQS, a real ``reclaimd run``
    asks the ranks announced at their loopback endpoints as pods of the drill's cluster, drains
    them (the ranks are killed when their pods are gone), charges the gang; the ledger's lost
-   GPU-seconds are compared with the job's own step log.
+   GPU-seconds are compared with the job's own step log; a plain loop and Lightning alike.
 
 Judged by the job's step log (``rank-<R>.jsonl``), the objects in S3 and the ledger.
 """
@@ -178,10 +178,12 @@ async def test_real_gloo_ranks_save_on_reclaimds_ask_restore_and_continue(
     assert judge_restart(tmp_path, world, s3, bucket) == step
 
 
-async def come_back(h: Harness, gang: TorchGang, nodes: list[str], gpus: int) -> dict[str, Any]:
+async def come_back(
+    h: Harness, gang: TorchGang, nodes: list[str], gpus: int, start_s: float
+) -> dict[str, Any]:
     """Start the job's next incarnation as pods of the same gang on ``nodes``; its restart
     overhead event, once reclaimd wrote it."""
-    urls = await asyncio.to_thread(gang.start)
+    urls = await asyncio.to_thread(gang.start, start_s)
     back = fleet.GangSpec(
         name="gloo",
         ranks=[fleet.RankSpec(n, u) for n, u in zip(nodes, urls, strict=True)],
@@ -193,14 +195,20 @@ async def come_back(h: Harness, gang: TorchGang, nodes: list[str], gpus: int) ->
     return overhead
 
 
+# The loops, with their start allowance (Lightning's imports and DDP set-up take longer).
+START_S = {"chaos.torchjob": 120.0, "chaos.lightningjob": 240.0}
+
+
+@pytest.mark.parametrize("module", list(START_S), ids=["torch", "lightning"])
 async def test_spot_notice_through_sqs_drains_a_real_torch_gang_that_restores(
-    tmp_path: Path, s3: Any, bucket: str, stack: Any, gangs: list[TorchGang]
+    tmp_path: Path, s3: Any, bucket: str, stack: Any, gangs: list[TorchGang], *, module: str
 ) -> None:
-    world, gpus = 2, 8
+    """A plain torch loop (Checkpointer) or a Lightning ``Trainer`` (ReclaimdCallback)."""
+    world, gpus, start_s = 2, 8, START_S[module]
     async with Harness(stackenv.load()) as h:
-        first = job(tmp_path, world, bucket, stack, 0)
+        first = job(tmp_path, world, bucket, stack, 0, module=module)
         gangs.append(first)
-        urls = await asyncio.to_thread(first.start)
+        urls = await asyncio.to_thread(first.start, start_s)
         nodes = [h.node_spec(i) for i in range(2 * world)]  # the second half for the restart
         await h.add_nodes(nodes)
         spec = fleet.GangSpec(
@@ -237,10 +245,10 @@ async def test_spot_notice_through_sqs_drains_a_real_torch_gang_that_restores(
         # on: reclaimd charges the restart to its ranks' first step after the restore, which
         # the SDK reports at <checkpoint url>/incarnation.
         saved_step = events(tmp_path, 0, "saved", 0)[0]["step"]
-        second = job(tmp_path, world, bucket, stack, 1, steps=saved_step + 300)
+        second = job(tmp_path, world, bucket, stack, 1, module=module, steps=saved_step + 300)
         gangs.append(second)
-        overhead = await come_back(h, second, [n.name for n in nodes[world:]], gpus)
-    assert await asyncio.to_thread(second.wait) == [0] * world, second.stderr()
+        overhead = await come_back(h, second, [n.name for n in nodes[world:]], gpus, start_s)
+    assert await asyncio.to_thread(second.wait, start_s) == [0] * world, second.stderr()
     step = judge_restart(tmp_path, world, s3, bucket)
     assert overhead["x_RestartOverheadSource"] == restarts.SDK_FIRST_STEP
     assert overhead["x_WasteEventId"] == event["EventId"]
@@ -485,6 +493,69 @@ async def test_ranks_asked_seconds_apart_save_one_step_and_the_late_one_answers_
     assert took < 0.5  # answered from the save already made, not held for a new one
     for r in range(world):
         assert [e["step"] for e in events(tmp_path, r, "saved", 0)] == [doc0["step"]]
+
+
+async def test_routine_async_saves_train_on_and_a_gang_lost_without_notice_restores_one(
+    tmp_path: Path, s3: Any, bucket: str, stack: Any, gangs: list[TorchGang]
+) -> None:
+    """``Checkpointer(every=N)``: routine saves through DCP's ``async_save`` while the loop
+    trains on; the gang dies without any notice (SIGKILL), the next incarnation restores the
+    newest COMMITTED routine step bit for bit; then asked, it saves once, after the routine
+    save in flight."""
+    from reclaimd.trainer.torch import S3Reader, durable_steps
+
+    world, every = 2, 10
+    # ~4 M parameters (~50 MB with Adam's state): a save takes several steps to finish
+    big = {"hidden": 1024, "layers": 4, "every": every}
+    first = job(tmp_path, world, bucket, stack, 0, **big)
+    gangs.append(first)
+    await asyncio.to_thread(first.start)
+    reader, prefix = S3Reader(s3, bucket), "checkpoints/team-a/gloo-job/"
+    for _ in range(600):
+        if len(durable_steps(reader, prefix)) >= 3:
+            break
+        await asyncio.sleep(0.1)
+    first.kill()  # the node is gone: no notice, no ask, nothing more saved
+    committed = durable_steps(reader, prefix)
+    assert len(committed) >= 3 and all(c % every == 0 for c in committed), committed
+    for r in range(world):
+        assert events(tmp_path, r, "saved", 0) == []  # nothing was asked
+        done = events(tmp_path, r, "routine", 0)
+        assert done, first.stderr()
+        # the loop trained on behind every save: it held the loop only for the copy
+        assert all(d["at_step"] > d["step"] for d in done), done
+        assert all(d["stall_s"] < d["stash_s"] + d["upload_s"] + d["commit_s"] for d in done)
+        print(
+            f"rank {r}: {len(done)} routine saves, loop held {max(d['stall_s'] for d in done):.3f}"
+            f" s at most, durable after {max(d['at_step'] - d['step'] for d in done)} steps"
+        )
+
+    second = job(tmp_path, world, bucket, stack, 1, **big)
+    gangs.append(second)
+    urls = await asyncio.to_thread(second.start)
+    newest = max(committed)  # settled: no rank of incarnation 0 is left to write
+    states = [{e["step"]: e["digest"] for e in events(tmp_path, r, "state", 0)} for r in range(2)]
+    for r in range(world):
+        (start,) = events(tmp_path, r, "start", 1)
+        assert start["restored"] == newest
+        assert start["digest"] == states[r][newest]  # the state at that step, bit for bit
+    await asyncio.sleep(1.0)
+    now = utcnow()
+    gang = jobset_gang("gloo-job", (member(i, u) for i, u in enumerate(urls)))
+    async with aiohttp.ClientSession() as session:
+        acks = await signal_gang(
+            gang,
+            spot_notice("routine", now=now),
+            budget_deadline=now + timedelta(seconds=60),
+            session=session,
+            put_budgets=TenantPutBudgets(),
+        )
+    assert all(a.acked and a.durable for a in acks), acks
+    (asked,) = {a.step for a in acks}
+    for r in range(world):
+        assert [e["step"] for e in events(tmp_path, r, "saved", 1)] == [asked]
+        assert asked not in [e["step"] for e in events(tmp_path, r, "routine", 1)]
+    second.kill()
 
 
 def test_restore_skips_a_newer_step_without_committed_and_an_incomplete_stash(
