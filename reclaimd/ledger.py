@@ -321,13 +321,19 @@ def _traceparent(value: str) -> str | None:
     return value if _TRACEPARENT.fullmatch(value) else None
 
 
-def kafka_key(w: RestartWaste, tags: Mapping[str, str]) -> bytes:
-    """``tenant|gang``: one gang's events stay ordered on one partition; bounded in length."""
-    key = f"{tags.get('tenant', '-')}|{w.gang.key}".encode()
+def gang_kafka_key(tags: Mapping[str, str], gang_id: str) -> bytes:
+    """``tenant|gang``: one gang's events (restart waste and restart overhead alike) stay
+    ordered on one partition; bounded in length."""
+    key = f"{tags.get('tenant', '-')}|{gang_id}".encode()
     if len(key) <= MAX_KEY_BYTES:
         return key
     # Too long for a key: keep a readable head and make it unique again with a hash.
     return key[: MAX_KEY_BYTES - 17] + b"~" + hashlib.sha256(key).hexdigest()[:16].encode()
+
+
+def kafka_key(w: RestartWaste, tags: Mapping[str, str]) -> bytes:
+    """The Kafka key of a restart-waste event (``gang_kafka_key``)."""
+    return gang_kafka_key(tags, str(w.gang.key))
 
 
 def encode(

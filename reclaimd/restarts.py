@@ -24,7 +24,6 @@ Not measured: a gang that never comes back (cancelled, finished) or comes back s
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,11 +36,11 @@ import aiohttp
 from reclaimd import logs
 from reclaimd.cluster.gangclaims import Charged
 from reclaimd.ledger import (
-    MAX_KEY_BYTES,
     PLACEMENT_KEYS,
     LabelPolicy,
     LedgerWriter,
     bounded,
+    gang_kafka_key,
     normalize_purchase_option,
     placement,
     pricing_category,
@@ -235,9 +234,7 @@ def to_event(
 
 def encode(ev: Mapping[str, Any]) -> tuple[str, bytes, bytes, tuple[tuple[str, bytes], ...]]:
     """(event id, Kafka key ``tenant|gang`` as the gang's waste event has, value, headers)."""
-    key = f"{ev['Tags'].get('tenant', '-')}|{ev['x_GangId']}".encode()
-    if len(key) > MAX_KEY_BYTES:
-        key = key[: MAX_KEY_BYTES - 17] + b"~" + hashlib.sha256(key).hexdigest()[:16].encode()
+    key = gang_kafka_key(ev["Tags"], ev["x_GangId"])
     value = json.dumps(ev, sort_keys=True, separators=(",", ":")).encode()
     eid = str(ev["EventId"])
     return eid, key, value, (("event_id", eid.encode()), ("schema", SCHEMA.encode()))

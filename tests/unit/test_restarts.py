@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -9,12 +10,22 @@ from typing import Any, cast
 
 import pytest
 
-from reclaimd import restarts
+from reclaimd import ledger, restarts
 from reclaimd.cluster import gangs
 from reclaimd.cluster.cache import slim_pod
 from reclaimd.cluster.gangclaims import Charged
 from reclaimd.ledger import LabelPolicy, LedgerWriter
-from reclaimd.model import Gang, GangKey, Member, stable_id
+from reclaimd.model import (
+    CheckpointOutcome,
+    Gang,
+    GangKey,
+    Member,
+    Notice,
+    NoticeKind,
+    RestartWaste,
+    Target,
+    stable_id,
+)
 
 T0 = datetime(2026, 3, 1, 12, 0, 5, tzinfo=UTC)
 KEY = GangKey("job", "ml", "train")
@@ -139,6 +150,42 @@ def test_the_event_splits_the_overhead_by_the_replacements_nodes() -> None:
     eid, key, value, headers = restarts.encode(ev)
     assert eid == ev["EventId"] and key == b"team-a|job:ml/train"
     assert json.loads(value) == ev and dict(headers)["schema"] == restarts.SCHEMA.encode()
+
+
+@pytest.mark.parametrize("name", ["train", "t" * 250])
+def test_the_overhead_event_has_its_gang_waste_events_kafka_key(name: str) -> None:
+    """The same key, so the same partition: a consumer reads a gang's restart after its
+    waste. Pinned bytes, the hashed tail of a key too long included."""
+    key = GangKey("job", "ml", name)
+    notice = Notice(
+        id="n-1",
+        source="aws.ec2.spot",
+        kind=NoticeKind.SPOT_INTERRUPTION,
+        target=Target(node_name="n1"),
+        issued_at=T0,
+        deadline=T0 + timedelta(seconds=120),
+        received_at=T0,
+    )
+    waste = RestartWaste(
+        event_id=stable_id("rw", "n-1", str(key)),
+        notice=notice,
+        gang=Gang(key, (member("a", "n1"), member("b", "n2")), labels=LABELS),
+        gpu_seconds_lost=60.0,
+        stopped_at=T0 + timedelta(seconds=30),
+        last_good_checkpoint=None,
+        outcome=CheckpointOutcome.NO_ACK,
+        deadline_met=True,
+    )
+    back = Gang(key, (member("c", "n3", ready_s=60), member("d", "n4", ready_s=60)), labels=LABELS)
+    c = Charged("gang-x", "7", "r0", "n-1", T0, key, frozenset({"a", "b"}))
+    r = restarts.Restart(c, back, T0 + timedelta(seconds=60), restarts.PODS_READY)
+    ev = restarts.to_event(r, cluster="c1", policy=LabelPolicy(), place=placement)
+    _, overhead_key, _, _ = restarts.encode(ev)
+    _, waste_key, _, _ = ledger.encode(waste, LabelPolicy())
+    raw = f"team-a|job:ml/{name}".encode()
+    tail = b"~" + hashlib.sha256(raw).hexdigest()[:16].encode()
+    want = raw if len(raw) <= 200 else raw[:183] + tail
+    assert overhead_key == waste_key == want and len(want) <= 200
 
 
 class Leases:
