@@ -36,11 +36,11 @@ import aiohttp
 from reclaimd import logs
 from reclaimd.cluster.gangclaims import Charged
 from reclaimd.ledger import (
-    PLACEMENT_KEYS,
     LabelPolicy,
     LedgerWriter,
     bounded,
     gang_kafka_key,
+    instance_part,
     normalize_purchase_option,
     placement,
     pricing_category,
@@ -180,26 +180,15 @@ def to_event(
         "sku": gang.labels.get("sku"),
         "purchase_option": gang.labels.get("purchase_option"),
     }
-    parts = []
-    for node, (ranks, gpus) in sorted(_by_node(gang.members).items()):
-        placed = place(node) if node else {}
-        facts = {k: bounded(placed.get(k)) for k in PLACEMENT_KEYS} if placed else gang_facts
-        purchase = normalize_purchase_option(facts.get("purchase_option"))
-        parts.append(
-            {
-                "ResourceId": facts.get("instance_id"),
-                "SkuId": bounded(facts.get("sku")),
-                "PricingCategory": pricing_category(purchase),
-                "AvailabilityZone": facts.get("zone"),
-                "x_PurchaseOption": purchase,
-                "x_Cell": facts.get("cell"),
-                "x_K8sNodeName": bounded(node),
-                "x_PlacementSource": "node" if placed else "gang",
-                "x_Ranks": ranks,
-                "x_GpuCount": gpus,
-                "x_RestartOverheadGpuSeconds": round(gpus * seconds, 3),
-            }
-        )
+    parts = [
+        {
+            **instance_part(
+                node, place(node) if node else None, gang_facts, ranks=ranks, gpus=gpus
+            ),
+            "x_RestartOverheadGpuSeconds": round(gpus * seconds, 3),
+        }
+        for node, (ranks, gpus) in sorted(_by_node(gang.members).items())
+    ]
     purchase = normalize_purchase_option(gang.labels.get("purchase_option"))
     first = next((p["ResourceId"] for p in parts if p["ResourceId"]), None)
     c = r.charged
