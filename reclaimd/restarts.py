@@ -251,6 +251,9 @@ class RestartWatcher:
         self.clock, self.first_step, self.interval_s = clock, first_step, interval_s
         self.sdk_wait_s = sdk_wait_s
         self.recorded = 0
+        # Looks run to their end (a failed one is not counted): a test of "nothing written"
+        # waits for the next looks instead of a guessed sleep (reclaimd_restart_looks_total).
+        self.looks = 0
 
     async def _ours(self, c: Charged) -> bool:
         """The replica that charged the gang measures its restart; anyone, once it is gone."""
@@ -279,6 +282,7 @@ class RestartWatcher:
             )
             n += 1
         self.recorded += n
+        self.looks += 1
         return n
 
     def _place(self, node: str) -> Mapping[str, str]:

@@ -251,6 +251,7 @@ async def test_the_charging_replica_records_once_and_marks_the_lease() -> None:
     w = watcher(leases, pods, writer)
     assert await w.tick() == 1
     assert await w.tick() == 0  # marked: never measured again
+    assert (w.looks, w.recorded) == (2, 1)
     (eid, value), = writer.rows
     assert leases.marked == [("gang-x", eid)]
     assert json.loads(value)["x_RestartOverheadSeconds"] == 70
@@ -265,8 +266,21 @@ async def test_a_live_peers_gang_is_left_to_it_a_dead_peers_is_taken() -> None:
 
 async def test_a_gang_not_back_yet_writes_nothing() -> None:
     leases, writer = Leases(charged(holder="r1")), Writer()
-    assert await watcher(leases, Pods(now_gang(member("a", "n1"))), writer).tick() == 0
+    w = watcher(leases, Pods(now_gang(member("a", "n1"))), writer)
+    assert await w.tick() == 0
     assert writer.rows == [] and leases.marked == []
+    assert (w.looks, w.recorded) == (1, 0)  # a look, finished, found nothing to write
+
+
+async def test_a_look_that_fails_is_not_counted_as_a_look() -> None:
+    class Broken(Leases):
+        async def charged(self) -> list[Charged]:
+            raise OSError("apiserver gone")
+
+    w = watcher(Broken(), Pods(None), Writer())
+    with pytest.raises(OSError):
+        await w.tick()
+    assert w.looks == 0
 
 
 def test_the_cache_keeps_when_a_pod_became_ready() -> None:
