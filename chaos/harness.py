@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 import boto3
 import yaml
 from aiokafka import AIOKafkaConsumer
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 import handlers
 from reclaimd.cluster.client import build_api_client
@@ -370,6 +372,33 @@ class Harness:
                 if e.status != 404:
                     raise
         return left
+
+    async def metric(self, port: int, name: str, **labels: str) -> float:
+        """One sample of the ``/metrics`` a daemon serves on ``port`` (its ``metrics_port``);
+        0 when absent, as a counter never incremented."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics") as r,
+        ):
+            r.raise_for_status()
+            text = await r.text()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        return 0.0
+
+    async def until_metric(
+        self, port: int, name: str, at_least: float, *, timeout_s: float = 30, **labels: str
+    ) -> float:
+        """Poll ``metric`` until it reaches ``at_least`` (a counter's next steps, waited for
+        rather than slept for); its value then."""
+        end = asyncio.get_running_loop().time() + timeout_s
+        while (got := await self.metric(port, name, **labels)) < at_least:
+            if asyncio.get_running_loop().time() > end:
+                raise TimeoutError(f"{name} is {got}, not {at_least}, after {timeout_s}s")
+            await asyncio.sleep(0.1)
+        return got
 
     # --- GCE / GKE and the Kafka notices topic ----------------------------------------------
 

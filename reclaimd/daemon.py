@@ -267,6 +267,7 @@ def _bind_gauges(parts: Parts, running: Mapping[str, registry.Source]) -> metric
         pubsub_slot=registry.pubsub_slot(running),
         kube_waiting=lambda: limiter.waiting,
         kube_throttled=lambda: limiter.throttled,
+        restarts=parts.restarts,
     )
     return parts.metrics
 

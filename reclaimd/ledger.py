@@ -292,42 +292,63 @@ def waste_by_instance(w: RestartWaste) -> list[dict[str, Any]]:
         "zone": bounded(w.notice.attributes.get("zone")),
         "cell": bounded(w.gang.labels.get("cell")),
     }
-    out: list[dict[str, Any]] = []
-    for part in waste_math.by_node(w.gang.members, w.stopped_at):
-        placed = w.placements.get(part.node)
-        facts: Mapping[str, str | None] = (
-            {k: bounded(placed.get(k)) for k in PLACEMENT_KEYS} if placed else gang_facts
-        )
-        purchase = normalize_purchase_option(facts.get("purchase_option"))
-        out.append(
-            {
-                "ResourceId": facts.get("instance_id"),
-                "SkuId": facts.get("sku"),
-                "PricingCategory": pricing_category(purchase),
-                "AvailabilityZone": facts.get("zone"),
-                "x_PurchaseOption": purchase,
-                "x_Cell": facts.get("cell"),
-                "x_K8sNodeName": bounded(part.node),
-                "x_PlacementSource": "node" if placed else "gang",
-                "x_Ranks": part.ranks,
-                "x_GpuCount": part.gpus,
-                "x_WastedGpuSeconds": round(part.gpu_seconds, 3),
-            }
-        )
-    return out
+    return [
+        {
+            **instance_part(
+                part.node, w.placements.get(part.node), gang_facts, ranks=part.ranks, gpus=part.gpus
+            ),
+            "x_WastedGpuSeconds": round(part.gpu_seconds, 3),
+        }
+        for part in waste_math.by_node(w.gang.members, w.stopped_at)
+    ]
+
+
+def instance_part(
+    node: str,
+    placed: Mapping[str, str] | None,
+    gang_facts: Mapping[str, str | None],
+    *,
+    ranks: int,
+    gpus: int,
+) -> dict[str, Any]:
+    """One node's part of a gang's event, priced by the node's own facts when it was placed
+    (``placed``, from ``placement``), else by ``gang_facts``; the caller adds its seconds.
+    Shared by restart waste (``x_WasteByInstance``) and restart overhead."""
+    facts: Mapping[str, str | None] = (
+        {k: bounded(placed.get(k)) for k in PLACEMENT_KEYS} if placed else gang_facts
+    )
+    purchase = normalize_purchase_option(facts.get("purchase_option"))
+    return {
+        "ResourceId": facts.get("instance_id"),
+        "SkuId": bounded(facts.get("sku")),  # gang facts may come unbounded
+        "PricingCategory": pricing_category(purchase),
+        "AvailabilityZone": facts.get("zone"),
+        "x_PurchaseOption": purchase,
+        "x_Cell": facts.get("cell"),
+        "x_K8sNodeName": bounded(node),
+        "x_PlacementSource": "node" if placed else "gang",
+        "x_Ranks": ranks,
+        "x_GpuCount": gpus,
+    }
 
 
 def _traceparent(value: str) -> str | None:
     return value if _TRACEPARENT.fullmatch(value) else None
 
 
-def kafka_key(w: RestartWaste, tags: Mapping[str, str]) -> bytes:
-    """``tenant|gang``: one gang's events stay ordered on one partition; bounded in length."""
-    key = f"{tags.get('tenant', '-')}|{w.gang.key}".encode()
+def gang_kafka_key(tags: Mapping[str, str], gang_id: str) -> bytes:
+    """``tenant|gang``: one gang's events (restart waste and restart overhead alike) stay
+    ordered on one partition; bounded in length."""
+    key = f"{tags.get('tenant', '-')}|{gang_id}".encode()
     if len(key) <= MAX_KEY_BYTES:
         return key
     # Too long for a key: keep a readable head and make it unique again with a hash.
     return key[: MAX_KEY_BYTES - 17] + b"~" + hashlib.sha256(key).hexdigest()[:16].encode()
+
+
+def kafka_key(w: RestartWaste, tags: Mapping[str, str]) -> bytes:
+    """The Kafka key of a restart-waste event (``gang_kafka_key``)."""
+    return gang_kafka_key(tags, str(w.gang.key))
 
 
 def encode(

@@ -120,6 +120,15 @@ class LedgerStats(Protocol):
     def depth(self) -> int: ...
 
 
+class RestartStats(Protocol):
+    """What ``restarts.RestartWatcher`` counts."""
+
+    @property
+    def looks(self) -> int: ...
+    @property
+    def recorded(self) -> int: ...
+
+
 class PutStats(Protocol):
     """``objectstore.GuardedPut``: ``counters()`` sums its identities' ``PutCounters``."""
 
@@ -179,6 +188,7 @@ class _Bound:
     transports: Mapping[str, Any] | None = None
     scheduler_depth: Callable[[], int] | None = None
     pubsub_slot: Callable[[], int] | None = None
+    restarts: RestartStats | None = None
 
 
 class _BoundCollector(Collector):
@@ -231,6 +241,17 @@ class _BoundCollector(Collector):
                 "pubsub_slot",
                 "the Pub/Sub slot this replica holds and consumes (-1: none, waiting for one)",
                 b.pubsub_slot(),
+            )
+        if b.restarts is not None:
+            yield _counter(
+                "restart_looks",
+                "looks the restart watcher finished at the charged gangs (a failed one is not)",
+                b.restarts.looks,
+            )
+            yield _counter(
+                "restart_overhead_events",
+                "restart-overhead events recorded (one per gang and notice)",
+                b.restarts.recorded,
             )
 
 
@@ -415,6 +436,7 @@ class Metrics:
         transports: Mapping[str, Any] | None = None,
         scheduler_depth: Callable[[], int] | None = None,
         pubsub_slot: Callable[[], int] | None = None,
+        restarts: RestartStats | None = None,
     ) -> None:
         """Read these at scrape time; a part bound again replaces the earlier one.
 
@@ -429,6 +451,7 @@ class Metrics:
             "transports": dict(transports) if transports is not None else None,
             "scheduler_depth": scheduler_depth,
             "pubsub_slot": pubsub_slot,
+            "restarts": restarts,
         }
         for name, value in given.items():
             if value is not None:

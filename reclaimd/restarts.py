@@ -24,7 +24,6 @@ Not measured: a gang that never comes back (cancelled, finished) or comes back s
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,11 +36,11 @@ import aiohttp
 from reclaimd import logs
 from reclaimd.cluster.gangclaims import Charged
 from reclaimd.ledger import (
-    MAX_KEY_BYTES,
-    PLACEMENT_KEYS,
     LabelPolicy,
     LedgerWriter,
     bounded,
+    gang_kafka_key,
+    instance_part,
     normalize_purchase_option,
     placement,
     pricing_category,
@@ -181,26 +180,15 @@ def to_event(
         "sku": gang.labels.get("sku"),
         "purchase_option": gang.labels.get("purchase_option"),
     }
-    parts = []
-    for node, (ranks, gpus) in sorted(_by_node(gang.members).items()):
-        placed = place(node) if node else {}
-        facts = {k: bounded(placed.get(k)) for k in PLACEMENT_KEYS} if placed else gang_facts
-        purchase = normalize_purchase_option(facts.get("purchase_option"))
-        parts.append(
-            {
-                "ResourceId": facts.get("instance_id"),
-                "SkuId": bounded(facts.get("sku")),
-                "PricingCategory": pricing_category(purchase),
-                "AvailabilityZone": facts.get("zone"),
-                "x_PurchaseOption": purchase,
-                "x_Cell": facts.get("cell"),
-                "x_K8sNodeName": bounded(node),
-                "x_PlacementSource": "node" if placed else "gang",
-                "x_Ranks": ranks,
-                "x_GpuCount": gpus,
-                "x_RestartOverheadGpuSeconds": round(gpus * seconds, 3),
-            }
-        )
+    parts = [
+        {
+            **instance_part(
+                node, place(node) if node else None, gang_facts, ranks=ranks, gpus=gpus
+            ),
+            "x_RestartOverheadGpuSeconds": round(gpus * seconds, 3),
+        }
+        for node, (ranks, gpus) in sorted(_by_node(gang.members).items())
+    ]
     purchase = normalize_purchase_option(gang.labels.get("purchase_option"))
     first = next((p["ResourceId"] for p in parts if p["ResourceId"]), None)
     c = r.charged
@@ -235,9 +223,7 @@ def to_event(
 
 def encode(ev: Mapping[str, Any]) -> tuple[str, bytes, bytes, tuple[tuple[str, bytes], ...]]:
     """(event id, Kafka key ``tenant|gang`` as the gang's waste event has, value, headers)."""
-    key = f"{ev['Tags'].get('tenant', '-')}|{ev['x_GangId']}".encode()
-    if len(key) > MAX_KEY_BYTES:
-        key = key[: MAX_KEY_BYTES - 17] + b"~" + hashlib.sha256(key).hexdigest()[:16].encode()
+    key = gang_kafka_key(ev["Tags"], ev["x_GangId"])
     value = json.dumps(ev, sort_keys=True, separators=(",", ":")).encode()
     eid = str(ev["EventId"])
     return eid, key, value, (("event_id", eid.encode()), ("schema", SCHEMA.encode()))
@@ -265,6 +251,9 @@ class RestartWatcher:
         self.clock, self.first_step, self.interval_s = clock, first_step, interval_s
         self.sdk_wait_s = sdk_wait_s
         self.recorded = 0
+        # Looks run to their end (a failed one is not counted): a test of "nothing written"
+        # waits for the next looks instead of a guessed sleep (reclaimd_restart_looks_total).
+        self.looks = 0
 
     async def _ours(self, c: Charged) -> bool:
         """The replica that charged the gang measures its restart; anyone, once it is gone."""
@@ -293,6 +282,7 @@ class RestartWatcher:
             )
             n += 1
         self.recorded += n
+        self.looks += 1
         return n
 
     def _place(self, node: str) -> Mapping[str, str]:

@@ -281,6 +281,12 @@ class FakeLedger:
 
 
 @dataclass
+class FakeRestarts:
+    looks: int = 5
+    recorded: int = 1
+
+
+@dataclass
 class FakePuts:
     total: PutCounters = field(default_factory=PutCounters)
 
@@ -296,6 +302,7 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
     sqs.admitted(Admission.CLAIMED)
     sqs.admitted(Admission.RETRY)
     waiting, held = [0], [-1]
+    watcher = FakeRestarts()
     m.bind(
         ledger=ledger,
         label_drops=lambda: {"refused_key": 2},
@@ -305,6 +312,7 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
         transports={"sqs": sqs},
         scheduler_depth=lambda: 1,
         pubsub_slot=lambda: held[0],
+        restarts=watcher,
     )
     got = samples(m)
     assert value(got, "reclaimd_ledger_outbox_depth") == 3
@@ -324,14 +332,18 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
     )
     assert value(got, "reclaimd_scheduler_depth") == 1
     assert value(got, "reclaimd_pubsub_slot") == -1  # waiting for a slot
+    assert value(got, "reclaimd_restart_looks_total") == 5
+    assert value(got, "reclaimd_restart_overhead_events_total") == 1
     # a later scrape sees the parts as they are then
     ledger.waiting, waiting[0], held[0] = 0, 12, 1
     puts.total.retries = 40
+    watcher.looks += 2
     got = samples(m)
     assert value(got, "reclaimd_ledger_outbox_depth") == 0
     assert value(got, "reclaimd_kube_writes_waiting") == 12
     assert value(got, "reclaimd_pubsub_slot") == 1
     assert value(got, "reclaimd_objectstore_put_retries_total") == 40
+    assert value(got, "reclaimd_restart_looks_total") == 7
 
 
 def test_every_put_counter_has_a_metric() -> None:
@@ -341,7 +353,8 @@ def test_every_put_counter_has_a_metric() -> None:
 
 def test_unbound_parts_have_no_series() -> None:
     names = {name for name, _ in samples(metrics.Metrics(CollectorRegistry()))}
-    assert not any(n.startswith(("reclaimd_ledger_", "reclaimd_objectstore_")) for n in names)
+    bound = ("reclaimd_ledger_", "reclaimd_objectstore_", "reclaimd_restart_looks")
+    assert not any(n.startswith(bound) for n in names)
 
 
 # --- names and docs -----------------------------------------------------------------------
@@ -359,6 +372,7 @@ def all_families() -> dict[str, tuple[str, tuple[str, ...]]]:
         transports={"sqs": Counters(by_admission={"claimed": 1})},
         scheduler_depth=lambda: 0,
         pubsub_slot=lambda: 0,
+        restarts=FakeRestarts(),
     )
     m.observe_report(report())
     m.observe_report(report(spot(nid="late"), met=False))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -9,12 +10,22 @@ from typing import Any, cast
 
 import pytest
 
-from reclaimd import restarts
+from reclaimd import ledger, restarts
 from reclaimd.cluster import gangs
 from reclaimd.cluster.cache import slim_pod
 from reclaimd.cluster.gangclaims import Charged
 from reclaimd.ledger import LabelPolicy, LedgerWriter
-from reclaimd.model import Gang, GangKey, Member, stable_id
+from reclaimd.model import (
+    CheckpointOutcome,
+    Gang,
+    GangKey,
+    Member,
+    Notice,
+    NoticeKind,
+    RestartWaste,
+    Target,
+    stable_id,
+)
 
 T0 = datetime(2026, 3, 1, 12, 0, 5, tzinfo=UTC)
 KEY = GangKey("job", "ml", "train")
@@ -141,6 +152,42 @@ def test_the_event_splits_the_overhead_by_the_replacements_nodes() -> None:
     assert json.loads(value) == ev and dict(headers)["schema"] == restarts.SCHEMA.encode()
 
 
+@pytest.mark.parametrize("name", ["train", "t" * 250])
+def test_the_overhead_event_has_its_gang_waste_events_kafka_key(name: str) -> None:
+    """The same key, so the same partition: a consumer reads a gang's restart after its
+    waste. Pinned bytes, the hashed tail of a key too long included."""
+    key = GangKey("job", "ml", name)
+    notice = Notice(
+        id="n-1",
+        source="aws.ec2.spot",
+        kind=NoticeKind.SPOT_INTERRUPTION,
+        target=Target(node_name="n1"),
+        issued_at=T0,
+        deadline=T0 + timedelta(seconds=120),
+        received_at=T0,
+    )
+    waste = RestartWaste(
+        event_id=stable_id("rw", "n-1", str(key)),
+        notice=notice,
+        gang=Gang(key, (member("a", "n1"), member("b", "n2")), labels=LABELS),
+        gpu_seconds_lost=60.0,
+        stopped_at=T0 + timedelta(seconds=30),
+        last_good_checkpoint=None,
+        outcome=CheckpointOutcome.NO_ACK,
+        deadline_met=True,
+    )
+    back = Gang(key, (member("c", "n3", ready_s=60), member("d", "n4", ready_s=60)), labels=LABELS)
+    c = Charged("gang-x", "7", "r0", "n-1", T0, key, frozenset({"a", "b"}))
+    r = restarts.Restart(c, back, T0 + timedelta(seconds=60), restarts.PODS_READY)
+    ev = restarts.to_event(r, cluster="c1", policy=LabelPolicy(), place=placement)
+    _, overhead_key, _, _ = restarts.encode(ev)
+    _, waste_key, _, _ = ledger.encode(waste, LabelPolicy())
+    raw = f"team-a|job:ml/{name}".encode()
+    tail = b"~" + hashlib.sha256(raw).hexdigest()[:16].encode()
+    want = raw if len(raw) <= 200 else raw[:183] + tail
+    assert overhead_key == waste_key == want and len(want) <= 200
+
+
 class Leases:
     def __init__(self, *found: Charged) -> None:
         self.found = list(found)
@@ -204,6 +251,7 @@ async def test_the_charging_replica_records_once_and_marks_the_lease() -> None:
     w = watcher(leases, pods, writer)
     assert await w.tick() == 1
     assert await w.tick() == 0  # marked: never measured again
+    assert (w.looks, w.recorded) == (2, 1)
     (eid, value), = writer.rows
     assert leases.marked == [("gang-x", eid)]
     assert json.loads(value)["x_RestartOverheadSeconds"] == 70
@@ -218,8 +266,21 @@ async def test_a_live_peers_gang_is_left_to_it_a_dead_peers_is_taken() -> None:
 
 async def test_a_gang_not_back_yet_writes_nothing() -> None:
     leases, writer = Leases(charged(holder="r1")), Writer()
-    assert await watcher(leases, Pods(now_gang(member("a", "n1"))), writer).tick() == 0
+    w = watcher(leases, Pods(now_gang(member("a", "n1"))), writer)
+    assert await w.tick() == 0
     assert writer.rows == [] and leases.marked == []
+    assert (w.looks, w.recorded) == (1, 0)  # a look, finished, found nothing to write
+
+
+async def test_a_look_that_fails_is_not_counted_as_a_look() -> None:
+    class Broken(Leases):
+        async def charged(self) -> list[Charged]:
+            raise OSError("apiserver gone")
+
+    w = watcher(Broken(), Pods(None), Writer())
+    with pytest.raises(OSError):
+        await w.tick()
+    assert w.looks == 0
 
 
 def test_the_cache_keeps_when_a_pod_became_ready() -> None:

@@ -11,39 +11,35 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+from trainer_helpers import SDK_ROUND_TRIP, check_round_trip
+
 import reclaimd
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "deploy" / "trainer" / "sdk" / "build.py"
 
-PROGRAM = textwrap.dedent(
-    """
-    import json, sys, threading, urllib.request
-    from datetime import timedelta
-    sys.path.insert(0, sys.argv[1])
-    import reclaimd, reclaimd.trainer as sdk
-    from reclaimd.model import rfc3339, utcnow
-    missing = []
-    for name in ("boto3", "kubernetes_asyncio", "grpc", "opentelemetry", "aiohttp", "torch",
-                 "reclaimd.ledger", "reclaimd.cluster", "reclaimd.objectstore"):
-        try:
-            __import__(name)
-        except ImportError:
-            missing.append(name)
-    with sdk.Signal(host="127.0.0.1", port=0) as signal:
-        body = {"notice_id": "n-1", "deadline": rfc3339(utcnow() + timedelta(seconds=30))}
-        def answer():
-            signal.wait(10)
-            signal.ack(sdk.CheckpointResult(utcnow(), step=7, uri="s3://b/k", durable=True))
-        threading.Thread(target=answer).start()
-        req = urllib.request.Request(signal.url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        reply = json.loads(urllib.request.urlopen(req, timeout=10).read())
-        signal.requested  # the loop's first step boundary
-        seen = json.loads(urllib.request.urlopen(signal.url + "/incarnation", timeout=10).read())
-    print(json.dumps({"from": reclaimd.__file__, "missing": missing, "reply": reply,
-                      "incarnation": seen, "version": reclaimd.__version__}))
-    """
+PROGRAM = (
+    textwrap.dedent(
+        """
+        import json, sys
+        sys.path.insert(0, sys.argv[1])
+        import reclaimd, reclaimd.trainer as sdk
+        missing = []
+        for name in ("boto3", "kubernetes_asyncio", "grpc", "opentelemetry", "aiohttp", "torch",
+                     "reclaimd.ledger", "reclaimd.cluster", "reclaimd.objectstore"):
+            try:
+                __import__(name)
+            except ImportError:
+                missing.append(name)
+        """
+    )
+    + SDK_ROUND_TRIP
+    + textwrap.dedent(
+        """
+        print(json.dumps({"from": reclaimd.__file__, "missing": missing,
+                          "version": reclaimd.__version__, **round_trip(sdk)}))
+        """
+    )
 )
 
 
@@ -91,5 +87,4 @@ def test_the_sdk_wheel_holds_the_sdk_alone_and_works_with_nothing_else(tmp_path:
         "boto3", "kubernetes_asyncio", "grpc", "opentelemetry", "aiohttp", "torch",
         "reclaimd.ledger", "reclaimd.cluster", "reclaimd.objectstore",
     }  # fmt: skip
-    assert doc["reply"]["step"] == 7 and doc["reply"]["durable"] is True
-    assert doc["incarnation"]["first_step_at"] is not None
+    check_round_trip(doc)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+from trainer_helpers import SDK_ROUND_TRIP, check_round_trip
+
 BLOCKED = (
     "boto3",
     "botocore",
@@ -25,37 +27,32 @@ BLOCKED = (
     "pydantic",
 )
 
-PROGRAM = textwrap.dedent(
-    """
-    import importlib.abc, json, sys, urllib.request
-    from datetime import timedelta
+PROGRAM = (
+    textwrap.dedent(
+        """
+        import importlib.abc, json, sys
 
-    BLOCKED = set(sys.argv[1].split(","))
+        BLOCKED = set(sys.argv[1].split(","))
 
-    class Refuse(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"blocked in this test: {name}")
-            return None
+        class Refuse(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"blocked in this test: {name}")
+                return None
 
-    sys.meta_path.insert(0, Refuse())
-    import reclaimd.trainer as sdk
-    import reclaimd.trainer.torch  # the DCP integration: torch, and nothing of the controller
-    from reclaimd.model import rfc3339, utcnow
-
-    with sdk.Signal(host="127.0.0.1", port=0) as signal:
-        body = {"notice_id": "n-1", "deadline": rfc3339(utcnow() + timedelta(seconds=30))}
-        import threading
-        def answer():
-            signal.wait(10)
-            signal.ack(sdk.CheckpointResult(utcnow(), step=3, uri="s3://b/k", durable=True))
-        threading.Thread(target=answer).start()
-        req = urllib.request.Request(signal.url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        reply = json.loads(urllib.request.urlopen(req, timeout=10).read())
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
-    print(json.dumps({"reply": reply, "loaded": loaded}))
-    """
+        sys.meta_path.insert(0, Refuse())
+        import reclaimd.trainer as sdk
+        import reclaimd.trainer.torch  # the DCP integration: torch, nothing of the controller
+        """
+    )
+    + SDK_ROUND_TRIP
+    + textwrap.dedent(
+        """
+        done = round_trip(sdk)
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        print(json.dumps({**done, "loaded": loaded}))
+        """
+    )
 )
 
 
@@ -72,7 +69,7 @@ def test_sdk_imports_and_serves_without_the_controllers_libraries() -> None:
 
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["loaded"] == []
-    assert doc["reply"]["step"] == 3 and doc["reply"]["durable"] is True
+    check_round_trip(doc)
 
 
 def test_the_hook_really_blocks() -> None:
