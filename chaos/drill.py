@@ -1,4 +1,5 @@
 """``reclaimd drill run SCENARIO``: rehearse an interruption on the local stack, then judge it.
+``Drill`` and ``run_drill`` are here; the command line itself is ``chaos.drill_cli``.
 
 One drill, top to bottom:
 
@@ -17,19 +18,13 @@ One drill, top to bottom:
    to catch duplicates.
 6. **Judge** (``chaos.report``): stop reclaimd (its spans flush), gather what is left of the
    pods, what each trainer received, the claims, the queue and the spans, and check it all.
-
-Exit status: 0 when every expectation holds, 1 when one does not, 2 for a bad scenario or a
-stack that is not running. Heavy clients are imported when a drill runs, not when the CLI
-starts, so ``reclaimd parse`` stays quick.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import sys
 import uuid
@@ -40,15 +35,24 @@ from reclaimd import postmortem
 from reclaimd.model import utcnow
 
 from . import drill_judge, drill_restart, drill_teardown, report
+from .drill_cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_parser,
+    cmd_drill,
+    describe_plan,
+    main,
+)
 from .drill_common import SEND_RETRY_S, retrying, yaml_holder
 from .drill_faults import FaultDriver
 from .drill_inject import Injector
 from .drill_judge import save_facts as _save_facts
+from .drill_local import SPAWN_LIMIT, World
 from .drill_restart import Restarter
 from .drill_watch import CLAIM_POLL_S, LATE_READ_S, Watcher
-from .drill_world import KUEUE_CLUSTER_QUEUE, SPAWN_LIMIT, Built, World
-from .scenario import FaultKind, Plan, PlannedGang, Scenario, ScenarioError, Source
-from .scenario import load as load_scenario
+from .drill_world import KUEUE_CLUSTER_QUEUE, Built
+from .scenario import FaultKind, Plan, PlannedGang, Scenario, Source
 from .scenario import plan as plan_scenario
 
 if TYPE_CHECKING:
@@ -80,8 +84,6 @@ __all__ = [
     "slowest_timeline",
     "yaml_holder",
 ]
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class Progress:
@@ -266,102 +268,6 @@ def slowest(verdict: report.Verdict) -> postmortem.Timeline | None:
 def slowest_timeline(verdict: report.Verdict) -> str | None:
     timeline = slowest(verdict)
     return postmortem.render_text(timeline) if timeline is not None else None
-
-
-# --- command line ----------------------------------------------------------------------------
-
-
-def add_parser(sub: Any) -> None:
-    """``drill run`` and ``drill check`` under ``reclaimd``'s subcommands."""
-    p = sub.add_parser("drill", help="chaos drills: rehearse interruptions on the local stack")
-    drills = p.add_subparsers(dest="drill_command", metavar="ACTION")
-    drills.required = True
-    r = drills.add_parser("run", help="run a scenario against the local stack and judge it")
-    r.add_argument("scenario", help="scenario YAML (see docs/drills.md)")
-    r.add_argument("--json", metavar="REPORT", help="write the JSON report here")
-    r.add_argument("--all-rows", action="store_true", help="print every notice and gang")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    r.add_argument(
-        "--timeline", action="store_true", help="print the slowest notice's post-mortem timeline"
-    )
-    r.add_argument("--svg", metavar="FILE", help="write the slowest notice's post-mortem picture")
-    r.add_argument(
-        "--apiserver-proxy",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="each replica reaches the apiserver through a proxy of its own: auto (only when"
-        " a partition fault needs it), on, off (to measure what it costs)",
-    )
-    r.set_defaults(func=cmd_drill)
-    c = drills.add_parser("check", help="validate a scenario and print its plan (no stack)")
-    c.add_argument("scenario")
-    c.set_defaults(func=cmd_drill)
-
-
-def cmd_drill(args: argparse.Namespace) -> int:
-    """0: every expectation met; 1: one is not; 2: bad scenario or no stack."""
-    from . import stack as stackenv
-
-    try:
-        scenario = load_scenario(args.scenario)
-        if args.drill_command == "check":
-            print(describe_plan(plan_scenario(scenario, run_id="check")))
-            return EXIT_OK
-        proxy = {"auto": None, "on": True, "off": False}[getattr(args, "apiserver_proxy", "auto")]
-        if proxy is False and any(f.kind is FaultKind.PARTITION for f in scenario.faults):
-            raise ScenarioError("--apiserver-proxy off: a partition fault needs the proxy")
-        verdict = asyncio.run(
-            run_drill(
-                scenario,
-                progress=Progress(quiet=bool(getattr(args, "quiet", False))),
-                apiserver_proxy=proxy,
-            )
-        )
-    except (ScenarioError, stackenv.StackNotRunning) as e:
-        print(f"reclaimd drill: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(report.render(verdict, all_rows=bool(args.all_rows)))
-    if args.timeline:
-        timeline = slowest_timeline(verdict)
-        print(f"\n== slowest notice\n{timeline or '(no trace found)'}")
-    if args.svg:
-        picture = slowest(verdict)
-        if picture is not None:
-            Path(args.svg).write_text(postmortem.render_svg(picture))
-            print(f"post-mortem picture of the slowest notice: {args.svg}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(verdict), indent=2) + "\n")
-    return EXIT_OK if verdict.ok else EXIT_FAILED
-
-
-def describe_plan(plan: Plan) -> str:
-    s = plan.scenario
-    per_source: dict[str, int] = {}
-    for n in plan.notices:
-        per_source[n.source.value] = per_source.get(n.source.value, 0) + 1
-    affected = {g.name for n in plan.notices for g in plan.gangs_on(n.node or "")} | {
-        n.gang for n in plan.notices if n.gang
-    }
-    lines = [
-        f"{s.name}: {len(plan.nodes)} nodes in {len(s.cluster.pools)} pool(s),"
-        f" {len(plan.gangs)} gangs ({sum(len(g.ranks) for g in plan.gangs)} ranks)",
-        f"notices: {', '.join(f'{k} x{v}' for k, v in sorted(per_source.items()))};"
-        f" {len(plan.garbage)} malformed; {len(affected)} gang(s) touched",
-        f"reclaimd: {s.reclaimd.replicas} replica(s)"
-        + (
-            f", settings {json.dumps(s.reclaimd.as_settings())}" if s.reclaimd.as_settings() else ""
-        ),
-    ]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m chaos.drill run SCENARIO`` (what ``reclaimd drill`` calls)."""
-    parser = argparse.ArgumentParser(prog="reclaimd")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
 
 
 if __name__ == "__main__":

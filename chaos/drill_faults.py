@@ -15,7 +15,7 @@ from .scenario import Fault, FaultKind, Plan, Source
 
 if TYPE_CHECKING:
     from .drill_inject import Injector
-    from .drill_world import World
+    from .drill_local import World
     from .faults import FaultRecord
     from .harness import Harness
     from .process import DaemonProcess

@@ -20,7 +20,7 @@ from .drill_common import SEND_RETRY_S, retrying
 from .scenario import Fault, Plan, PlannedGarbage, PlannedNotice, Source
 
 if TYPE_CHECKING:
-    from .drill_world import World
+    from .drill_local import World
     from .harness import Harness
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .drill_world import World
+    from .drill_local import World
     from .harness import Harness
 
 
