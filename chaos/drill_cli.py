@@ -45,6 +45,25 @@ def add_parser(sub: Any) -> None:
         help="each replica reaches the apiserver through a proxy of its own: auto (only when"
         " a partition fault needs it), on, off (to measure what it costs)",
     )
+    g = r.add_argument_group(
+        "game day", "against the reclaimd release deployed in a cluster (docs/drills.md)"
+    )
+    g.add_argument("--cluster", action="store_true", help="game day: the deployed release")
+    g.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
+    g.add_argument("--release", help="the release's Helm name")
+    g.add_argument("--release-namespace", default="reclaimd")
+    g.add_argument("--node-label", metavar="KEY=VALUE", help="only nodes with this label")
+    g.add_argument("--max-nodes", type=int, help="never more nodes than this")
+    g.add_argument("--namespace", default="", help="the probes' namespace (default gd-<run>)")
+    g.add_argument("--spans", default="", help="the release's span files (a glob), to judge")
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting the release keeps in a Secret (ledger.bootstrap=...)",
+    )
+    g.add_argument("--dry-run", action="store_true", help="bind and print the plan; change nothing")
     r.set_defaults(func=cmd_drill)
     c = drills.add_parser("check", help="validate a scenario and print its plan (no stack)")
     c.add_argument("scenario")
@@ -61,6 +80,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
         if args.drill_command == "check":
             print(describe_plan(plan_scenario(scenario, run_id="check")))
             return EXIT_OK
+        if getattr(args, "cluster", False):
+            return cmd_gameday(args, scenario)
         proxy = {"auto": None, "on": True, "off": False}[getattr(args, "apiserver_proxy", "auto")]
         if proxy is False and any(f.kind is FaultKind.PARTITION for f in scenario.faults):
             raise ScenarioError("--apiserver-proxy off: a partition fault needs the proxy")
@@ -86,6 +107,41 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(verdict), indent=2) + "\n")
     return EXIT_OK if verdict.ok else EXIT_FAILED
+
+
+def cmd_gameday(args: argparse.Namespace, scenario: Any) -> int:
+    """``drill run --cluster``: 0, 1 as a local drill; 2 for a refusal (nothing changed)."""
+    from .drill import Progress
+    from .gameday import GameDay, Options
+    from .gameday_target import GameDayError
+
+    if not args.release or not args.node_label or args.max_nodes is None:
+        raise ScenarioError("--cluster needs --release, --node-label and --max-nodes")
+    overrides = dict(kv.partition("=")[::2] for kv in args.set)
+    options = Options(
+        release=args.release,
+        release_namespace=args.release_namespace,
+        node_label=args.node_label,
+        max_nodes=args.max_nodes,
+        namespace=args.namespace,
+        kubeconfig=args.kubeconfig,
+        spans=args.spans,
+        overrides=overrides,
+        dry_run=args.dry_run,
+    )
+    day = GameDay(scenario, options, say=Progress(quiet=bool(args.quiet)))
+    try:
+        outcome = asyncio.run(day.run())
+    except GameDayError as e:
+        print(f"reclaimd drill: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(outcome, str):
+        print(outcome)
+        return EXIT_OK
+    print(report.render(outcome, all_rows=bool(args.all_rows)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(outcome), indent=2) + "\n")
+    return EXIT_OK if outcome.ok else EXIT_FAILED
 
 
 def describe_plan(plan: Plan) -> str:

@@ -43,9 +43,12 @@ class Built:
 # --- the cluster -----------------------------------------------------------------------------
 
 
-async def build_cluster(h: Harness, plan: Plan, built: Built, say: Callable[[str], None]) -> None:
+async def build_cluster(
+    h: Harness, plan: Plan, built: Built, say: Callable[[str], None], *, make_nodes: bool = True
+) -> None:
     """Nodes, one trainer per opted-in rank, the gangs' pods backdated, PDBs and Kueue
-    Workloads; what was made (and when) goes into ``built``."""
+    Workloads; what was made (and when) goes into ``built``. ``make_nodes=False``: the
+    plan's nodes are the cluster's own (a game day), already labelled for the run."""
     from kubernetes_asyncio import client as k8s
 
     from . import fleet
@@ -69,10 +72,11 @@ async def build_cluster(h: Harness, plan: Plan, built: Built, say: Callable[[str
         for n in p.nodes
     ]
     built.nodes = {n.key: s for n, s in zip(p.nodes, specs, strict=True)}
-    h.nodes.extend(specs)  # the harness deletes them at the end
-    await fleet.create_nodes_labelled(api, specs, run_label)
     core = k8s.CoreV1Api(api)
     selector = f"{fleet.DRILL_LABEL}={p.run_id}"
+    if make_nodes:
+        h.nodes.extend(specs)  # the harness deletes them at the end
+        await fleet.create_nodes_labelled(api, specs, run_label)
     await fleet.wait_listed(
         api,
         what="nodes",
@@ -80,7 +84,7 @@ async def build_cluster(h: Harness, plan: Plan, built: Built, say: Callable[[str
         ready=fleet.node_is_ready,
         list_call=lambda: core.list_node(label_selector=selector),
     )
-    say(f"nodes: {len(specs)} Ready")
+    say(f"nodes: {len(specs)} Ready" + ("" if make_nodes else " (the cluster's own)"))
 
     # One trainer per opted-in rank, each on its own loopback port.
     todo = [(g, r) for g in p.gangs if g.opt_in for r in g.ranks]
