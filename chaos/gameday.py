@@ -44,7 +44,7 @@ from .gameday_target import (
     discover,
 )
 from .harness import Harness
-from .scenario import Plan, Scenario
+from .scenario import Integration, Plan, Scenario, Source
 from .scenario import plan as plan_scenario
 from .stack import StackEnv
 
@@ -128,7 +128,7 @@ class GameDay:
                 api, self.o.release, self.o.release_namespace, self.o.overrides
             )
             plan = plan_scenario(self.scenario, run_id=self.run_id)
-            check_sources(plan, release)
+            check_sources(plan, release, self.o.namespace)
             plan = await self._bind(api, plan, release)
             described = describe(plan, release, self.states)
             if self.o.dry_run:
@@ -168,9 +168,14 @@ class GameDay:
         namespace = self.o.namespace or f"gd-{self.run_id}"
         guarded = [g.name for g in plan.gangs if g.pdb_max_unavailable is not None]
         pdbs = tuple(f"{name}-pdb" for name in guarded)
-        probes = Probes(namespace, self.run_id, own=not self.o.namespace, pdbs=pdbs)
+        kueue = tuple(g.name for g in plan.gangs if g.integration is Integration.KUEUE)
+        probes = Probes(
+            namespace, self.run_id, own=not self.o.namespace, pdbs=pdbs, workloads=kueue
+        )
         h = ReleaseHarness(release, api, namespace=namespace, run_id=self.run_id)
         world = World(plan, h.stack, proxied=False, say=self.say)
+        if Source.GKE_PUBSUB in plan.sources():
+            world.publisher, world.built.pubsub_topic = await _pubsub_topic(release)
         injector = Injector(plan, world, say=self.say)
         watcher = Watcher(plan, sent=injector.sent, faults=[], say=self.say)
         cleaned: report.Check | None = None
@@ -239,6 +244,24 @@ def describe(plan: Plan, release: Release, states: Sequence[NodeState]) -> str:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+async def _pubsub_topic(release: Release) -> tuple[Any, str]:
+    """A publisher, and the topic of the release's subscription (slot 0's, with slots): the
+    Logging sink's topic, where a preemption's LogEntry arrives."""
+    from google.cloud import pubsub_v1
+
+    p = release.settings.pubsub
+    sub_id = p.subscription if p.slots == 1 else f"{p.subscription}-0"
+    subscriber = pubsub_v1.SubscriberClient()
+    try:
+        path = subscriber.subscription_path(p.project, sub_id)
+        sub = await asyncio.to_thread(subscriber.get_subscription, subscription=path)
+    except Exception as e:
+        raise GameDayError(f"the release's subscription {sub_id}: {type(e).__name__}") from None
+    finally:
+        subscriber.close()
+    return pubsub_v1.PublisherClient(), str(sub.topic)
 
 
 async def _no_faults(_: Any) -> None:  # refused before the drill starts (check_sources)

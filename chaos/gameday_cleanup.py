@@ -27,6 +27,7 @@ class Probes:
     run_id: str
     own: bool
     pdbs: tuple[str, ...] = ()  # the gangs' PDBs (named for the gang, not labelled)
+    workloads: tuple[str, ...] = ()  # the Kueue gangs' Workloads (named for the gang)
 
     @property
     def selector(self) -> str:
@@ -86,6 +87,12 @@ async def _delete_probes(api: Any, probes: Probes) -> None:
     for name in probes.pdbs:
         with contextlib.suppress(Exception):
             await policy.delete_namespaced_pod_disruption_budget(name, probes.namespace)
+    custom = k8s.CustomObjectsApi(api)
+    for name in probes.workloads:
+        with contextlib.suppress(Exception):
+            await custom.delete_namespaced_custom_object(
+                fleet.KUEUE_GROUP, fleet.KUEUE_VERSION, probes.namespace, "workloads", name
+            )
 
 
 async def label(api: Any, states: Sequence[NodeState], labels: Mapping[str, str]) -> None:

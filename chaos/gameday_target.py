@@ -34,7 +34,7 @@ INSTANCE = "app.kubernetes.io/instance"
 NAME = "app.kubernetes.io/name"
 CLAIM = "reclaimd.io/claim"
 # The sources a game day injects today; the others are refused by name (docs/drills.md).
-SUPPORTED = frozenset({Source.EC2_SQS})
+SUPPORTED = frozenset({Source.EC2_SQS, Source.GKE_PUBSUB, Source.KUEUE})
 
 
 class GameDayError(Exception):
@@ -114,15 +114,26 @@ async def discover(
     )
 
 
-def check_sources(plan: Plan, release: Release) -> None:
-    """Refuse a scenario that needs a source the game day cannot inject or the release off."""
-    for source in sorted(plan.sources(), key=str):
+def check_sources(plan: Plan, release: Release, namespace: str) -> None:
+    """Refuse a scenario that needs a source the game day cannot inject or the release off.
+    ``namespace``: the probes' ("" until the drill names its own)."""
+    s, sources = release.settings, plan.sources()
+    for source in sorted(sources, key=str):
         if source not in SUPPORTED:
-            raise GameDayError(f"game day: {source} notices are not supported yet (only ec2_sqs)")
+            named = ", ".join(sorted(str(x) for x in SUPPORTED))
+            raise GameDayError(f"game day: {source} notices are not supported yet (only {named})")
         if source not in release.enabled():
             raise GameDayError(f"release {release.name!r} does not consume {source}")
-    if Source.EC2_SQS in plan.sources() and not release.settings.sqs.queue_url:
+    if Source.EC2_SQS in sources and not s.sqs.queue_url:
         raise GameDayError(f"release {release.name!r} has no sqs.queue_url")
+    if Source.GKE_PUBSUB in sources and not (s.pubsub.project and s.pubsub.subscription):
+        raise GameDayError(f"release {release.name!r} has no pubsub.project and subscription")
+    watched = s.kueue.namespaces
+    if Source.KUEUE in sources and watched and namespace not in watched:
+        raise GameDayError(
+            f"release {release.name!r} watches Kueue Workloads in {', '.join(watched)} only:"
+            " pass one of them as --namespace"
+        )
     if not release.settings.ledger.bootstrap:
         raise GameDayError(
             "the release's ledger.bootstrap is not in its ConfigMap (a Secret?): pass"

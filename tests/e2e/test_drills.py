@@ -78,7 +78,7 @@ def test_every_shipped_scenario_is_accounted_for() -> None:
     # make bench-storm-1000
     benches = {"spot-az-storm-1000", "spot-storm-1000-notices"}
     # game days (tests/e2e/test_gameday.py) run against the Helm-installed release
-    gamedays = {"gameday-spot-storm"}
+    gamedays = {"gameday-spot-storm", "gameday-gce-storm", "gameday-kueue-reclaim"}
     assert shipped == set(PASSING) | {"spot-az-storm"} | benches | gamedays
     assert len(named) == len(shipped)  # scenario names are unique too
 

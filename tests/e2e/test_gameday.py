@@ -32,7 +32,8 @@ from chaos import fleet
 from reclaimd.cluster.client import build_api_client
 
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
-SCENARIO = REPO_DIR / "chaos" / "scenarios" / "gameday-spot-storm.yaml"
+SCENARIOS = REPO_DIR / "chaos" / "scenarios"
+SCENARIO = SCENARIOS / "gameday-spot-storm.yaml"
 RUN = uuid.uuid4().hex[:6]
 NS = f"gd-rel-{RUN}"
 RELEASE = f"gd{RUN}"
@@ -49,7 +50,16 @@ SPOT = {
 }
 LABELLED = [n for (_, i), n in SPOT.items() if i < 3]  # three per zone carry the drill label
 UNLABELLED = [n for (_, i), n in SPOT.items() if i == 3]
-ALL_SPOT = LABELLED + UNLABELLED
+GCE = [  # GKE Spot nodes for the Pub/Sub game day
+    fleet.NodeSpec(f"gd-gce-{i}-{RUN}", f"gd-gce-{i}-{RUN}", zone="us-central1-a", cloud="gce",
+                   project="reclaimd-local", sku="a3-highgpu-8g")
+    for i in range(4)
+]  # fmt: skip
+ON_DEMAND = [  # healthy on-demand nodes for the Kueue game day
+    fleet.NodeSpec(f"gd-odk-{i}-{RUN}", f"i-{RUN}d{i}{0:09x}", purchase_option="on-demand")
+    for i in range(3)
+]
+ALL_SPOT = LABELLED + UNLABELLED + GCE + ON_DEMAND
 
 
 @dataclass
@@ -81,7 +91,8 @@ async def release(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asy
     api = await build_api_client(str(stack.kubeconfig))
     await fleet.create_nodes_labelled(api, CONTROLLERS, {PLACE: RUN})
     await fleet.create_nodes(api, UNLABELLED)
-    await fleet.create_nodes_labelled(api, LABELLED, {DRILL.partition("=")[0]: RUN})
+    drill_label = {DRILL.partition("=")[0]: RUN}
+    await fleet.create_nodes_labelled(api, LABELLED + GCE + ON_DEMAND, drill_label)
     await fleet.wait_nodes_ready(api, [n.name for n in CONTROLLERS + ALL_SPOT])
     await _untainted(api, [n.name for n in CONTROLLERS + ALL_SPOT])
     sqs = boto3.client("sqs", endpoint_url=stack.aws_endpoint, region_name="us-east-1")
@@ -94,6 +105,15 @@ async def release(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asy
     appended = {"message.timestamp.type": "LogAppendTime"}
     await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=appended)])
     await admin.close()
+    # the Logging sink's topic, one subscription per replica slot (deploy/gcp/main.tf's)
+    from google.cloud import pubsub_v1
+
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    sink = publisher.topic_path(stack.pubsub_project, f"gd-sink-{RUN}")
+    publisher.create_topic(name=sink)
+    subs = [subscriber.subscription_path(stack.pubsub_project, f"gd-{RUN}-{i}") for i in (0, 1)]
+    for sub in subs:
+        subscriber.create_subscription(name=sub, topic=sink, ack_deadline_seconds=10)
     values = {
         "controller": {"replicas": 2, "nodeSelector": {PLACE: RUN}},
         "rbac": {"extraSubjects": [
@@ -103,6 +123,9 @@ async def release(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asy
             "cluster_name": "local",
             "sqs": {"enabled": True, "queue_url": queue_url, "endpoint_url": stack.aws_endpoint,
                     "region": "us-east-1", "wait_time_s": 1, "visibility_timeout_s": 10},
+            "pubsub": {"enabled": True, "project": stack.pubsub_project,
+                       "subscription": f"gd-{RUN}"},
+            "kueue": {"enabled": True},
             "ledger": {"bootstrap": stack.kafka_bootstrap, "topic": topic},
             # the probes answer on loopback: an exception a game day's values would name
             "checkpoint": {"allowed_hosts": ["127.0.0.1"]},
@@ -123,13 +146,19 @@ async def release(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asy
         await fleet.delete_nodes(api, [n.name for n in CONTROLLERS + ALL_SPOT])
         await fleet.delete_namespace(api, NS)
         sqs.delete_queue(QueueUrl=queue_url)
+        for sub in subs:
+            subscriber.delete_subscription(subscription=sub)
+        publisher.delete_topic(topic=sink)
+        subscriber.close()
         await api.close()
 
 
-async def start_drill(r: Release, *extra: str, out: Path | None = None) -> Any:
+async def start_drill(
+    r: Release, *extra: str, out: Path | None = None, scenario: Path = SCENARIO
+) -> Any:
     """``reclaimd drill run --cluster`` as a game day runs it: a process of its own."""
     cmd = [
-        sys.executable, "-m", "reclaimd.cli", "drill", "run", str(SCENARIO), "--cluster",
+        sys.executable, "-m", "reclaimd.cli", "drill", "run", str(scenario), "--cluster",
         "--kubeconfig", str(r.stack.kubeconfig), "--release", RELEASE,
         "--release-namespace", NS, "--node-label", DRILL, "--max-nodes", "6",
         "--spans", r.player.span_glob(), *(["--json", str(out)] if out else []), *extra,
@@ -139,8 +168,10 @@ async def start_drill(r: Release, *extra: str, out: Path | None = None) -> Any:
     )
 
 
-async def drill(r: Release, *extra: str, out: Path | None = None) -> tuple[int, str, str]:
-    proc = await start_drill(r, *extra, out=out)
+async def drill(
+    r: Release, *extra: str, out: Path | None = None, scenario: Path = SCENARIO
+) -> tuple[int, str, str]:
+    proc = await start_drill(r, *extra, out=out, scenario=scenario)
     stdout, stderr = await asyncio.wait_for(proc.communicate(), 400)
     return int(proc.returncode or 0), stdout.decode(), stderr.decode()
 
@@ -243,3 +274,25 @@ async def test_a_release_pod_deleted_mid_drill(release: Release, tmp_path: Path)
     assert not (await core.list_namespaced_pod(probes)).items  # the run's probes gone
     assert (await core.read_namespace(probes)).status.phase == "Active"  # its namespace kept
     await fleet.delete_namespace(release.api, probes)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "gangs"), [("gameday-gce-storm", 2), ("gameday-kueue-reclaim", 1)]
+)
+async def test_gce_storm_and_kueue_reclaim_against_the_release(
+    release: Release, tmp_path: Path, scenario: str, gangs: int
+) -> None:
+    """GCE preemptions through the release's Pub/Sub subscription (its sink's topic), and a
+    Kueue reclaim written into a Workload: judged from what the release wrote, cleaned up."""
+    before = await node_states(release.api, ALL_SPOT)
+    out = tmp_path / "verdict.json"
+    code, stdout, stderr = await drill(release, out=out, scenario=SCENARIOS / f"{scenario}.yaml")
+    print(stdout)
+    assert out.exists(), (code, stderr[-3000:])
+    verdict = json.loads(out.read_text())
+    failed = [c for c in verdict["checks"] if c["required"] and not c["ok"]]
+    assert code == 0 and not failed, (failed, stderr[-2000:])
+    charged = verdict["gangs"]
+    assert len(charged) == gangs and all(g["ledger_events"] == 1 for g in charged), charged
+    assert verdict["notices"] and all(n["traced"] for n in verdict["notices"])
+    assert await node_states(release.api, ALL_SPOT) == before
