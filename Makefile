@@ -124,6 +124,13 @@ trainer-deps: venv
 sdk-wheel: venv
 	$(BIN)/python deploy/trainer/sdk/build.py out
 
+# The drill rig as its own wheel, reclaimd-chaos (chaos/ and its scenarios, without the torch
+# jobs; requires reclaimd at the same version): out/reclaimd_chaos-<version>-py3-none-any.whl.
+# `pip install reclaimd[chaos]` installs it; it adds `reclaimd drill`.
+.PHONY: chaos-wheel
+chaos-wheel: venv
+	$(BIN)/python deploy/chaos/build.py out
+
 # The trainer side (reclaimd.trainer.torch) with a real gloo job: save time (stash, upload),
 # ack latency, bytes/s against the disk's and moto's own rates, model sizes small to large:
 # out/bench-trainer.json and a table. BENCH_TRAINER_ARGS="--sizes 1,16" for a quick run.
