@@ -87,6 +87,13 @@ deploy-tools:
 image: venv deploy-tools
 	deploy/image/build.sh
 
+# The chaos image: that image plus one layer, the reclaimd-chaos wheel (`reclaimd drill`, the
+# shipped scenarios under /opt/reclaimd/scenarios), for the chart's drill Job (`helm test`).
+# Cached like the image, in ~/.cache/reclaimd/image-chaos-<version>-<hash>/reclaimd.oci.tar.
+.PHONY: image-chaos
+image-chaos: venv deploy-tools
+	deploy/image/build.sh chaos
+
 # 500 ranks of one tenant upload their checkpoints to a moto of its own, each paced at the
 # share of the tenant's PutObject budget reclaimd hands it, through a proxy answering 10 % with
 # 503 SlowDown: out/bench-uploads.json and a table. No stack needed; about 90 s.

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # `make image`: reclaimd's OCI image, built without Docker or a registry.
+# `make image-chaos` (build.sh chaos): that image plus a layer with the drill rig.
 #
 #   1. base:   a Debian root filesystem from Debian's packages (mmdebstrap --variant=minbase,
 #              python3 + venv + CA certificates), imported into buildah as FROM-scratch image;
 #              cached in ~/.cache/reclaimd/image-base-<suite>/ (rebuilt only when removed).
 #   2. wheels: reclaimd and its dependencies as wheels, built on the host (the build has no
 #              network: pip inside a build fails on this machine's TLS interception).
+#              The modules that need torch (the trainer SDK's integrations, its own wheel's
+#              business: deploy/image/torch_modules.py) are left out; the build imports
+#              every module it does ship (deploy/image/import_all.py).
 #   3. image:  Containerfile with BASE=the step-1 image, buildah with OCI isolation and runc
 #              (crun refuses this machine's cgroups), no network; output an OCI archive.
+#   4. chaos:  (build.sh chaos only) the reclaimd-chaos wheel (deploy/chaos/build.py), added
+#              by deploy/image/Containerfile.chaos as one layer on the step-3 image.
 #
-# The archive is cached in ~/.cache/reclaimd/image-<version>-<sources hash>/reclaimd.oci.tar,
-# the hash covering everything that goes into the image; a cache hit costs a few seconds.
-# Prints the archive's path as the last line of stdout.
+# The archive is cached in ~/.cache/reclaimd/image-<version>-<sources hash>/reclaimd.oci.tar
+# (chaos: image-chaos-<version>-<hash>/), the hash covering everything that goes into the
+# image; a cache hit costs a few seconds. Prints the archive's path as the last line of stdout.
 set -euo pipefail
 LOG_TAG=image
 source "$(dirname "${BASH_SOURCE[0]}")/../local/lib.sh"
@@ -26,12 +32,15 @@ LOGS=$CACHE_DIR/logs
 # The image is built from a commit (IMAGE_REV, default HEAD), never from the work tree: the
 # tree is shared, and someone's half-done edit must not end up in an image.
 IMAGE_REV=${IMAGE_REV:-HEAD}
-IMAGE_PATHS=(Containerfile pyproject.toml README.md reclaimd handlers)
+IMAGE_PATHS=(Containerfile pyproject.toml README.md reclaimd handlers deploy/image/torch_modules.py deploy/image/import_all.py)
+# What the chaos layer adds (its own archive: the product's wheel never sees chaos/).
+CHAOS_PATHS=(deploy/image/Containerfile.chaos deploy/chaos chaos deploy/image/torch_modules.py deploy/image/import_all.py)
+PY=$REPO_DIR/.venv/bin/python
 
 sources_hash() {
-    # The git object ids of everything that goes into the image.
+    # The git object ids of everything that goes into the image (the paths given).
     local p
-    for p in "${IMAGE_PATHS[@]}"; do
+    for p in "$@"; do
         git -C "$REPO_DIR" rev-parse --verify -q "$IMAGE_REV:$p" || die "$IMAGE_REV has no $p"
     done | sha256sum | cut -c1-12
 }
@@ -76,19 +85,36 @@ ensure_base() {
 
 build_wheels() {
     # The commit's product files: reclaimd and handlers, not the rig (chaos/ is not archived,
-    # so the wheel built here has no chaos package).
+    # so the wheel built here has no chaos package), less the modules that need torch.
     local ctx=$1 src=$1/src
     mkdir -p "$src" "$ctx/wheels"
     git -C "$REPO_DIR" archive --format=tar "$IMAGE_REV" "${IMAGE_PATHS[@]}" | tar -x -C "$src"
     cp "$src/Containerfile" "$ctx/Containerfile"
+    cp "$src/deploy/image/import_all.py" "$ctx/import_all.py"
+    local left_out
+    left_out=$("$PY" "$src/deploy/image/torch_modules.py" "$src" reclaimd handlers)
+    echo "left out (need torch): ${left_out//$'\n'/ }"
+    (cd "$src" && xargs -r rm -- <<<"$left_out")
     nice -n 10 "$REPO_DIR/.venv/bin/pip" wheel -q --wheel-dir "$ctx/wheels" "$src"
     rm -rf "$src"
 }
 
+build_chaos_wheel() {
+    # The commit's chaos/ as the reclaimd-chaos wheel (deploy/chaos/build.py, from the archive).
+    local ctx=$1 src=$1/src
+    mkdir -p "$src" "$ctx/wheels"
+    git -C "$REPO_DIR" archive --format=tar "$IMAGE_REV" "${CHAOS_PATHS[@]}" | tar -x -C "$src"
+    cp "$src/deploy/image/Containerfile.chaos" "$ctx/Containerfile"
+    cp "$src/deploy/image/import_all.py" "$ctx/import_all.py"
+    nice -n 10 "$PY" "$src/deploy/chaos/build.py" "$ctx/wheels"
+    rm -rf "$src"
+}
+
+# build_image CTX OUT TAG BUILD-ARG
 build_image() {
-    local ctx=$1 out=$2 tag=$3
+    local ctx=$1 out=$2 tag=$3 arg=$4
     nice -n 10 "${BUILDAH[@]}" bud --isolation oci --runtime runc "${ULIMITS[@]}" \
-        --network none --layers=false --build-arg "BASE=$BASE_IMAGE" \
+        --network none --layers=false --build-arg "$arg" \
         -f "$ctx/Containerfile" -t "$tag" "$ctx"
     "${BUILDAH[@]}" push "$tag" "oci-archive:$out/reclaimd.oci.tar:$tag"
 }
@@ -97,47 +123,83 @@ build_image() {
 # (and their tags in the container storage), drop older ones.
 KEEP_IMAGES=${KEEP_IMAGES:-2}
 prune() {
-    local old
+    local old glob=$1
     while IFS= read -r old; do
         [[ -n $old ]] || continue
         "${BUILDAH[@]}" rmi "$(cat "$old/tag" 2>/dev/null)" >/dev/null 2>&1 || true
         rm -rf "$old"
         say "pruned $old"
-    done < <(ls -1dt "$CACHE_DIR"/image-[0-9]*[0-9a-f] 2>/dev/null | tail -n +$((KEEP_IMAGES + 1)))
+    done < <(ls -1dt "$CACHE_DIR"/$glob 2>/dev/null | tail -n +$((KEEP_IMAGES + 1)))
+}
+
+# build_cached NAME PREFIX HASH STEP...: the image NAME (reclaimd, reclaimd-chaos) keyed by
+# HASH, in $CACHE_DIR/PREFIX-<version>-HASH/, built by running each STEP (a function given the
+# context directory) then build_image with $BUILD_ARG, unless cached (then older ones of NAME
+# are pruned). Sets ARCHIVE and TAG.
+build_cached() {
+    local name=$1 prefix=$2 hash=$3 step start=$SECONDS
+    shift 3
+    local ver dir
+    ver=$(version)
+    dir=$CACHE_DIR/$prefix-$ver-$hash
+    TAG=localhost/$name:$ver-$hash
+    ARCHIVE=$dir/reclaimd.oci.tar
+    if [[ -f $ARCHIVE ]]; then
+        say "image $TAG: cached ($dir)"
+        return
+    fi
+    mkdir -p "$LOGS"
+    if [[ -z ${LOCKED:-} ]]; then
+        exec 9>"$CACHE_DIR/.image.lock"
+        flock 9
+        LOCKED=1
+    fi
+    [[ $name != reclaimd ]] || ensure_base  # the chaos image builds on the product, not the base
+    rm -rf "$dir.partial"
+    mkdir -p "$dir.partial/context"
+    for step in "$@"; do
+        run_long "$step" "$LOGS/$prefix-$step.log" "$step" "$dir.partial/context"
+    done
+    run_long "$name" "$LOGS/$prefix.log" build_image "$dir.partial/context" "$dir.partial" "$TAG" \
+        "$BUILD_ARG"
+    rm -rf "$dir.partial/context"
+    echo "$TAG" >"$dir.partial/tag"
+    mv "$dir.partial" "$dir"
+    prune "$prefix-[0-9]*[0-9a-f]"
+    say "image $TAG: built in $(fmt_secs $((SECONDS - start))), $(du -h "$ARCHIVE" | cut -f1) archive"
+}
+
+# The product image in buildah's storage under its tag, for the chaos image to build FROM (a
+# cached archive may have outlived its tag: prune, a reset storage).
+ensure_loaded() {
+    local archive=$1 tag=$2 id
+    "${BUILDAH[@]}" inspect --type image "$tag" >/dev/null 2>&1 && return
+    id=$("${BUILDAH[@]}" pull -q "oci-archive:$archive" | tail -n 1)
+    "${BUILDAH[@]}" tag "$id" "$tag"
 }
 
 main() {
+    local flavor=${1:-product}
+    [[ $flavor == product || $flavor == chaos ]] || die "usage: build.sh [product|chaos]"
     BASE_DIR=$CACHE_DIR/image-base-$DEBIAN_SUITE-$(base_key)
     BASE_IMAGE=localhost/reclaimd-base:$DEBIAN_SUITE-$(base_key)
     local cmd
     for cmd in mmdebstrap buildah runc; do
         command -v "$cmd" >/dev/null || die "$cmd is missing; run deploy/image/tools.sh"
     done
-    local ver hash dir tag start=$SECONDS
-    ver=$(version)
+    local product chaos
     # The image's key covers its sources, the Containerfile and the base recipe.
-    hash=$( (sources_hash; base_key) | sha256sum | cut -c1-12)
-    dir=$CACHE_DIR/image-$ver-$hash
-    tag=localhost/reclaimd:$ver-$hash
-    if [[ -f $dir/reclaimd.oci.tar ]]; then
-        say "image $tag: cached ($dir)" >&2
-        echo "$dir/reclaimd.oci.tar"
-        return
+    product=$( (sources_hash "${IMAGE_PATHS[@]}"; base_key) | sha256sum | cut -c1-12)
+    BUILD_ARG=BASE=$BASE_IMAGE
+    build_cached reclaimd image "$product" build_wheels >&2
+    if [[ $flavor == chaos ]]; then
+        # The chaos image's key: the product's and what its layer adds.
+        chaos=$( (echo "$product"; sources_hash "${CHAOS_PATHS[@]}") | sha256sum | cut -c1-12)
+        ensure_loaded "$ARCHIVE" "$TAG" >&2
+        BUILD_ARG=PRODUCT=$TAG
+        build_cached reclaimd-chaos image-chaos "$chaos" build_chaos_wheel >&2
     fi
-    mkdir -p "$LOGS"
-    exec 9>"$CACHE_DIR/.image.lock"
-    flock 9
-    ensure_base >&2
-    rm -rf "$dir.partial"
-    mkdir -p "$dir.partial/context"
-    run_long wheels "$LOGS/image-wheels.log" build_wheels "$dir.partial/context" >&2
-    run_long image "$LOGS/image.log" build_image "$dir.partial/context" "$dir.partial" "$tag" >&2
-    rm -rf "$dir.partial/context"
-    echo "$tag" >"$dir.partial/tag"
-    mv "$dir.partial" "$dir"
-    prune >&2
-    say "image $tag: built in $(fmt_secs $((SECONDS - start))), $(du -h "$dir/reclaimd.oci.tar" | cut -f1) archive" >&2
-    echo "$dir/reclaimd.oci.tar"
+    echo "$ARCHIVE"
 }
 
 main "$@"
