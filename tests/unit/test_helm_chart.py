@@ -371,6 +371,157 @@ def test_monitors_and_dashboard_are_opt_in(tmp_path: Path) -> None:
     assert json.loads(dash["data"]["reclaimd-dashboard.json"]) == shipped
 
 
+# --- the drill (a game day run by `helm test`) -----------------------------------------------
+
+DRILL = {"drill": {"enabled": True, "nodeLabel": "reclaimd.io/gameday=allowed"}}
+
+
+def drill_docs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        d for d in docs if d["metadata"]["labels"].get("app.kubernetes.io/component") == "drill"
+    ]
+
+
+def test_the_drill_is_off_by_default(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    assert drill_docs(docs) == []
+    assert not [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+
+
+def test_the_drill_is_a_test_hook_running_a_game_day_against_the_release(tmp_path: Path) -> None:
+    docs = render(tmp_path, DRILL, release="prod")
+    job = only(docs, "Job")
+    hook = job["metadata"]["annotations"]
+    assert hook["helm.sh/hook"] == "test"  # `helm test prod`; upgrades never touch it
+    assert hook["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    assert job["metadata"]["name"] == "prod-reclaimd-drill"
+    assert job["metadata"]["namespace"] == "reclaimd"
+    assert job["spec"]["backoffLimit"] == 0
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == "prod-reclaimd-drill"
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/reclaimd/reclaimd-chaos:0.1.0"
+    assert c["args"] == [
+        "drill", "run", "/opt/reclaimd/scenarios/spot-single.yaml", "--cluster",
+        "--release", "prod", "--release-namespace", "reclaimd",
+        "--node-label", "reclaimd.io/gameday=allowed", "--max-nodes", "4",
+        "--namespace", "prod-reclaimd-drill",
+    ]  # fmt: skip
+    assert {"name": "HOME", "value": "/tmp"} in c["env"]  # uid 65532 has no home of its own
+    # The controller's restricted profile, and its read-only root.
+    deploy = only(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == deploy["securityContext"]
+    assert c["securityContext"] == deploy["containers"][0]["securityContext"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]
+    # Off the nodes it drills, and off reclaimable ones.
+    exprs = set(match_expressions(pod))
+    assert ("reclaimd.io/gameday", "NotIn", ("allowed",)) in exprs
+    assert ("karpenter.sh/capacity-type", "NotIn", ("spot",)) in exprs
+    # The probes' namespace and its Role: hooks too, made before the Job (the drill deletes it).
+    ns = only(docs, "Namespace")
+    assert ns["metadata"]["name"] == "prod-reclaimd-drill"
+    probes = only(docs, "Role", "prod-reclaimd-drill-probes")
+    for early in (ns, probes, only(docs, "RoleBinding", "prod-reclaimd-drill-probes")):
+        assert early["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        assert int(early["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+            hook["helm.sh/hook-weight"]
+        )
+    sa = only(docs, "ServiceAccount", "prod-reclaimd-drill")
+    assert "helm.sh/hook" not in sa["metadata"].get("annotations", {})
+
+
+def test_the_drill_args_follow_the_values(tmp_path: Path) -> None:
+    values = {
+        "drill": {
+            **DRILL["drill"], "scenario": "/scenarios/mine.yaml", "maxNodes": 2,
+            "namespace": "gameday", "dryRun": True, "extraArgs": ["--json", "/tmp/v.json"],
+            "image": {"repository": "localhost/reclaimd-chaos", "tag": "dev"},
+        }
+    }  # fmt: skip
+    (c,) = only(render(tmp_path, values), "Job")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "localhost/reclaimd-chaos:dev"
+    assert c["args"][2] == "/scenarios/mine.yaml"  # a path: as given
+    assert c["args"][c["args"].index("--max-nodes") + 1] == "2"
+    assert c["args"][c["args"].index("--namespace") + 1] == "gameday"
+    assert c["args"][-3:] == ["--dry-run", "--json", "/tmp/v.json"]
+
+
+def drill_rules(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    return {
+        f"{d['kind']} {d['metadata'].get('namespace', '')}/{d['metadata']['name']}": d["rules"]
+        for d in drill_docs(docs)
+        if d["kind"] in ("Role", "ClusterRole")
+    }
+
+
+def test_the_drill_has_rights_of_its_own_and_nothing_on_secrets(tmp_path: Path) -> None:
+    docs = render(tmp_path, DRILL)
+    roles = drill_rules(docs)
+    assert sorted(roles) == [
+        "ClusterRole /reclaimd-drill",
+        "Role default/reclaimd-drill-node-events",
+        "Role reclaimd-drill/reclaimd-drill-probes",
+        "Role reclaimd/reclaimd-drill",
+    ]
+    for rules in roles.values():
+        assert not [r for r in rules if "secrets" in r["resources"]]
+        assert not [r for r in rules if "*" in r["verbs"] or "*" in r["resources"]]
+        assert not [r for r in rules if "*" in r["apiGroups"]]
+        # ConfigMaps and namespaces only by name: the release's settings, the probes' namespace.
+        for r in rules:
+            if {"configmaps", "namespaces"} & set(r["resources"]):
+                assert r["resourceNames"], r
+    cluster = roles["ClusterRole /reclaimd-drill"]
+    assert {"apiGroups": [""], "resources": ["nodes"],
+            "verbs": ["get", "list", "watch", "patch"]} in cluster  # fmt: skip
+    assert {"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["reclaimd-drill"],
+            "verbs": ["get", "delete"]} in cluster  # fmt: skip
+    own = roles["Role reclaimd/reclaimd-drill"]
+    assert {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["reclaimd"],
+            "verbs": ["get"]} in own  # fmt: skip
+    (pods,) = [r for r in own if r["resources"] == ["pods"]]
+    assert "delete" not in pods["verbs"]  # only with drill.faults
+    # Bound to the drill's ServiceAccount alone; the controller's roles do not name it.
+    for d in docs:
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            names = {s["name"] for s in d["subjects"]}
+            drill = d in drill_docs(docs)
+            assert names == ({"reclaimd-drill"} if drill else {"reclaimd"}), d["metadata"]
+
+
+def test_the_drill_deletes_pods_of_the_release_only_with_faults(tmp_path: Path) -> None:
+    values = {"drill": {**DRILL["drill"], "faults": True}, "nodeAgent": {"enabled": True}}
+    own = drill_rules(render(tmp_path, values))["Role reclaimd/reclaimd-drill"]
+    (pods,) = [r for r in own if r["resources"] == ["pods"]]
+    assert pods["verbs"] == ["list", "watch", "delete"]
+    (cms,) = [r for r in own if r["resources"] == ["configmaps"]]
+    assert cms["resourceNames"] == ["reclaimd", "reclaimd-node-agent"]
+
+
+def test_the_drill_pod_is_selected_by_none_of_the_controllers_selectors(tmp_path: Path) -> None:
+    docs = render(tmp_path, {**DRILL, "controller": {"replicas": 2}})
+    labels = only(docs, "Job")["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "drill"
+    selectors = [
+        only(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"],
+        only(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+        only(docs, "Service")["spec"]["selector"],
+        only(docs, "Deployment")["spec"]["selector"]["matchLabels"],
+    ]
+    for selector in selectors:
+        assert selector  # an empty selector would select every pod
+        assert not selector.items() <= labels.items(), selector
+
+
+def test_the_drill_refuses_the_release_namespace_and_needs_its_node_label(tmp_path: Path) -> None:
+    with pytest.raises(HelmError, match=r"drill\.nodeLabel"):
+        render(tmp_path, {"drill": {"enabled": True}})
+    with pytest.raises(HelmError, match="must not be the release namespace"):
+        render(tmp_path, {"drill": {**DRILL["drill"], "namespace": "reclaimd"}})
+
+
 # --- the schema ------------------------------------------------------------------------------
 
 BAD_VALUES = [
@@ -412,6 +563,16 @@ BAD_VALUES = [
         "at '/reclaimable/nodeLabels'",
         id="no-reclaimable-labels",
     ),
+    pytest.param(
+        {"drill": {"nodeLabel": "reclaimd.io/gameday"}},
+        "at '/drill/nodeLabel'",
+        id="label-no-value",
+    ),
+    pytest.param({"drill": {"maxNodes": 0}}, "at '/drill/maxNodes'", id="drill-no-nodes"),
+    pytest.param(
+        {"drill": {"namespace": "kube-system"}}, "at '/drill/namespace'", id="drill-kube-system"
+    ),
+    pytest.param({"drill": {"scenario": "storm"}}, "at '/drill/scenario'", id="drill-not-yaml"),
 ]
 
 

@@ -122,3 +122,39 @@ readinessProbe:
   timeoutSeconds: 3
   failureThreshold: 2
 {{- end -}}
+
+{{/* The drill (a game day, `helm test`): its own name, so no selector of the controller's
+(NetworkPolicy, PDB, Service, anti-affinity: name=reclaimd) ever picks its pod. */}}
+{{- define "reclaimd.drillName" -}}
+{{- printf "%s-drill" (include "reclaimd.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "reclaimd.drillSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "reclaimd.name" . }}-drill
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: drill
+{{- end -}}
+
+{{- define "reclaimd.drillLabels" -}}
+{{ include "reclaimd.drillSelectorLabels" . }}
+app.kubernetes.io/part-of: {{ include "reclaimd.name" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* The probes' namespace: the drill makes its pods there and deletes it at the end. */}}
+{{- define "reclaimd.drillNamespace" -}}
+{{- $ns := default (include "reclaimd.drillName" .) .Values.drill.namespace -}}
+{{- if eq $ns .Release.Namespace -}}
+{{- fail "drill.namespace must not be the release namespace: the drill deletes it at the end" -}}
+{{- end -}}
+{{- $ns -}}
+{{- end -}}
+
+{{/* A test hook: created by `helm test`, in weight order, the previous one deleted first. */}}
+{{- define "reclaimd.drillHook" -}}
+helm.sh/hook: test
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation
+{{- end -}}
