@@ -1,8 +1,11 @@
 """The production image, run with podman (runc, read-only root): what it holds, and
-``reclaimd run`` becoming ready against the local stack as user ``reclaimd``.
+``reclaimd run`` becoming ready against the local stack as user ``reclaimd``. Then the chaos
+image (``make image-chaos``: the product image plus the reclaimd-chaos layer), which the
+chart's drill Job runs: ``reclaimd drill`` in it, as the same user, without the test tools.
 
-The image comes from ``deploy/image/build.sh`` (``make image``): its OCI archive is cached per
-commit, so this costs seconds when the image is built, minutes (a build) when it is not.
+The images come from ``deploy/image/build.sh`` (``make image``, ``make image-chaos``): their
+OCI archives are cached per commit, so this costs seconds when they are built, minutes (a
+build) when they are not.
 """
 
 from __future__ import annotations
@@ -49,17 +52,28 @@ def podman(
     return done
 
 
-@pytest.fixture(scope="module")
-def image() -> str:
+def built(*flavor: str) -> str:
+    """The image deploy/image/build.sh makes (or has cached), loaded into podman: its tag."""
     done = subprocess.run(
-        [str(BUILD)], capture_output=True, text=True, check=False, timeout=BUILD_TIMEOUT_S
-    )
+        [str(BUILD), *flavor], capture_output=True, text=True, check=False,
+        timeout=BUILD_TIMEOUT_S,
+    )  # fmt: skip
     if done.returncode != 0:
         pytest.fail(f"deploy/image/build.sh failed: {done.stderr.strip()[-600:]}", pytrace=False)
     archive = Path(done.stdout.strip().splitlines()[-1])
     tag = (archive.parent / "tag").read_text().strip()
     podman("load", "-q", "-i", str(archive), timeout=300)
     return tag
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    return built()
+
+
+@pytest.fixture(scope="module")
+def chaos_image(image: str) -> str:
+    return built("chaos")
 
 
 def run_once(
@@ -92,29 +106,115 @@ def test_runs_as_65532_on_a_read_only_root(image: str) -> None:
     assert json.loads(done.stdout) == [UID, UID, False]
 
 
-def test_holds_the_daemon_only(image: str) -> None:
-    probe = (
-        "import importlib.util, json\n"
-        "names = ['reclaimd.daemon', 'handlers.ec2_spot', 'chaos', 'pytest',\n"
-        "         'moto', 'hypothesis', 'ruff', 'mypy', 'pip']\n"
-        "print(json.dumps({n: importlib.util.find_spec(n) is not None for n in names}))\n"
-    )
-    done = run_once(image, "-c", probe, entrypoint="/opt/reclaimd/bin/python")
+FIND = (
+    "import importlib.util, json, sys\n"
+    "names = sys.argv[1].split(',')\n"
+    "print(json.dumps({n: importlib.util.find_spec(n) is not None for n in names}))\n"
+)
+# Every module of the packages named in argv[1] imports (as the image builds check).
+IMPORT_ALL = (
+    "import importlib, json, pkgutil, sys\n"
+    "names = []\n"
+    "for top in sys.argv[1].split(','):\n"
+    "    p = importlib.import_module(top)\n"
+    "    names += [top] + [m.name for m in pkgutil.walk_packages(p.__path__, top + '.')]\n"
+    "for n in names:\n"
+    "    importlib.import_module(n)\n"
+    "print(json.dumps(names))\n"
+)
+
+
+def found(image: str, *names: str) -> dict[str, bool]:
+    done = run_once(image, "-c", FIND, ",".join(names), entrypoint="/opt/reclaimd/bin/python")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {
+    result: dict[str, bool] = json.loads(done.stdout)
+    return result
+
+
+def test_holds_the_daemon_only(image: str) -> None:
+    names = ["reclaimd.daemon", "handlers.ec2_spot", "reclaimd.trainer", "reclaimd.trainer.torch",
+             "reclaimd.trainer.lightning", "reclaimd.trainer.hf", "chaos", "pytest", "moto",
+             "hypothesis", "ruff", "mypy", "pip", "torch"]  # fmt: skip
+    assert found(image, *names) == {
         "reclaimd.daemon": True,
         "handlers.ec2_spot": True,
-        "chaos": False,  # the drills stay in the source tree
+        "reclaimd.trainer": True,  # the checkpoint contract the daemon speaks
+        "reclaimd.trainer.torch": False,  # the SDK's integrations need torch: its own wheel
+        "reclaimd.trainer.lightning": False,
+        "reclaimd.trainer.hf": False,
+        "chaos": False,  # the drills are the chaos image's
         "pytest": False,
         "moto": False,
         "hypothesis": False,
         "ruff": False,
         "mypy": False,
         "pip": False,
+        "torch": False,
     }
     drill = run_once(image, "drill", "--help")
     assert drill.returncode == 2
     assert "invalid choice: 'drill'" in drill.stderr
+
+
+@pytest.mark.parametrize(
+    ("flavor", "packages"), [("image", "reclaimd,handlers"), ("chaos_image", "chaos")]
+)
+def test_every_module_it_ships_imports(
+    request: pytest.FixtureRequest, flavor: str, packages: str
+) -> None:
+    tag: str = request.getfixturevalue(flavor)
+    done = run_once(tag, "-c", IMPORT_ALL, packages, entrypoint="/opt/reclaimd/bin/python")
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert len(json.loads(done.stdout)) > 10
+
+
+# --- the chaos image -------------------------------------------------------------------------
+
+
+def image_field(image: str, field: str) -> Any:
+    return json.loads(podman("image", "inspect", "--format", f"{{{{json {field}}}}}", image).stdout)
+
+
+def test_the_chaos_image_is_the_product_image_and_one_layer(image: str, chaos_image: str) -> None:
+    product = image_field(image, ".RootFS.Layers")
+    chaos = image_field(chaos_image, ".RootFS.Layers")
+    assert chaos[: len(product)] == product
+    assert len(chaos) == len(product) + 1
+    for field in (".Config.User", ".Config.Entrypoint", ".Config.Env", ".Config.WorkingDir"):
+        assert image_field(chaos_image, field) == image_field(image, field), field
+
+
+def test_the_chaos_image_runs_reclaimd_drill(chaos_image: str) -> None:
+    done = run_once(chaos_image, "drill", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "run" in done.stdout
+    # The chart's drill.scenario names a file here (/opt/reclaimd/scenarios, the shipped ones).
+    check = run_once(chaos_image, "drill", "check", "/opt/reclaimd/scenarios/spot-single.yaml")
+    assert check.returncode == 0, check.stderr
+    assert "spot-single" in check.stdout
+
+
+def test_the_chaos_image_runs_as_65532_on_a_read_only_root(chaos_image: str) -> None:
+    test_runs_as_65532_on_a_read_only_root(chaos_image)
+
+
+def test_the_chaos_image_holds_the_rig_and_no_test_tools(chaos_image: str) -> None:
+    names = ["chaos.drill", "chaos.scenario", "reclaimd.daemon", "chaos.torchjob",
+             "chaos.bench_trainer", "reclaimd.trainer.torch", "pytest", "moto", "hypothesis",
+             "pip", "torch"]  # fmt: skip
+    assert found(chaos_image, *names) == {
+        "chaos.drill": True,
+        "chaos.scenario": True,
+        "reclaimd.daemon": True,
+        "chaos.torchjob": False,  # the torch jobs stay out: no torch here
+        "chaos.bench_trainer": False,
+        "reclaimd.trainer.torch": False,
+        "pytest": False,
+        "moto": False,
+        "hypothesis": False,
+        "pip": False,  # pip only in the build stage
+        "torch": False,
+    }
 
 
 def self_contained(kubeconfig: Path) -> dict[str, Any]:
