@@ -85,8 +85,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
         "networkPolicy": {"trainingNamespaces": [TRAIN_NS], "kafka": {"cidrs": ["10.0.0.0/8"]}}
     },
     "no-network-policy": {"networkPolicy": {"enabled": False}, "rbac": {"create": False}},
-    # The drill's hooks too (Job, probes' Namespace and Role): TRAIN_NS exists, so the Role
-    # in it passes a dry-run (helm test makes the namespace first).
+    # The drill (its Job, a test hook, and its probes' Namespace and Role): TRAIN_NS exists, so
+    # the Role in it passes a dry-run (an install makes the namespace first).
     "drill": {
         "drill": {"enabled": True, "nodeLabel": f"{RUN_LABEL}=drill", "namespace": TRAIN_NS},
         "nodeAgent": {"enabled": True},

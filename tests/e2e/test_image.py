@@ -189,9 +189,10 @@ def test_the_chaos_image_runs_reclaimd_drill(chaos_image: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "run" in done.stdout
     # The chart's drill.scenario names a file here (/opt/reclaimd/scenarios, the shipped ones).
-    check = run_once(chaos_image, "drill", "check", "/opt/reclaimd/scenarios/spot-single.yaml")
+    scenario = "/opt/reclaimd/scenarios/gameday-spot-storm.yaml"
+    check = run_once(chaos_image, "drill", "check", scenario)
     assert check.returncode == 0, check.stderr
-    assert "spot-single" in check.stdout
+    assert "gameday-spot-storm" in check.stdout
 
 
 def test_the_chaos_image_runs_as_65532_on_a_read_only_root(chaos_image: str) -> None:

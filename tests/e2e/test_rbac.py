@@ -131,8 +131,7 @@ DRILL_ALLOWED: list[Attrs] = [
     ("", "nodes", "", "list", "", ""),
     ("", "nodes", "", "patch", "", ""),  # label, cordon and taint back
     ("", "pods", "", "list", "", ""),  # what runs on each drill node, in any namespace
-    ("", "namespaces", "", "get", "", PROBES),
-    ("", "namespaces", "", "delete", "", PROBES),  # the clean-up
+    ("", "namespaces", "", "create", "", ""),  # ensure_namespace: 409, the chart made it
     ("", "configmaps", "", "get", "reclaimd", "reclaimd"),  # the release's settings
     ("", "configmaps", "", "get", "reclaimd", "reclaimd-node-agent"),
     ("apps", "deployments", "", "list", "reclaimd", ""),  # the release, by its labels
@@ -141,6 +140,7 @@ DRILL_ALLOWED: list[Attrs] = [
     ("coordination.k8s.io", "leases", "", "delete", "reclaimd", ""),  # gang Leases
     ("", "pods", "", "create", PROBES, ""),
     ("", "pods", "", "delete", PROBES, ""),
+    ("", "pods", "", "deletecollection", PROBES, ""),  # the run's probes, by label
     ("", "pods", "status", "patch", PROBES, ""),  # a stand-in rank's start time
     ("policy", "poddisruptionbudgets", "", "create", PROBES, ""),
     ("kueue.x-k8s.io", "workloads", "", "create", PROBES, ""),
@@ -163,8 +163,8 @@ DRILL_DENIED: list[Attrs] = [
     ("", "nodes", "", "delete", "", ""),
     ("", "nodes", "", "create", "", ""),
     ("", "namespaces", "", "delete", "", "kube-system"),
-    ("", "namespaces", "", "delete", "", "reclaimd"),
-    ("", "namespaces", "", "create", "", ""),
+    ("", "namespaces", "", "delete", "", PROBES),  # given --namespace, only its objects go
+    ("", "namespaces", "", "get", "", "reclaimd"),
     ("", "serviceaccounts", "token", "create", "reclaimd", "reclaimd"),
     ("apps", "deployments", "", "patch", "reclaimd", "reclaimd"),
     ("coordination.k8s.io", "leases", "", "delete", "default", ""),

@@ -143,18 +143,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* The probes' namespace: the drill makes its pods there and deletes it at the end. */}}
+{{/* The probes' namespace, where the drill makes its stand-in gangs (and may delete pods). */}}
 {{- define "reclaimd.drillNamespace" -}}
 {{- $ns := default (include "reclaimd.drillName" .) .Values.drill.namespace -}}
 {{- if eq $ns .Release.Namespace -}}
-{{- fail "drill.namespace must not be the release namespace: the drill deletes it at the end" -}}
+{{- fail "drill.namespace must not be the release namespace: the drill creates and deletes pods there" -}}
 {{- end -}}
 {{- $ns -}}
-{{- end -}}
-
-{{/* A test hook: created by `helm test`, in weight order, the previous one deleted first. */}}
-{{- define "reclaimd.drillHook" -}}
-helm.sh/hook: test
-helm.sh/hook-weight: {{ . | quote }}
-helm.sh/hook-delete-policy: before-hook-creation
 {{- end -}}
