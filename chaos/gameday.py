@@ -21,12 +21,14 @@ import dataclasses
 import glob
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from reclaimd.cluster.client import build_api_client
+from reclaimd.model import utcnow
 
 from . import drill_judge, fleet, report
 from .drill_inject import Injector
@@ -34,6 +36,7 @@ from .drill_local import World
 from .drill_watch import Watcher
 from .drill_world import build_cluster
 from .gameday_cleanup import Probes, cleanup, label
+from .gameday_events import events_check
 from .gameday_read import FromOffsets, end_offsets, traces_of
 from .gameday_target import (
     GameDayError,
@@ -69,7 +72,9 @@ class ReleaseHarness(Harness):
     (build, inject, watch, judge) run unchanged against it. It creates only the probe
     namespace, starts no reclaimd, and reads the ledger from where it stood at the start."""
 
-    def __init__(self, release: Release, api: Any, *, namespace: str, run_id: str) -> None:
+    def __init__(
+        self, release: Release, api: Any, *, namespace: str, run_id: str, own_namespace: bool
+    ) -> None:
         s = release.settings
         values = {
             "KUBECONFIG": "",
@@ -85,12 +90,14 @@ class ReleaseHarness(Harness):
         self.queue_url = s.sqs.queue_url
         self.topic = s.ledger.topic
         self.namespace = namespace
+        self.own_namespace = own_namespace
         self.api = api
         self.start_offsets: dict[TopicPartition, int] = {}
 
     async def __aenter__(self) -> ReleaseHarness:
         assert self.api is not None
-        await fleet.ensure_namespace(self.api, self.namespace)
+        if self.own_namespace:  # a given one is the chart's (its Role is there): not touched
+            await fleet.ensure_namespace(self.api, self.namespace)
         self.start_offsets = await end_offsets(self.stack.kafka, self.topic)
         return self
 
@@ -172,13 +179,16 @@ class GameDay:
         probes = Probes(
             namespace, self.run_id, own=not self.o.namespace, pdbs=pdbs, workloads=kueue
         )
-        h = ReleaseHarness(release, api, namespace=namespace, run_id=self.run_id)
+        h = ReleaseHarness(
+            release, api, namespace=namespace, run_id=self.run_id, own_namespace=probes.own
+        )
         world = World(plan, h.stack, proxied=False, say=self.say)
         if Source.GKE_PUBSUB in plan.sources():
             world.publisher, world.built.pubsub_topic = await _pubsub_topic(release)
         injector = Injector(plan, world, say=self.say)
         watcher = Watcher(plan, sent=injector.sent, faults=[], say=self.say)
         cleaned: report.Check | None = None
+        started = utcnow() - timedelta(seconds=1)  # the apiserver's clock, to the second
         async with h:
             try:
                 await label(api, self.states, {fleet.DRILL_LABEL: self.run_id})
@@ -194,6 +204,7 @@ class GameDay:
                         with contextlib.suppress(asyncio.CancelledError):
                             await task
                 await self._gather_spans(h, injector)
+                events = await events_check(api, injector.sent, namespace, started)
                 claims = await watcher.claims(h)
                 verdict = await drill_judge.judge(
                     h, plan, claims=claims, sent=injector.sent,
@@ -208,7 +219,7 @@ class GameDay:
                 for task in injector.stop_pods:
                     task.cancel()
                 cleaned = await cleanup(api, self.states, probes, say=self.say)
-        checks = (*verdict.checks, cleaned)
+        checks = (*verdict.checks, events, cleaned)
         return dataclasses.replace(verdict, checks=checks, daemons=())
 
     async def _gather_spans(self, h: Harness, injector: Injector) -> None:

@@ -131,13 +131,11 @@ DRILL_ALLOWED: list[Attrs] = [
     ("", "nodes", "", "list", "", ""),
     ("", "nodes", "", "patch", "", ""),  # label, cordon and taint back
     ("", "pods", "", "list", "", ""),  # what runs on each drill node, in any namespace
-    ("", "namespaces", "", "create", "", ""),  # ensure_namespace: 409, the chart made it
     ("", "configmaps", "", "get", "reclaimd", "reclaimd"),  # the release's settings
     ("", "configmaps", "", "get", "reclaimd", "reclaimd-node-agent"),
     ("apps", "deployments", "", "list", "reclaimd", ""),  # the release, by its labels
     ("apps", "daemonsets", "", "get", "reclaimd", "reclaimd-node-agent"),
     ("", "pods", "", "watch", "reclaimd", ""),
-    ("coordination.k8s.io", "leases", "", "delete", "reclaimd", ""),  # gang Leases
     ("", "pods", "", "create", PROBES, ""),
     ("", "pods", "", "delete", PROBES, ""),
     ("", "pods", "", "deletecollection", PROBES, ""),  # the run's probes, by label
@@ -165,6 +163,8 @@ DRILL_DENIED: list[Attrs] = [
     ("", "namespaces", "", "delete", "", "kube-system"),
     ("", "namespaces", "", "delete", "", PROBES),  # given --namespace, only its objects go
     ("", "namespaces", "", "get", "", "reclaimd"),
+    ("", "namespaces", "", "create", "", ""),  # given --namespace: the chart's, not touched
+    ("coordination.k8s.io", "leases", "", "delete", "reclaimd", ""),  # the release's own
     ("", "serviceaccounts", "token", "create", "reclaimd", "reclaimd"),
     ("apps", "deployments", "", "patch", "reclaimd", "reclaimd"),
     ("coordination.k8s.io", "leases", "", "delete", "default", ""),
