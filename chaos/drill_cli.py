@@ -111,6 +111,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def cmd_gameday(args: argparse.Namespace, scenario: Any) -> int:
     """``drill run --cluster``: 0, 1 as a local drill; 2 for a refusal (nothing changed)."""
+    from reclaimd.cluster.client import ConfigError
+
     from .drill import Progress
     from .gameday import GameDay, Options
     from .gameday_target import GameDayError
@@ -132,7 +134,7 @@ def cmd_gameday(args: argparse.Namespace, scenario: Any) -> int:
     day = GameDay(scenario, options, say=Progress(quiet=bool(args.quiet)))
     try:
         outcome = asyncio.run(day.run())
-    except GameDayError as e:
+    except (GameDayError, ConfigError) as e:
         print(f"reclaimd drill: {e}", file=sys.stderr)
         return EXIT_USAGE
     if isinstance(outcome, str):

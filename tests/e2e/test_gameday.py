@@ -27,6 +27,7 @@ from kubernetes_asyncio import client as k8s
 from podplayer import PodPlayer
 from stack import REPO_DIR, Stack
 from test_helm_install import HELM, run
+from test_image import PODMAN, ULIMITS, built
 
 from chaos import fleet
 from reclaimd.cluster.client import build_api_client
@@ -295,4 +296,43 @@ async def test_gce_storm_and_kueue_reclaim_against_the_release(
     charged = verdict["gangs"]
     assert len(charged) == gangs and all(g["ledger_events"] == 1 for g in charged), charged
     assert verdict["notices"] and all(n["traced"] for n in verdict["notices"])
+    assert await node_states(release.api, ALL_SPOT) == before
+
+
+@pytest.fixture(scope="module")
+def chaos_image() -> str:
+    built()  # the product image first: the chaos image is a layer on it
+    return built("chaos")
+
+
+async def test_the_chaos_image_runs_the_game_day(
+    release: Release, chaos_image: str, tmp_path: Path
+) -> None:
+    """Where a game day runs: the chaos image (``make image-chaos``), read-only, as 65532, on
+    the host's network (the stack is on loopback), with the admin kubeconfig and the release's
+    span files mounted read-only; the scenario is the one the image ships."""
+    before = await node_states(release.api, ALL_SPOT)
+    spans = str(Path(release.player.span_glob()).parents[1])
+    kubeconfig = tmp_path / "kubeconfig"  # readable by the image's user (the stack's is 0600)
+    kubeconfig.write_text(release.stack.kubeconfig.read_text())
+    kubeconfig.chmod(0o644)
+    env = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"]
+    cmd = [
+        *PODMAN, "run", "--rm", "--read-only", "--network", "host", *ULIMITS,
+        "--tmpfs", "/tmp:rw,size=64m,mode=1777", "-e", "HOME=/tmp",
+        *[a for k in env for a in ("-e", k)],
+        "-v", f"{kubeconfig}:/kube/config:ro", "-v", f"{spans}:{spans}:ro",
+        chaos_image, "drill", "run", "/opt/reclaimd/scenarios/gameday-spot-storm.yaml",
+        "--cluster", "--kubeconfig", "/kube/config", "--release", RELEASE,
+        "--release-namespace", NS, "--node-label", DRILL, "--max-nodes", "6",
+        "--spans", release.player.span_glob(),
+    ]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out_b, err_b = await asyncio.wait_for(proc.communicate(), 400)
+    stdout = out_b.decode()
+    print(stdout)
+    assert proc.returncode == 0, (stdout[-3000:], err_b.decode()[-2000:])
+    assert "== verdict: PASS" in stdout and "[PASS] cleaned up" in stdout
     assert await node_states(release.api, ALL_SPOT) == before
