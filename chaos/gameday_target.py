@@ -17,7 +17,6 @@ Every refusal is a ``GameDayError``: one line, exit status 2, nothing changed.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -94,7 +93,7 @@ async def discover(
     if not isinstance(data, dict):
         raise GameDayError(f"ConfigMap {cm_name}: config.yaml is not a mapping")
     for key, value in overrides.items():
-        _set_path(data, key, value)
+        _set(data, key, value)
     try:
         settings = rconfig.Settings.model_validate(data)
     except Exception as e:  # pydantic's message, on one line
@@ -247,18 +246,16 @@ def _as_planned(p: PlannedNode, node: Mapping[str, Any]) -> PlannedNode:
     )
 
 
-def _set_path(data: dict[str, Any], dotted: str, raw: str) -> None:
-    keys = dotted.split(".")
-    here = data
-    for k in keys[:-1]:
-        nxt = here.setdefault(k, {})
-        if not isinstance(nxt, dict):
-            raise GameDayError(f"--set {dotted}: {k} is not a mapping in the release's config")
-        here = nxt
+def _set(data: dict[str, Any], dotted: str, raw: str) -> None:
+    """``--set ledger.bootstrap=HOST:PORT``: the setting's own override, as the chart's
+    ``secretEnv`` would set ``RECLAIMD_LEDGER__BOOTSTRAP`` (``reclaimd.config.overlay``)."""
+    if dotted.split(".", 1)[0] not in rconfig.Settings.model_fields:
+        raise GameDayError(f"--set {dotted}: no such setting")
+    env = {rconfig.ENV_PREFIX + dotted.upper().replace(".", "__"): raw}
     try:
-        here[keys[-1]] = json.loads(raw)
-    except ValueError:
-        here[keys[-1]] = raw
+        rconfig.overlay(data, env)
+    except rconfig.ConfigError as e:
+        raise GameDayError(f"--set {dotted}: {e}") from None
 
 
 def _line(e: Exception) -> str:

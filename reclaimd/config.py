@@ -472,7 +472,8 @@ CODE_SETTINGS: Mapping[str, CodePart] = MappingProxyType(
 )
 
 
-def _overlay(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+def overlay(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """``data`` with the ``RECLAIMD_<SECTION>__<KEY>`` overrides of ``env`` set in it."""
     for key, value in sorted(env.items()):
         if not key.startswith(ENV_PREFIX):
             continue
@@ -515,7 +516,7 @@ def load(path: str | Path | None, env: Mapping[str, str] | None = None) -> Setti
             raise ConfigError(f"{path}: not valid YAML{at}") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
-    data = _overlay(data, os.environ if env is None else env)
+    data = overlay(data, os.environ if env is None else env)
     try:
         return Settings.model_validate(data)
     except ValidationError as e:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "deploy"))
+from sidewheel import build_staged  # noqa: E402 (deploy/sidewheel.py: shared by both)
+
 
 
 def torch_modules() -> set[str]:
@@ -31,27 +32,16 @@ def torch_modules() -> set[str]:
 
 
 def build(out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
     left_out = torch_modules()
 
     def ignore(directory: str, names: list[str]) -> set[str]:
         rel = Path(directory).resolve().relative_to(REPO)
         return {n for n in names if n == "__pycache__" or str(rel / n) in left_out}
 
-    with tempfile.TemporaryDirectory(prefix="reclaimd-chaos-") as tmp:
-        stage = Path(tmp)
-        shutil.copy(HERE / "pyproject.toml", stage / "pyproject.toml")
-        shutil.copytree(REPO / "chaos", stage / "chaos", ignore=ignore)
-        before = set(out.glob("reclaimd_chaos-*.whl"))
-        subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-             "--no-build-isolation", "--wheel-dir", str(out), str(stage)],
-            check=True,
-        )  # fmt: skip
-    made = sorted(set(out.glob("reclaimd_chaos-*.whl")) - before) or sorted(
-        out.glob("reclaimd_chaos-*.whl")
-    )
-    return made[-1]
+    def stage(directory: Path) -> None:
+        shutil.copytree(REPO / "chaos", directory / "chaos", ignore=ignore)
+
+    return build_staged(HERE / "pyproject.toml", out, "reclaimd_chaos", stage)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from chaos import fleet
-from chaos.gameday_target import GameDayError, Release, _set_path, bind, state_of
+from chaos.gameday_target import GameDayError, Release, _set, bind, state_of
 from chaos.scenario import parse, plan
 from reclaimd.config import Settings
 
@@ -81,8 +81,11 @@ def test_state_of_and_set_path() -> None:
     st = state_of(n)
     assert st.unschedulable and st.claim == "{}" and st.labels["type"] == "kwok"
     data: dict[str, Any] = {"ledger": {"topic": "t"}}
-    _set_path(data, "ledger.bootstrap", "k:9092")
-    _set_path(data, "sqs.wait_time_s", "1")
-    assert data == {"ledger": {"topic": "t", "bootstrap": "k:9092"}, "sqs": {"wait_time_s": 1}}
-    with pytest.raises(GameDayError, match="not a mapping"):
-        _set_path(data, "ledger.topic.x", "1")
+    _set(data, "ledger.bootstrap", "k:9092")
+    _set(data, "sqs.wait_time_s", "1")  # a string here: the settings model converts it
+    assert data == {"ledger": {"topic": "t", "bootstrap": "k:9092"}, "sqs": {"wait_time_s": "1"}}
+    assert Settings.model_validate(data).sqs.wait_time_s == 1
+    with pytest.raises(GameDayError, match="is not a section"):
+        _set(data, "ledger.topic.x", "1")
+    with pytest.raises(GameDayError, match="no such setting"):
+        _set(data, "ledgr.bootstrap", "1")

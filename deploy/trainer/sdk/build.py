@@ -8,23 +8,21 @@ isolation: setuptools comes from the environment). Prints the wheel's path.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
+sys.path.insert(0, str(REPO / "deploy"))
+from sidewheel import build_staged  # noqa: E402 (deploy/sidewheel.py: shared by both)
+
 # What reclaimd.trainer imports of reclaimd: tests/unit/test_trainer_dist.py keeps this true.
 MODULES = ("__init__.py", "model.py", "putbudget.py", "py.typed")
 
 
 def build(out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="reclaimd-trainer-") as tmp:
-        stage = Path(tmp)
-        shutil.copy(HERE / "pyproject.toml", stage / "pyproject.toml")
-        package = stage / "reclaimd"
+    def stage(directory: Path) -> None:
+        package = directory / "reclaimd"
         package.mkdir()
         for name in MODULES:
             if (REPO / "reclaimd" / name).exists():
@@ -34,16 +32,8 @@ def build(out: Path) -> Path:
             package / "trainer",
             ignore=shutil.ignore_patterns("__pycache__"),
         )
-        before = set(out.glob("reclaimd_trainer-*.whl"))
-        subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-             "--no-build-isolation", "--wheel-dir", str(out), str(stage)],
-            check=True,
-        )  # fmt: skip
-    made = sorted(set(out.glob("reclaimd_trainer-*.whl")) - before) or sorted(
-        out.glob("reclaimd_trainer-*.whl")
-    )
-    return made[-1]
+
+    return build_staged(HERE / "pyproject.toml", out, "reclaimd_trainer", stage)
 
 
 if __name__ == "__main__":
