@@ -176,9 +176,9 @@ def one_size(
         second.kill()
     logs = [read_log(workdir, r) for r in range(world)]
     starts = [[e for e in log if e["event"] == "start"][-1] for log in logs]
-    first_steps = [
-        next(e for e in log if e["event"] == "step" and e["step"] == step + 1) for log in logs
-    ]
+    # the logs go on across incarnations: the new one's first step follows its start
+    last = [log[max(i for i, e in enumerate(log) if e["event"] == "start") :] for log in logs]
+    first_steps = [next(e for e in log if e["event"] == "step") for log in last]
     routine = [e for log in logs for e in log if e["event"] == "routine"]
     s = [x[0] for x in saved]
     stash_bytes = sum(x["stash_bytes"] for x in s)
