@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import dataclasses
 import glob
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -82,7 +84,8 @@ class ReleaseHarness(Harness):
             "AWS_ENDPOINT_URL": s.sqs.endpoint_url or "",
             "AWS_DEFAULT_REGION": s.sqs.region,
         }
-        workdir = Path.home() / ".cache" / "reclaimd" / "gameday" / run_id
+        # The run's scratch (the spans gathered for the judge), gone with the run.
+        workdir = Path(tempfile.mkdtemp(prefix=f"reclaimd-gameday-{run_id}-"))
         super().__init__(StackEnv(workdir, values), name=run_id, workdir=workdir)
         import boto3
 
@@ -103,6 +106,7 @@ class ReleaseHarness(Harness):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.trainers.close()  # the nodes are the cluster's: never deleted
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def ledger_consumer(self) -> AIOKafkaConsumer:
         return FromOffsets(
@@ -218,9 +222,13 @@ class GameDay:
             finally:
                 for task in injector.stop_pods:
                     task.cancel()
-                cleaned = await cleanup(api, self.states, probes, say=self.say)
+                # Pub/Sub: a copy may still be leased to a replica (or come back with a
+                # slot's seek): watch the put-back nodes a lease extension more.
+                pubsub = release.settings.pubsub.lease_extension_s + 2.0
+                settle = pubsub if Source.GKE_PUBSUB in plan.sources() else 2.0
+                cleaned = await cleanup(api, self.states, probes, settle_s=settle, say=self.say)
         checks = (*verdict.checks, events, cleaned)
-        return dataclasses.replace(verdict, checks=checks, daemons=())
+        return dataclasses.replace(verdict, checks=checks, daemons=(), span_files=())
 
     async def _gather_spans(self, h: Harness, injector: Injector) -> None:
         """The release's spans of this drill's notices (their whole traces), into the run's

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import functools
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,7 @@ from . import fleet, report
 from .gameday_target import CLAIM, NodeState, state_of
 
 CLEANUP_WAIT_S = 60.0
+ROUNDS = 3  # put back, watch, put back again: late copies of a notice are few
 RECLAIMD_TAINTS = "reclaimd.io/"  # the taints reclaimd puts on a doomed node
 
 
@@ -35,41 +38,87 @@ class Probes:
 
 
 async def cleanup(
-    api: Any, states: Sequence[NodeState], probes: Probes, *, say: Callable[[str], None]
+    api: Any,
+    states: Sequence[NodeState],
+    probes: Probes,
+    *,
+    settle_s: float,
+    say: Callable[[str], None],
 ) -> report.Check:
-    """Every drill node as it was, the probes gone; checked, as the last row."""
+    """Every drill node as it was, the probes gone; checked, as the last row.
+
+    A copy of a notice still on its way (a Pub/Sub redelivery, a slot's seek back after a
+    replica changed) finds a node put back and unclaimed, and the release claims it again:
+    after putting the nodes back, they are watched ``settle_s``; a node claimed again is put
+    back once the release is done with it, and the detail says so."""
     from kubernetes_asyncio import client as k8s
 
     core = k8s.CoreV1Api(api)
-    problems: list[str] = []
-    for st in states:
-        try:
-            now = state_of(api.sanitize_for_serialization(await core.read_node(st.name)))
-            meta, spec = _restore_patches(st, now)
-            await core.patch_node(st.name, meta)
-            await core.patch_node(st.name, spec)
-        except Exception as e:
-            problems.append(f"{st.name}: {type(e).__name__}")
     await _delete_probes(api, probes)
-    loop = asyncio.get_running_loop()
-    end = loop.time() + CLEANUP_WAIT_S
-    while loop.time() < end:
-        left = await _left_over(core, states, probes)
-        if not left:
+    problems: list[str] = []
+    again: set[str] = set()
+    for _ in range(ROUNDS):
+        problems = await _put_back(api, core, states)
+        await _until(lambda: _nodes_left(core, states), CLEANUP_WAIT_S)
+        await asyncio.sleep(settle_s)
+        claimed = [st for st in states if (await _state(api, core, st.name)).claim != st.claim]
+        if not claimed:
             break
-        await asyncio.sleep(1.0)
-    problems += await _left_over(core, states, probes)
+        again |= {st.name for st in claimed}
+        await _until(functools.partial(_not_done, api, core, claimed), CLEANUP_WAIT_S)
+    await _until(lambda: _probes_left(core, probes), CLEANUP_WAIT_S)
+    problems += await _nodes_left(core, states) + await _probes_left(core, probes)
     n = len(states)
     gone = f"namespace {probes.namespace} deleted" if probes.own else "the run's probes deleted"
-    say(f"cleaned up: {n} node(s) as they were, {gone}" if not problems
+    late = f"; {len(again)} put back again after a late copy of a notice" if again else ""
+    say(f"cleaned up: {n} node(s) as they were, {gone}{late}" if not problems
         else f"NOT cleaned up: {'; '.join(problems[:3])}")  # fmt: skip
     return report.Check(
         "cleaned up",
         not problems,
-        f"{n} node(s) uncordoned and untainted as before, {gone}"
+        f"{n} node(s) uncordoned and untainted as before, {gone}{late}"
         if not problems
         else "; ".join(problems[:4]),
     )
+
+
+async def _put_back(api: Any, core: Any, states: Sequence[NodeState]) -> list[str]:
+    problems: list[str] = []
+    for st in states:
+        try:
+            meta, spec = _restore_patches(st, await _state(api, core, st.name))
+            await core.patch_node(st.name, meta)
+            await core.patch_node(st.name, spec)
+        except Exception as e:
+            problems.append(f"{st.name}: {type(e).__name__}")
+    return problems
+
+
+async def _state(api: Any, core: Any, name: str) -> NodeState:
+    return state_of(api.sanitize_for_serialization(await core.read_node(name)))
+
+
+async def _until(left: Callable[[], Awaitable[list[str]]], timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while loop.time() < end:
+        if not await left():
+            return
+        await asyncio.sleep(1.0)  # the apiserver polled: nothing here to wait on instead
+
+
+async def _not_done(api: Any, core: Any, states: Sequence[NodeState]) -> list[str]:
+    """The nodes whose claim the release has not finished with yet."""
+    out = []
+    for st in states:
+        claim = (await _state(api, core, st.name)).claim
+        try:
+            phase = json.loads(claim).get("phase") if claim else "done"
+        except (ValueError, AttributeError):
+            phase = "done"
+        if phase != "done":
+            out.append(st.name)
+    return out
 
 
 async def _delete_probes(api: Any, probes: Probes) -> None:
@@ -127,10 +176,10 @@ def _added(taint: Mapping[str, Any], before: NodeState) -> bool:
     return key.startswith(RECLAIMD_TAINTS) and key not in {t.get("key") for t in before.taints}
 
 
-async def _left_over(core: Any, states: Sequence[NodeState], probes: Probes) -> list[str]:
+async def _nodes_left(core: Any, states: Sequence[NodeState]) -> list[str]:
     out: list[str] = []
     for st in states:
-        now = state_of(core.api_client.sanitize_for_serialization(await core.read_node(st.name)))
+        now = await _state(core.api_client, core, st.name)
         if now.unschedulable != st.unschedulable:
             out.append(f"{st.name} still cordoned")
         if any(_added(t, st) for t in now.taints):
@@ -139,12 +188,14 @@ async def _left_over(core: Any, states: Sequence[NodeState], probes: Probes) -> 
             out.append(f"{st.name} still claimed")
         if now.labels.get(fleet.DRILL_LABEL) != st.labels.get(fleet.DRILL_LABEL):
             out.append(f"{st.name} still labelled")
+    return out
+
+
+async def _probes_left(core: Any, probes: Probes) -> list[str]:
     if probes.own:
         with contextlib.suppress(Exception):
             await core.read_namespace(probes.namespace)
-            out.append(f"namespace {probes.namespace} not deleted yet")
-    else:
-        pods = await core.list_namespaced_pod(probes.namespace, label_selector=probes.selector)
-        if pods.items:
-            out.append(f"{len(pods.items)} probe pod(s) left in {probes.namespace}")
-    return out
+            return [f"namespace {probes.namespace} not deleted yet"]
+        return []
+    pods = await core.list_namespaced_pod(probes.namespace, label_selector=probes.selector)
+    return [f"{len(pods.items)} probe pod(s) left in {probes.namespace}"] if pods.items else []

@@ -34,7 +34,7 @@ LOGS=$CACHE_DIR/logs
 IMAGE_REV=${IMAGE_REV:-HEAD}
 IMAGE_PATHS=(Containerfile pyproject.toml README.md reclaimd handlers deploy/image/torch_modules.py deploy/image/import_all.py)
 # What the chaos layer adds (its own archive: the product's wheel never sees chaos/).
-CHAOS_PATHS=(deploy/image/Containerfile.chaos deploy/chaos chaos deploy/image/torch_modules.py deploy/image/import_all.py)
+CHAOS_PATHS=(deploy/image/Containerfile.chaos deploy/chaos deploy/sidewheel.py chaos deploy/image/torch_modules.py deploy/image/import_all.py)
 PY=$REPO_DIR/.venv/bin/python
 
 sources_hash() {
