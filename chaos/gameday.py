@@ -189,6 +189,9 @@ class GameDay:
         world = World(plan, h.stack, proxied=False, say=self.say)
         if Source.GKE_PUBSUB in plan.sources():
             world.publisher, world.built.pubsub_topic = await _pubsub_topic(release)
+        if Source.KAFKA in plan.sources():  # CloudEvents on the release's notices topic
+            world.producer = await _producer(release)
+            world.built.notices_topic = release.settings.kafka_notices.topic
         injector = Injector(plan, world, say=self.say)
         watcher = Watcher(plan, sent=injector.sent, faults=[], say=self.say)
         cleaned: report.Check | None = None
@@ -222,6 +225,8 @@ class GameDay:
             finally:
                 for task in injector.stop_pods:
                     task.cancel()
+                if world.producer is not None:
+                    await world.producer.stop()
                 # Pub/Sub: a copy may still be leased to a replica (or come back with a
                 # slot's seek): watch the put-back nodes a lease extension more.
                 pubsub = release.settings.pubsub.lease_extension_s + 2.0
@@ -281,6 +286,16 @@ async def _pubsub_topic(release: Release) -> tuple[Any, str]:
     finally:
         subscriber.close()
     return pubsub_v1.PublisherClient(), str(sub.topic)
+
+
+async def _producer(release: Release) -> Any:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=release.settings.kafka_notices.bootstrap, acks="all"
+    )
+    await producer.start()
+    return producer
 
 
 async def _no_faults(_: Any) -> None:  # refused before the drill starts (check_sources)

@@ -33,7 +33,7 @@ INSTANCE = "app.kubernetes.io/instance"
 NAME = "app.kubernetes.io/name"
 CLAIM = "reclaimd.io/claim"
 # The sources a game day injects today; the others are refused by name (docs/drills.md).
-SUPPORTED = frozenset({Source.EC2_SQS, Source.GKE_PUBSUB, Source.KUEUE})
+SUPPORTED = frozenset({Source.EC2_SQS, Source.GKE_PUBSUB, Source.KUEUE, Source.KAFKA})
 
 
 class GameDayError(Exception):
@@ -127,6 +127,11 @@ def check_sources(plan: Plan, release: Release, namespace: str) -> None:
         raise GameDayError(f"release {release.name!r} has no sqs.queue_url")
     if Source.GKE_PUBSUB in sources and not (s.pubsub.project and s.pubsub.subscription):
         raise GameDayError(f"release {release.name!r} has no pubsub.project and subscription")
+    if Source.KAFKA in sources and not s.kafka_notices.bootstrap:
+        raise GameDayError(
+            "the release's kafka_notices.bootstrap is not in its ConfigMap (a Secret?): pass"
+            " --set kafka_notices.bootstrap=HOST:PORT"
+        )
     watched = s.kueue.namespaces
     if Source.KUEUE in sources and watched and namespace not in watched:
         raise GameDayError(

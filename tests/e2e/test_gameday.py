@@ -104,7 +104,10 @@ async def release(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asy
     admin = AIOKafkaAdminClient(bootstrap_servers=stack.kafka_bootstrap)
     await admin.start()
     appended = {"message.timestamp.type": "LogAppendTime"}
-    await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=appended)])
+    notices = f"reclaimd.notices.gd-{RUN}"
+    await admin.create_topics(
+        [NewTopic(topic, 1, 1, topic_configs=appended), NewTopic(notices, 3, 1)]
+    )
     await admin.close()
     # the Logging sink's topic, one subscription per replica slot (deploy/gcp/main.tf's)
     from google.cloud import pubsub_v1
@@ -127,6 +130,8 @@ async def release(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asy
             "pubsub": {"enabled": True, "project": stack.pubsub_project,
                        "subscription": f"gd-{RUN}"},
             "kueue": {"enabled": True},
+            "kafka_notices": {"enabled": True, "bootstrap": stack.kafka_bootstrap,
+                              "topic": notices, "group_id": f"reclaimd-gd-{RUN}"},
             "ledger": {"bootstrap": stack.kafka_bootstrap, "topic": topic},
             # the probes answer on loopback: an exception a game day's values would name
             "checkpoint": {"allowed_hosts": ["127.0.0.1"]},
@@ -278,13 +283,16 @@ async def test_a_release_pod_deleted_mid_drill(release: Release, tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    ("scenario", "gangs"), [("gameday-gce-storm", 2), ("gameday-kueue-reclaim", 1)]
+    ("scenario", "gangs"),
+    [("gameday-gce-storm", 2), ("gameday-kueue-reclaim", 1), ("kafka-notices", 2)],
 )
-async def test_gce_storm_and_kueue_reclaim_against_the_release(
+async def test_gce_storm_kueue_reclaim_and_kafka_notices_against_the_release(
     release: Release, tmp_path: Path, scenario: str, gangs: int
 ) -> None:
-    """GCE preemptions through the release's Pub/Sub subscription (its sink's topic), and a
-    Kueue reclaim written into a Workload: judged from what the release wrote, cleaned up."""
+    """GCE preemptions through the release's Pub/Sub subscription (its sink's topic), a
+    Kueue reclaim written into a Workload, and CloudEvents on its Kafka notices topic (the
+    local drill's own scenario, duplicates and malformed events included): judged from what
+    the release wrote, cleaned up."""
     before = await node_states(release.api, ALL_SPOT)
     out = tmp_path / "verdict.json"
     code, stdout, stderr = await drill(release, out=out, scenario=SCENARIOS / f"{scenario}.yaml")
