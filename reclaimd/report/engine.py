@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final
-
-import duckdb
+from typing import TYPE_CHECKING, Any, Final
 
 from reclaimd import skus
 from reclaimd.ledger import DEFAULT_ALLOW, PURCHASE_OPTIONS, normalize_purchase_option
@@ -27,6 +25,11 @@ from reclaimd.report.ledger_input import (
     OverheadPart,
     WastePart,
 )
+
+if TYPE_CHECKING:
+    # Imported when a report runs: `reclaimd run` registers this command, and a replica
+    # should not carry DuckDB (~12 MB) for it.
+    import duckdb
 
 # The columns a true price needs (docs/ledger.md, "Which bill rows price a GPU-hour"): the
 # instance-hour, its cost and quantity, and every column the compute-row rule tests. Read as
@@ -191,6 +194,8 @@ ALL: Final = Window()  # no bounds
 
 
 def connect() -> duckdb.DuckDBPyConnection:
+    import duckdb
+
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET enable_progress_bar = false")
@@ -383,6 +388,8 @@ def focus_view(
 
 def _open_focus(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[bool, str]:
     """``focus_raw`` over the file, with ``__line``: (typed, how a row is named)."""
+    import duckdb
+
     name = path.name.lower()
     try:
         if name.endswith((".parquet", ".pq")):
