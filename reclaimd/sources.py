@@ -9,7 +9,8 @@ contracts in pyproject.toml keep handlers and transports from knowing one anothe
 every other part from importing a transport: this module is where they are chosen.
 
 Factories import their transport (and its client library: boto3, google-cloud-pubsub,
-aiokafka) only when the source is enabled.
+aiokafka) only when the source is enabled, and before the daemon's tasks start; nothing on
+``reclaimd run``'s path imports one at module level (tests/unit/test_startup_imports.py).
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ def _imds(entry: Entry, w: Wiring) -> Source:
 
 
 def _pubsub(entry: Entry, w: Wiring) -> Source:
+    # The client library (and grpc) loaded now, while the daemon builds: first imported in
+    # run(), its import (~0.3 s, ~50 MB) would stall the loop the cache and Leases run on.
+    import google.cloud.pubsub_v1  # noqa: F401
+
     from reclaimd.transports.pubsub import PubSubSource, SlottedPubSubSource
 
     s: PubSubSettings = entry.settings_of(w.settings)
