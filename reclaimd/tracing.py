@@ -117,12 +117,19 @@ def span_to_json(s: ReadableSpan) -> dict[str, Any]:
     }
 
 
+_OTHER_SIGNALS = ("OTEL_EXPORTER_OTLP_METRICS_", "OTEL_EXPORTER_OTLP_LOGS_")
+
+
 def otlp_protocol(env: Mapping[str, str]) -> str | None:
     """``grpc`` or ``http/protobuf`` when OTLP export is configured, else None.
 
-    The traces-specific variable wins over the general one, as the exporter spec says.
+    The traces-specific variable wins over the general one, as the exporter spec says. The
+    metrics' and logs' own variables say nothing of traces: alone, they leave the span file
+    (and the exporter, grpc with it, unimported).
     """
-    if not any(k.startswith("OTEL_EXPORTER_OTLP_") for k in env):
+    if not any(
+        k.startswith("OTEL_EXPORTER_OTLP_") and not k.startswith(_OTHER_SIGNALS) for k in env
+    ):
         return None
     protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
         "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"

@@ -268,6 +268,13 @@ def test_resource_names_the_process(monkeypatch: pytest.MonkeyPatch, tmp_path: P
             "http/protobuf",
         ),
         ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, "grpc"),
+        # Another signal's own variables do not turn trace export on.
+        ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4317"}, None),
+        ({"OTEL_EXPORTER_OTLP_LOGS_PROTOCOL": "http/protobuf"}, None),
+        (
+            {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_HEADERS": "a=b"},
+            "grpc",
+        ),
     ],
 )
 def test_export_choice(env: dict[str, str], protocol: str | None) -> None:
