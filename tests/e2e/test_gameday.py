@@ -35,7 +35,8 @@ from reclaimd.cluster.client import build_api_client
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
 SCENARIOS = REPO_DIR / "chaos" / "scenarios"
 SCENARIO = SCENARIOS / "gameday-spot-storm.yaml"
-RUN = uuid.uuid4().hex[:6]
+# A letter first: all-digit (or 1e5-like) hex would reach helm as a YAML number, not a label.
+RUN = "a" + uuid.uuid4().hex[:5]
 NS = f"gd-rel-{RUN}"
 RELEASE = f"gd{RUN}"
 PLACE = "reclaimd.io/e2e-gameday"  # where the release's controllers may run

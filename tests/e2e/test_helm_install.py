@@ -32,7 +32,8 @@ from chaos import fleet
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
 VERSIONS = REPO_DIR / "deploy" / "local" / "versions.env"
 CACHE = Path(os.environ.get("RECLAIMD_CACHE") or Path.home() / ".cache" / "reclaimd")
-RUN = uuid.uuid4().hex[:6]
+# A letter first: all-digit (or 1e5-like) hex would reach helm as a YAML number, not a label.
+RUN = "a" + uuid.uuid4().hex[:5]
 NS = f"rd-chart-{RUN}"
 TRAIN_NS = f"rd-train-{RUN}"
 RELEASE = "e2e"
