@@ -319,12 +319,16 @@ async def backdate_start(api: k8s.ApiClient, namespace: str, name: str, started:
     )
 
 
+def pdb_name(gang: str) -> str:
+    return f"{gang}-pdb"
+
+
 async def create_pdb(api: k8s.ApiClient, namespace: str, gang: str, max_unavailable: int) -> None:
     await k8s.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
         namespace,
         _any(
             {
-                "metadata": {"name": f"{gang}-pdb"},
+                "metadata": {"name": pdb_name(gang)},
                 "spec": {
                     "maxUnavailable": max_unavailable,
                     "selector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": gang}},

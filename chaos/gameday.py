@@ -178,7 +178,7 @@ class GameDay:
     async def _drill(self, api: Any, plan: Plan, release: Release) -> report.Verdict:
         namespace = self.o.namespace or f"gd-{self.run_id}"
         guarded = [g.name for g in plan.gangs if g.pdb_max_unavailable is not None]
-        pdbs = tuple(f"{name}-pdb" for name in guarded)
+        pdbs = tuple(fleet.pdb_name(name) for name in guarded)
         kueue = tuple(g.name for g in plan.gangs if g.integration is Integration.KUEUE)
         probes = Probes(
             namespace, self.run_id, own=not self.o.namespace, pdbs=pdbs, workloads=kueue

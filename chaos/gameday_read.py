@@ -16,12 +16,12 @@ from .gameday_target import GameDayError
 
 def traces_of(ids: Sequence[str], paths: Sequence[str]) -> list[str]:
     """Every span line of the traces that name one of ``ids``."""
-    spans: list[str] = []
+    spans: list[tuple[str, str]] = []  # (trace id, line), each line parsed once
     for path in paths:
         with contextlib.suppress(OSError), open(path) as f:
-            spans.extend(f)
-    traces = {_trace_id(line) for line in spans if any(i in line for i in ids)}
-    return [line for line in spans if _trace_id(line) in traces]
+            spans.extend((_trace_id(line), line) for line in f)
+    traces = {trace for trace, line in spans if any(i in line for i in ids)}
+    return [line for trace, line in spans if trace in traces]
 
 
 def _trace_id(line: str) -> str:

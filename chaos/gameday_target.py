@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from reclaimd import config as rconfig
-from reclaimd.ledger import normalize_purchase_option
+from reclaimd.ledger import cost_labels
 
 from .scenario import Plan, PlannedNode, Source
 
@@ -225,13 +225,9 @@ def _cloud(node: Mapping[str, Any]) -> str:
 
 
 def _purchase(node: Mapping[str, Any]) -> str:
+    """The purchase option the ledger would record for the node (``ledger.cost_labels``)."""
     labels = node["metadata"].get("labels") or {}
-    for key in ("reclaimd.io/purchase-option", "karpenter.sh/capacity-type"):
-        if found := normalize_purchase_option(labels.get(key)):
-            return found
-    if labels.get("cloud.google.com/gke-spot") == "true":
-        return "spot"
-    return "on_demand"
+    return cost_labels({}, labels).get("purchase_option", "on_demand")
 
 
 def _as_planned(p: PlannedNode, node: Mapping[str, Any]) -> PlannedNode:
