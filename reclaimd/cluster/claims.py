@@ -12,6 +12,8 @@ re-reads and finds the notice held (``DUPLICATE``).
 
 The decision (``decide``) is a pure function of what is on the object:
 
+- a notice an earlier claim on the object handled (``handled``: finished, or covered by the
+  notice that replaced it) -> ``DUPLICATE``: a late copy must not cordon a node put back;
 - nothing there, or a finished or abandoned claim -> ``CLAIMED``;
 - the same notice: ours -> ``ALREADY_OURS`` (resume); finished -> ``DUPLICATE``; another
   holder whose lease is fresh -> ``DUPLICATE``; whose lease is stale -> ``TAKEN_OVER``
@@ -115,6 +117,10 @@ class Claim:
     # The replicas that may take this claim over (one deployment's): another deployment on
     # the same cluster (a canary with its own queue and ledger) never resumes it.
     group: str = ""
+    # Notices this object's earlier claims finished or covered, by id (their deadlines): a
+    # late copy of one (a Pub/Sub redelivery, a slot's seek back) is a duplicate, even after
+    # a newer notice's claim replaced the one that handled it.
+    handled: Mapping[str, str] = field(default_factory=frozen_map)  # "": no deadline
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +134,7 @@ class Claim:
             "heartbeat_at": rfc3339(self.heartbeat_at),
             "response": self.response,
             "notice": dict(self.notice),
+            **({"handled": dict(self.handled)} if self.handled else {}),
         }
 
     @classmethod
@@ -153,6 +160,7 @@ class Claim:
                 "response",
                 "notice",
                 "group",
+                "handled",
             }
             return cls(
                 target=target,
@@ -166,6 +174,7 @@ class Claim:
                 notice=notice if isinstance(notice, dict) else {},
                 facts=frozen_map({k: v for k, v in data.items() if k not in known}),
                 group=str(data.get("group") or ""),
+                handled=frozen_map(_handled(data.get("handled"))),
             )
         except (KeyError, ValueError) as e:
             raise ParseError(f"{target.describe()}: claim is missing or has a bad {e}") from e
@@ -241,6 +250,30 @@ def never_dead(_holder: str) -> bool:
     return False
 
 
+HANDLED_KEPT = 16  # a node or Workload sees a few notices an hour, not more
+HANDLED_FOR = timedelta(minutes=15)  # past a notice's deadline by this, the intake expires it
+
+
+def handled_after(replaced: Claim | None, now: datetime) -> dict[str, str]:
+    """What a new claim keeps of the one it replaces: every notice that claim had handled
+    (finished, or covered by the new notice's earlier deadline), its own included, less the
+    ones so long past their deadline that the intake expires a copy anyway."""
+    if replaced is None:
+        return {}
+    deadline = rfc3339(replaced.deadline) if replaced.deadline else ""
+    kept = {**replaced.handled, replaced.notice_id: deadline}
+    fresh = {nid: d for nid, d in kept.items() if not d or parse_time(d) + HANDLED_FOR > now}
+    return dict(list(fresh.items())[-HANDLED_KEPT:])
+
+
+def _handled(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("handled")
+    return {str(k): str(v or "") for k, v in value.items()}
+
+
 def decide(
     existing: Claim | None,
     notice: Notice,
@@ -256,6 +289,8 @@ def decide(
     known dead."""
     if existing is None:
         return ClaimStatus.CLAIMED
+    if notice.id in existing.handled:
+        return ClaimStatus.DUPLICATE
     if existing.notice_id == notice.id:
         if existing.phase.terminal:
             return ClaimStatus.DUPLICATE
@@ -376,6 +411,7 @@ class ClaimStore:
                     response=notice.response.value,
                     notice=notice.to_json(),
                     group=self.group,
+                    handled=frozen_map(handled_after(existing, now)),
                     facts=frozen_map(
                         {"supersedes": existing.notice_id}
                         if existing is not None and existing.open(now, lease_s, renewed, dead)

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from reclaimd.cluster.claims import Claim, ClaimStatus, NodeObj, Phase, decide
-from reclaimd.model import Notice, NoticeKind, ParseError, Target
+from reclaimd.cluster.claims import (
+    HANDLED_KEPT,
+    Claim,
+    ClaimStatus,
+    NodeObj,
+    Phase,
+    decide,
+    handled_after,
+)
+from reclaimd.model import Notice, NoticeKind, ParseError, Target, frozen_map
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 LEASE_S = 20.0
@@ -54,6 +63,27 @@ def claim(nid: str, *, holder: str = "b", deadline_s: float | None = 120,
 )
 def test_decide(existing: Claim | None, incoming: Notice, status: ClaimStatus) -> None:
     assert decide(existing, incoming, "a", NOW, LEASE_S) is status
+
+
+def test_a_late_copy_of_a_notice_an_earlier_claim_handled_is_a_duplicate() -> None:
+    """n1 finished on the node, then n2's claim replaced it: a copy of n1 arriving after
+    n2 finished too (a redelivery, a slot's seek back) does not claim the node again."""
+    first = claim("n1", phase=Phase.DONE, deadline_s=30)
+    second = replace(claim("n2", phase=Phase.DONE),
+                     handled=frozen_map(handled_after(first, NOW)))
+    assert decide(second, notice("n1", 30), "a", NOW, LEASE_S) is ClaimStatus.DUPLICATE
+    assert decide(second, notice("n3", 120), "a", NOW, LEASE_S) is ClaimStatus.CLAIMED
+    # a third claim keeps both earlier notices; one long past its deadline is let go (the
+    # intake expires its copies), and the list is bounded
+    third = handled_after(second, NOW)
+    assert list(third) == ["n1", "n2"]
+    assert list(handled_after(second, NOW + timedelta(minutes=16))) == ["n2"]
+    many = claim("n0", phase=Phase.DONE)
+    for i in range(1, 40):
+        many = replace(claim(f"n{i}", phase=Phase.DONE),
+                       handled=frozen_map(handled_after(many, NOW)))
+    assert len(many.handled) == HANDLED_KEPT and "n38" in many.handled
+    assert Claim.from_json(NODE, json.dumps(many.to_json())) == many
 
 
 def test_claim_round_trips_through_the_annotation() -> None:
