@@ -1,23 +1,26 @@
-"""Game day, last: every drill node put back as it was before the drill (its cordon, its
-taints, its claim, no run label) and the probe namespace deleted; then checked, so that
+"""Game day, last: every drill node put back in service as it was before the drill (its
+cordon, its taints, no run label) and the probe namespace deleted; then checked, so that
 "cleaned up" is a row of the verdict. Only what reclaimd added goes: a taint the cluster put
-on meanwhile (not-ready, say) stays."""
+on meanwhile (not-ready, say) stays.
+
+The release's finished claim stays on the node: it is reclaimd's record that the drill's
+notice was handled, and what makes a late copy of it (a Pub/Sub redelivery, a slot's seek back
+after a replica changed) a duplicate instead of a new cordon of the node put back. A finished
+claim holds nothing: the next notice for the node claims it (``claims.decide``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import fleet, report
-from .gameday_target import CLAIM, NodeState, state_of
+from .gameday_target import CLAIM, NodeState, finished, state_of
 
 CLEANUP_WAIT_S = 60.0
-ROUNDS = 3  # put back, watch, put back again: late copies of a notice are few
 RECLAIMD_TAINTS = "reclaimd.io/"  # the taints reclaimd puts on a doomed node
 
 
@@ -47,36 +50,32 @@ async def cleanup(
 ) -> report.Check:
     """Every drill node as it was, the probes gone; checked, as the last row.
 
-    A copy of a notice still on its way (a Pub/Sub redelivery, a slot's seek back after a
-    replica changed) finds a node put back and unclaimed, and the release claims it again:
-    after putting the nodes back, they are watched ``settle_s``; a node claimed again is put
-    back once the release is done with it, and the detail says so."""
+    The release is let finish its claims first (a node put back under an open claim would
+    be cordoned again by its holder's resume); after putting the nodes back, they are
+    watched ``settle_s`` (a Pub/Sub lease, a slot's seek back): a node cordoned or claimed
+    anew then is a problem of the release, and the row says so."""
     from kubernetes_asyncio import client as k8s
 
     core = k8s.CoreV1Api(api)
     await _delete_probes(api, probes)
-    problems: list[str] = []
-    again: set[str] = set()
-    for _ in range(ROUNDS):
-        problems = await _put_back(api, core, states)
-        await _until(lambda: _nodes_left(core, states), CLEANUP_WAIT_S)
-        await asyncio.sleep(settle_s)
-        claimed = [st for st in states if (await _state(api, core, st.name)).claim != st.claim]
-        if not claimed:
-            break
-        again |= {st.name for st in claimed}
-        await _until(functools.partial(_not_done, api, core, claimed), CLEANUP_WAIT_S)
+    await _until(functools.partial(_not_done, api, core, states), CLEANUP_WAIT_S)
+    problems = await _put_back(api, core, states)
+    await _until(lambda: _nodes_left(core, states), CLEANUP_WAIT_S)
+    claims = {st.name: (await _state(api, core, st.name)).claim for st in states}
+    await asyncio.sleep(settle_s)
+    for st in states:
+        if (await _state(api, core, st.name)).claim != claims[st.name]:
+            problems.append(f"{st.name} claimed again after it was put back")
     await _until(lambda: _probes_left(core, probes), CLEANUP_WAIT_S)
     problems += await _nodes_left(core, states) + await _probes_left(core, probes)
     n = len(states)
     gone = f"namespace {probes.namespace} deleted" if probes.own else "the run's probes deleted"
-    late = f"; {len(again)} put back again after a late copy of a notice" if again else ""
-    say(f"cleaned up: {n} node(s) as they were, {gone}{late}" if not problems
+    say(f"cleaned up: {n} node(s) as they were, {gone}" if not problems
         else f"NOT cleaned up: {'; '.join(problems[:3])}")  # fmt: skip
     return report.Check(
         "cleaned up",
         not problems,
-        f"{n} node(s) uncordoned and untainted as before, {gone}{late}"
+        f"{n} node(s) uncordoned and untainted as before, {gone}"
         if not problems
         else "; ".join(problems[:4]),
     )
@@ -108,15 +107,11 @@ async def _until(left: Callable[[], Awaitable[list[str]]], timeout_s: float) -> 
 
 
 async def _not_done(api: Any, core: Any, states: Sequence[NodeState]) -> list[str]:
-    """The nodes whose claim the release has not finished with yet."""
+    """The nodes whose drill claim the release has not finished with yet."""
     out = []
     for st in states:
         claim = (await _state(api, core, st.name)).claim
-        try:
-            phase = json.loads(claim).get("phase") if claim else "done"
-        except (ValueError, AttributeError):
-            phase = "done"
-        if phase != "done":
+        if claim != st.claim and not finished(claim):
             out.append(st.name)
     return out
 
@@ -153,13 +148,14 @@ async def label(api: Any, states: Sequence[NodeState], labels: Mapping[str, str]
 
 
 def _restore_patches(st: NodeState, now: NodeState) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Put the node back: a merge patch for its claim (none, before a drill) and the run
-    label; a JSON patch for its cordon and its taints, where the taints reclaimd added go and
+    """Put the node back: a merge patch for its run label (and its claim as before the drill,
+    unless the release finished one: that stays, see the module doc); a JSON patch for its
+    cordon and its taints, where the taints reclaimd added go and
     every other one stays as it is now (the cluster's own may have come and gone meanwhile)."""
     meta: dict[str, Any] = {
         "metadata": {
             "labels": {fleet.DRILL_LABEL: st.labels.get(fleet.DRILL_LABEL)},
-            "annotations": {CLAIM: st.claim},
+            "annotations": {CLAIM: now.claim if finished(now.claim) else st.claim},
         }
     }
     taints = [dict(t) for t in now.taints if not _added(t, st)]
@@ -184,7 +180,7 @@ async def _nodes_left(core: Any, states: Sequence[NodeState]) -> list[str]:
             out.append(f"{st.name} still cordoned")
         if any(_added(t, st) for t in now.taints):
             out.append(f"{st.name} still tainted")
-        if now.claim != st.claim:
+        if now.claim != st.claim and not finished(now.claim):
             out.append(f"{st.name} still claimed")
         if now.labels.get(fleet.DRILL_LABEL) != st.labels.get(fleet.DRILL_LABEL):
             out.append(f"{st.name} still labelled")

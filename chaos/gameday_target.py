@@ -26,6 +26,7 @@ import yaml
 
 from reclaimd import config as rconfig
 from reclaimd.ledger import cost_labels
+from reclaimd.model import ParseError
 
 from .scenario import Plan, PlannedNode, Source
 
@@ -204,13 +205,26 @@ def state_of(node: Mapping[str, Any]) -> NodeState:
 # --- helpers ---------------------------------------------------------------------------------
 
 
+def finished(claim: str | None) -> bool:
+    """A claim the release is done with (an earlier drill's, a real notice's): a record that
+    holds the node for nothing."""
+    from reclaimd.cluster.claims import Claim, NodeObj, Phase
+
+    if not claim:
+        return False
+    try:
+        return Claim.from_json(NodeObj(""), claim).phase is Phase.DONE
+    except ParseError:
+        return False
+
+
 def _unfit(node: Mapping[str, Any], pods: Sequence[str], release: Release) -> str:
     st = state_of(node)
     if st.unschedulable:
         return "is cordoned"
     if any(str(t.get("key", "")).startswith("reclaimd.io/") for t in st.taints):
         return "has a reclaimd taint"
-    if st.claim:
+    if st.claim and not finished(st.claim):
         return "is claimed"
     if st.name in release.nodes:
         return "runs the release itself"

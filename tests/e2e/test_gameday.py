@@ -30,6 +30,7 @@ from test_helm_install import HELM, run
 from test_image import PODMAN, ULIMITS, built
 
 from chaos import fleet
+from chaos.gameday_target import finished
 from reclaimd.cluster.client import build_api_client
 
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
@@ -184,14 +185,19 @@ async def drill(
 
 
 async def node_states(api: k8s.ApiClient, specs: list[fleet.NodeSpec]) -> dict[str, Any]:
+    """Each node's cordon, taints, open claim and run label: a claim the release finished
+    stays on a node put back (the record that makes a late copy of its notice a duplicate),
+    and holds it for nothing; an unlabelled node has no claim at all."""
     core = k8s.CoreV1Api(api)
     out = {}
     for s in specs:
         n = await core.read_node(s.name)
+        claim = (n.metadata.annotations or {}).get("reclaimd.io/claim")
+        assert claim is None or s not in UNLABELLED, (s.name, claim)
         out[s.name] = (
             bool(n.spec.unschedulable),
             sorted(t.key for t in n.spec.taints or []),
-            (n.metadata.annotations or {}).get("reclaimd.io/claim"),
+            None if finished(claim) else claim,
             (n.metadata.labels or {}).get(fleet.DRILL_LABEL),
         )
     return out

@@ -3,12 +3,14 @@ and every refusal (one line, before anything is sent)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from chaos import fleet
-from chaos.gameday_target import GameDayError, Release, _set, bind, state_of
+from chaos.gameday_cleanup import _restore_patches
+from chaos.gameday_target import GameDayError, Release, _set, bind, finished, state_of
 from chaos.scenario import parse, plan
 from reclaimd.config import Settings
 
@@ -89,3 +91,29 @@ def test_state_of_and_set_path() -> None:
         _set(data, "ledger.topic.x", "1")
     with pytest.raises(GameDayError, match="no such setting"):
         _set(data, "ledgr.bootstrap", "1")
+
+
+def claimed(name: str, phase: str) -> dict[str, Any]:
+    body = node(name)
+    body["metadata"].setdefault("annotations", {})["reclaimd.io/claim"] = json.dumps(
+        {"notice_id": "n", "holder": "r-0", "phase": phase, "claimed_at": "2026-05-01T12:00:00Z"}
+    )
+    return body
+
+
+def test_an_open_claim_is_refused_and_a_finished_one_is_only_a_record() -> None:
+    """An earlier drill's (or a real notice's) finished claim stays on a node put back, so
+    that a late copy of its notice is a duplicate: it holds the node for nothing."""
+    with pytest.raises(GameDayError, match="n-2 carries k=v but is claimed"):
+        bind(the_plan(), [node("n-1"), claimed("n-2", "drained")], {}, label="k=v",
+             max_nodes=5, release=release())  # fmt: skip
+    bound, states = bind(the_plan(), [node("n-1"), claimed("n-2", "done")], {}, label="k=v",
+                         max_nodes=5, release=release())  # fmt: skip
+    assert [n.name for n in bound.nodes] == TWO and states[1].claim
+    assert finished(states[1].claim) and not finished(None) and not finished("not json")
+    # put back: the release's finished claim stays, an open one is erased (and waited for)
+    st = states[0]
+    meta, _ = _restore_patches(st, state_of(claimed("n-1", "done")))
+    assert meta["metadata"]["annotations"]["reclaimd.io/claim"] == states[1].claim
+    meta, _ = _restore_patches(st, state_of(claimed("n-1", "signaled")))
+    assert meta["metadata"]["annotations"]["reclaimd.io/claim"] is None
