@@ -712,12 +712,16 @@ def durable(acks: Iterable[RankAck]) -> list[RankAck]:
 
 def merge_acks(fresh: Iterable[RankAck], recorded: Iterable[RankAck]) -> tuple[RankAck, ...]:
     """This run's acks, each replaced by a recorded durable checkpoint that is newer (a rank
-    that acked the dead owner may not answer again, or answer with nothing new)."""
+    that acked the dead owner may not answer again, or answer with nothing new). A rank's own
+    recorded save is never replaced by a copy of another rank's answer (``covered_by``): a
+    resumed run that finds the leader's pod gone asks a follower, whose later save is not the
+    gang's (failover-4020099555: the leader's recorded save replaced, charged 12 GPU-s of 72)."""
     prior = {a.member.uid: a for a in durable(recorded) if a.member.uid}
     out: list[RankAck] = []
     for ack in fresh:
         old = prior.pop(ack.member.uid, None)
-        if old is not None and not _newer(ack, old):
+        own = old is not None and not old.covered_by
+        if old is not None and (not _newer(ack, old) or (own and ack.covered_by)):
             out.append(replace(old, member=ack.member, latency_s=ack.latency_s))
         else:
             out.append(ack)

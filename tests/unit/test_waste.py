@@ -3,6 +3,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from reclaimd import checkpoint
 from reclaimd.model import (
     CheckpointOutcome,
     CheckpointScope,
@@ -228,3 +229,26 @@ def test_a_leader_gone_before_a_takeover_still_speaks_through_its_recorded_ack()
     # Nobody answered and nobody opted in: as before.
     w3 = build_restart_waste(notice(), g, [], STOP, deadline_met=True)
     assert w3.outcome is CheckpointOutcome.NOT_OPTED_IN
+
+
+def test_a_followers_later_save_does_not_replace_a_gone_leaders_recorded_ack() -> None:
+    """failover-4020099555: the leader acked durable and was evicted, its owner was killed
+    before the follower's eviction; resumed, the run asked the follower (the leader's pod was
+    gone) and copied its later save onto the leader. The leader's own recorded save is the
+    gang's: the charge starts there (8 GPUs x 10 min), not at the follower's save."""
+    gone = member("r0", 4, ckpt=at(0), url="", leader=True)
+    follower = member("r1", 4, ckpt=at(0))
+    g = gang(gone, follower, scope=CheckpointScope.LEADER)
+    recorded = [ack(gone, durable=True, when=at(50))]
+    said = ack(follower, durable=True, when=at(58))
+    fresh = [checkpoint._covered(gone, said, "team-a/r1"), said]
+    acks = checkpoint.merge_acks(fresh, recorded)
+    w = build_restart_waste(notice(), g, acks, STOP, deadline_met=True)
+    assert w.gpu_seconds_lost == 8 * 600
+    assert next(a for a in acks if a.member.uid == gone.uid).covered_by == ""
+    # a recorded copy (the leader's answer recorded for a follower) is still replaced by a
+    # newer one: only a rank's own save outranks a copy
+    copied = checkpoint._covered(follower, recorded[0], "team-a/r0")
+    newer = checkpoint._covered(follower, ack(gone, durable=True, when=at(55)), "team-a/r0")
+    merged = checkpoint.merge_acks([newer], [copied])
+    assert merged[0].checkpoint_time == at(55)
