@@ -17,7 +17,12 @@ from reclaimd.model import Notice, utcnow
 
 from . import report
 from .drill_common import SEND_RETRY_S, retrying
+from .faults import STACK_TIMEOUT_S
 from .scenario import Fault, Plan, PlannedGarbage, PlannedNotice, Source
+
+# A publish that found the topic gone waits for the rig to put it back: a restart of the
+# emulator (stack.sh's limit), then the recreate (retried like every send).
+TOPIC_BACK_S = STACK_TIMEOUT_S + SEND_RETRY_S
 
 if TYPE_CHECKING:
     from .drill_local import World
@@ -160,16 +165,20 @@ class Injector:
         async def publish() -> str:
             from google.api_core import exceptions
 
-            back = self.world.topic_back
-            try:
-                return await inject.publish_pubsub(self.world.publisher, topic, entry)
-            except exceptions.NotFound:
-                # A restarted emulator lost the topic (a real one would have taken the
-                # message): wait for the rig to put it back, however long that took, then
-                # publish again.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(back.wait(), SEND_RETRY_S)
-                return await inject.publish_pubsub(self.world.publisher, topic, entry)
+            # A restarted emulator lost the topic (a real one would have taken the message):
+            # publish again each time the rig puts it back (``topic_back``, read afresh each
+            # round: the rig replaces it), for as long as the restart itself may take.
+            loop = asyncio.get_running_loop()
+            end = loop.time() + TOPIC_BACK_S
+            while True:
+                back = self.world.topic_back
+                try:
+                    return await inject.publish_pubsub(self.world.publisher, topic, entry)
+                except exceptions.NotFound:
+                    if loop.time() > end:
+                        raise
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(back.wait(), 1.0)
 
         await self._copies(n, publish)
         return "gke", json.dumps(entry).encode()
