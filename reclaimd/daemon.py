@@ -310,9 +310,23 @@ def _stopped(daemon: Daemon) -> None:
         "reclaimd stopped",
         kube_writes=dict(limiter.by_kind) if limiter is not None else {},
         kube_budget=limiter.tally() if limiter is not None else {},
-        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        peak_rss_mb=peak_rss_mb(),
         **extra,
     )
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS (``VmHWM``). Not ``ru_maxrss``: Linux keeps that across
+    ``execve``, so a replica started by a large parent (a test runner with torch loaded)
+    reported the parent's peak, 930 MB, as its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _leaves(e: BaseException) -> list[str]:
