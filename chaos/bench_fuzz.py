@@ -773,25 +773,18 @@ class FuzzRun:
             await admin.close()
 
     async def _scrape(self) -> dict[str, dict[str, float]]:
-        import aiohttp
-        from prometheus_client.parser import text_string_to_metric_families
+        from chaos.harness import scrape
 
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r,
-        ):
-            text = await r.text()
         counted: dict[str, dict[str, float]] = {t: {} for t in TRANSPORTS}
         prefix = "reclaimd_transport_"
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                transport = sample.labels.get("transport")
-                if not sample.name.startswith(prefix) or transport not in counted:
-                    continue
-                key = sample.name[len(prefix) :].removesuffix("_total")
-                if "admission" in sample.labels:
-                    key = f"admission_{sample.labels['admission']}"
-                counted[transport][key] = counted[transport].get(key, 0) + sample.value
+        for sample in await scrape(self.metrics_port):
+            transport = sample.labels.get("transport")
+            if not sample.name.startswith(prefix) or transport not in counted:
+                continue
+            key = sample.name[len(prefix) :].removesuffix("_total")
+            if "admission" in sample.labels:
+                key = f"admission_{sample.labels['admission']}"
+            counted[transport][key] = counted[transport].get(key, 0) + sample.value
         return counted
 
     async def _stop(self, daemon: Any) -> int | None:

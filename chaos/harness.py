@@ -37,6 +37,18 @@ RBAC = REPO / "deploy" / "kubernetes" / "rbac.yaml"
 CLAIM = "reclaimd.io/claim"
 
 
+async def scrape(port: int) -> list[Any]:
+    """Every sample of the ``/metrics`` a daemon serves on ``port`` (prometheus_client's
+    ``Sample``: name, labels, value)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/metrics") as r,
+    ):
+        r.raise_for_status()
+        text = await r.text()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 class Harness:
     def __init__(self, stack: StackEnv, *, name: str = "", workdir: Path | None = None) -> None:
         self.stack = stack
@@ -376,16 +388,9 @@ class Harness:
     async def metric(self, port: int, name: str, **labels: str) -> float:
         """One sample of the ``/metrics`` a daemon serves on ``port`` (its ``metrics_port``);
         0 when absent, as a counter never incremented."""
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{port}/metrics") as r,
-        ):
-            r.raise_for_status()
-            text = await r.text()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and sample.labels == labels:
-                    return float(sample.value)
+        for sample in await scrape(port):
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
         return 0.0
 
     async def until_metric(
