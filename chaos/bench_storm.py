@@ -173,14 +173,33 @@ def calibrate_sqs(stack: stackenv.StackEnv, *, messages: int, receivers: int) ->
 # --- 2. the storm ---------------------------------------------------------------------------
 
 
-async def storm(stack: stackenv.StackEnv, scenario_path: Path) -> dict[str, Any]:
+async def storm(
+    stack: stackenv.StackEnv, scenario_path: Path, *, every_source: bool = False
+) -> dict[str, Any]:
+    """The scenario's storm; ``every_source``: the replicas also consume every other central
+    source (nothing sent on them), to measure what loading them costs."""
     from chaos import report
     from chaos import scenario as scenarios
     from chaos.drill import Progress, run_drill
 
     scenario = scenarios.load(scenario_path)
+    if every_source:
+        listen = tuple(sorted(scenarios.LISTENABLE))
+        scenario = scenario.model_copy(
+            update={"reclaimd": scenario.reclaimd.model_copy(update={"listen": listen})}
+        )
     verdict = await run_drill(scenario, stack=stack, progress=Progress(sys.stderr))
     return report.to_json(verdict)
+
+
+def footprint(drill: dict[str, Any]) -> dict[str, Any]:
+    """Per replica: peak RSS (its own VmHWM) and the modules it had loaded when it stopped."""
+    daemons = drill.get("daemons") or {}
+    return {
+        "peak_rss_mb": {n: st.get("peak_rss_mb") for n, st in daemons.items()},
+        "modules_loaded": {n: st.get("modules_loaded") for n, st in daemons.items()},
+        "verdict_ok": drill.get("ok"),
+    }
 
 
 def _seconds(rows: list[dict[str, Any]], field: str) -> list[float]:
@@ -268,12 +287,10 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
     paced_s = earliest_all_cordoned([t.timestamp() for t in sent], max_wps)
     all_cordoned_s = (max(cordons) - min(sent)).total_seconds() if cordons and sent else None
     writes: dict[str, int] = {}
-    rss: dict[str, float | None] = {}
     budget: dict[str, Any] = {}
     for name, stats in (drill.get("daemons") or {}).items():
         for kind, count in (stats.get("kube_writes") or {}).items():
             writes[kind] = writes.get(kind, 0) + int(count)
-        rss[name] = stats.get("peak_rss_mb")
         budget[name] = stats.get("kube_budget") or {}
     gangs = drill.get("gangs") or []
     charged = [g for g in gangs if g.get("ledger_events")]
@@ -316,11 +333,10 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
         "eviction_writes_per_pod": per(("evict pod", "delete pod"), pods),
         "gangs_charged": len(charged),
         "ranks_of_charged_gangs": pods,
-        "peak_rss_mb": rss,
+        **footprint(drill),
         # Per replica: writes that waited for the budget, pushed back by the server (429 from
         # priority and fairness, 5xx), retried; reads; the rate the budget ended at.
         "write_budget": budget,
-        "verdict_ok": drill.get("ok"),
         "failed_checks": [c["name"] for c in drill.get("checks", []) if not c["ok"]],
     }
 
@@ -368,7 +384,14 @@ def table(result: dict[str, Any]) -> str:
         f" eviction {s['eviction_writes_per_pod']}/pod (minimum 1;"
         f" {s['ranks_of_charged_gangs']} pods)"
     )
-    lines.append("peak RSS MB: " + ", ".join(f"{k} {v}" for k, v in s["peak_rss_mb"].items()))
+    for label, f in (("scenario's sources", s), ("every source", result.get("every_source"))):
+        if f:
+            lines.append(
+                f"per replica, {label}: peak RSS MB "
+                + ", ".join(f"{k} {v}" for k, v in f["peak_rss_mb"].items())
+                + "; modules loaded "
+                + ", ".join(f"{k} {v}" for k, v in f["modules_loaded"].items())
+            )
     for name, b in sorted((s.get("write_budget") or {}).items()):
         if b:
             lines.append(f"write budget {name}: " + ", ".join(f"{k} {v}" for k, v in b.items()))
@@ -396,6 +419,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "storm": summarize(calibration, drill),
         "machine": {"python": platform.python_version(), "cpus": _cpus()},
     }
+    if args.every_source:
+        result["every_source"] = footprint(await storm(stack, args.scenario, every_source=True))
     if args.cache:
         from chaos import bench_cache
 
@@ -431,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         "--calibrate-messages", type=int, default=300, help="SQS messages (the storm's notices)"
     )
     p.add_argument("--cache", action="store_true", help="also the cache RSS bench (slow)")
+    p.add_argument(
+        "--no-every-source", dest="every_source", action="store_false",
+        help="skip the second storm whose replicas consume every central source (their RSS)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("out/bench-storm.json"))
     p.add_argument("--drill-json", type=Path, default=Path("out/bench-storm-drill.json"))
     args = p.parse_args(argv)

@@ -80,7 +80,7 @@ class DaemonProcess:
                     doc = json.loads(line)
                 except ValueError:
                     return {}
-                keep = ("kube_writes", "kube_budget", "peak_rss_mb")
+                keep = ("kube_writes", "kube_budget", "peak_rss_mb", "modules_loaded")
                 return {k: doc[k] for k in keep if k in doc}
         return {}
 

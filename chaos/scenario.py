@@ -234,6 +234,9 @@ class Source(StrEnum):
     KAFKA = "kafka"
 
 
+# The sources every central replica consumes (the rest run on a node, one agent each).
+LISTENABLE = frozenset({Source.EC2_SQS, Source.GKE_PUBSUB, Source.KUEUE, Source.KAFKA})
+
 # Kinds each source can send; the first is the default.
 KINDS: Mapping[Source, tuple[str, ...]] = {
     Source.EC2_SQS: ("spot-interruption", "rebalance-recommendation"),
@@ -363,9 +366,15 @@ class ReclaimdOverrides(_Strict):
     windows: dict[str, float] = Field(default_factory=dict)
     policy: dict[str, Any] = Field(default_factory=dict)
     settings: dict[str, Any] = Field(default_factory=dict)  # any other Settings key
+    # Central sources the replicas consume besides the scenario's own, with nothing sent on
+    # them: what consuming them costs (the storm bench's every-source run).
+    listen: tuple[Source, ...] = ()
 
     @model_validator(mode="after")
     def _valid_settings(self) -> ReclaimdOverrides:
+        per_node = sorted(set(self.listen) - LISTENABLE)
+        if per_node:
+            raise ValueError(f"listen: {per_node[0]} is not a central source a replica consumes")
         owned = sorted(set(self.settings) & (DRILL_OWNED | {"windows", "policy"}))
         if owned:
             raise ValueError(f"settings.{owned[0]} is set by the drill (or by its own key)")
@@ -720,7 +729,8 @@ class Plan:
         return tuple(g for g in self.gangs if node_key in g.nodes)
 
     def sources(self) -> frozenset[Source]:
-        return frozenset(n.source for n in self.notices) | frozenset(g.source for g in self.garbage)
+        sent = frozenset(n.source for n in self.notices) | frozenset(g.source for g in self.garbage)
+        return sent | frozenset(self.scenario.reclaimd.listen)
 
 
 def node_name(run_id: str, key: str) -> str:

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import resource
 import signal
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -311,6 +312,7 @@ def _stopped(daemon: Daemon) -> None:
         kube_writes=dict(limiter.by_kind) if limiter is not None else {},
         kube_budget=limiter.tally() if limiter is not None else {},
         peak_rss_mb=peak_rss_mb(),
+        modules_loaded=len(sys.modules),  # what the enabled sources made it import
         **extra,
     )
 

@@ -737,3 +737,15 @@ def test_the_only_replica_stopped_for_good_is_refused_but_a_rolling_upgrade_is_n
         {"kind": "kill", "replica": 0, "at_s": 1},
         {"kind": "kill", "replica": 1, "at_s": 2, "restart_after_s": 2},
     )
+
+
+def test_listen_adds_central_sources_with_nothing_sent_on_them() -> None:
+    """The storm bench's every-source run: replicas consume sources the scenario sends
+    nothing on; a per-node agent is no source a replica consumes."""
+    raw = yaml.safe_load((SCENARIOS / "spot-az-storm.yaml").read_text())
+    raw.setdefault("reclaimd", {})["listen"] = ["kafka", "gke-pubsub"]
+    p = scenario.plan(scenario.parse(raw), run_id="t")
+    assert p.sources() == {Source.EC2_SQS, Source.KAFKA, Source.GKE_PUBSUB}
+    raw["reclaimd"]["listen"] = ["imds"]
+    with pytest.raises(ScenarioError, match="listen: imds is not a central source"):
+        scenario.parse(raw)
