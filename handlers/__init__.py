@@ -1,32 +1,39 @@
 """Source parsers: raw transport payload in, normalized ``Notice``s out.
 
 Each module holds the pure parser of one source (see ``base.Parser`` for the contract and
-``README.md`` for the payload each transport hands over). This registry maps the source
-name a transport is configured with to its parser; adding a source is one module and one
-line here. Transports live elsewhere and only ever call ``parse``.
+``README.md`` for the payload each transport hands over) and names it (``NAME``). This
+registry maps that name, which a transport is configured with, to the parser; adding a source
+is one module here. Transports live elsewhere and only ever call ``parse``.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
 
 from reclaimd.model import ParseError, ParseOutcome, Windows
 
-from . import ec2_spot, gce_metadata, gke_preemption, imds, kafka_notice, kueue_reclaim
 from .base import Parser
 
-PARSERS: Mapping[str, Parser] = MappingProxyType(
-    {
-        "ec2": ec2_spot.parse,
-        "imds": imds.parse,
-        "gke": gke_preemption.parse,
-        "gce-metadata": gce_metadata.parse,
-        "kueue": kueue_reclaim.parse,
-        "kafka": kafka_notice.parse,
-    }
-)
+
+def _parsers() -> dict[str, Parser]:
+    """Every module of this package that names a source (``NAME``) and its ``parse``; the
+    shared readers (base, fields, ids, targets) name none."""
+    found: dict[str, Parser] = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        name = getattr(module, "NAME", None)
+        if name is not None:
+            if name in found:
+                raise ImportError(f"handlers: two parsers named {name!r}")
+            found[name] = module.parse
+    return found
+
+
+PARSERS: Mapping[str, Parser] = MappingProxyType(_parsers())
 
 
 _DEFAULT_WINDOWS = Windows()

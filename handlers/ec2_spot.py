@@ -61,6 +61,8 @@ from .fields import (
 )
 from .targets import aws_instance, is_aws_zone
 
+NAME = "ec2"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+
 _DEPARTING_STATES = frozenset({"shutting-down", "stopping", "stopped", "terminated"})
 _TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 _TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"

@@ -59,6 +59,8 @@ from .fields import (
 )
 from .targets import gce_instance, gce_region
 
+NAME = "gce-metadata"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+
 _PREFIX = "computeMetadata/v1/"
 
 

@@ -63,6 +63,8 @@ from .fields import (
 )
 from .targets import gce_instance, gce_region
 
+NAME = "gke"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+
 _RESOURCE_NAME = re.compile(
     r"(?://compute\.googleapis\.com/)?projects/([^/]+)/zones/([^/]+)/instances/([^/]+)"
 )

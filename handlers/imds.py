@@ -66,6 +66,8 @@ from .fields import (
 )
 from .targets import aws_instance
 
+NAME = "imds"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+
 _PREFIX = "latest/meta-data/"
 
 

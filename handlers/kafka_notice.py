@@ -74,6 +74,8 @@ from .fields import (
     time,
 )
 
+NAME = "kafka"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+
 TYPES: Mapping[str, NoticeKind] = MappingProxyType(
     {f"io.reclaimd.notice.{kind.value}.v1": kind for kind in NoticeKind}
 )

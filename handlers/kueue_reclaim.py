@@ -64,6 +64,8 @@ from .fields import (
     time,
 )
 
+NAME = "kueue"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+
 SOURCE = "kueue.workload"
 _GROUP = "kueue.x-k8s.io/"
 _MESSAGE_LIMIT = 1024  # condition messages are free text; keep attributes bounded

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from reclaimd import __version__, config
 from reclaimd.model import Ignored, ParseError, utcnow
+from reclaimd.sources import PARSER_NAMES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -86,9 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_check_config)
 
     s = sub.add_parser("parse", help="print the notices a payload yields, one JSON per line")
-    s.add_argument(
-        "--source", required=True, choices=["ec2", "imds", "gke", "gce-metadata", "kueue", "kafka"]
-    )
+    s.add_argument("--source", required=True, choices=PARSER_NAMES)
     s.add_argument("file", nargs="?", default="-", help="payload file, or - for stdin")
     s.add_argument("--config", help="settings file (for the notice windows)")
     s.add_argument("-v", "--verbose", action="store_true", help="say why a payload is ignored")

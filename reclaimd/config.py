@@ -14,20 +14,21 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from reclaimd import sources
 from reclaimd.annotations import UrlPolicy
 from reclaimd.model import Windows
+from reclaimd.strict import Strict
 
 ENV_PREFIX = "RECLAIMD_"
 
@@ -36,14 +37,7 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message is one line."""
 
 
-class _Strict(BaseModel):
-    # Unknown keys are typos more often than not: refuse them.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    def fields(self, *skip: str) -> dict[str, Any]:
-        """This section's own values by name (nested sections as they are), for a part's
-        settings whose fields share the names: ``WatchSettings(**s.cache.watch.fields())``."""
-        return {k: getattr(self, k) for k in type(self).model_fields if k not in skip}
+_Strict = Strict
 
 
 class EvictionPolicy(StrEnum):
@@ -54,108 +48,6 @@ class EvictionPolicy(StrEnum):
 class UnknownTarget(StrEnum):
     DROP = "drop"  # count it and ack the message: the instance is not in this cluster
     RETRY = "retry"  # leave the message for redelivery (a node may still be registering)
-
-
-class SqsSettings(_Strict):
-    enabled: bool = False
-    queue_url: str = ""
-    endpoint_url: str | None = None  # moto, LocalStack or a VPC endpoint
-    region: str = "us-east-1"
-    wait_time_s: int = Field(20, ge=0, le=20)
-    batch_size: int = Field(10, ge=1, le=10)
-    # Long polls in parallel: one receive loop caps ingest at a batch per round trip.
-    receivers: int = Field(4, ge=1, le=32)
-    # Messages being admitted at once (claim, then delete), across the receivers. More at
-    # once is not faster: in a 1,000-notice bench, 512 missed more deadlines than 64 (every
-    # admitted notice's writes compete for the same API server).
-    concurrency: int = Field(64, ge=1, le=1000)
-    # Short, and extended every third of it while a message is unsettled: a replica that dies
-    # holding a message hands it to a peer after this long, not after SQS's 30 s default.
-    visibility_timeout_s: int = Field(10, ge=5, le=43200)
-
-
-class ImdsSettings(_Strict):
-    enabled: bool = False
-    url: str = "http://169.254.169.254"
-    poll_interval_s: float = Field(2.0, gt=0)
-    token_ttl_s: int = Field(21600, ge=1, le=21600)
-
-
-class PubSubSettings(_Strict):
-    """A Cloud Logging sink -> Pub/Sub subscription carrying GCE preemption audit entries."""
-
-    enabled: bool = False
-    project: str = ""
-    subscription: str = ""  # the subscription id, not its full path
-    max_messages: int = Field(100, ge=1)  # flow control: leased, unacked messages at most
-    # The stream ack deadline and each lease extension (FlowControl's min and max): how long
-    # a dead replica's messages stay leased. Pub/Sub allows 10..600; the client's 60 s default
-    # is twice the GCE window.
-    lease_extension_s: int = Field(10, ge=10, le=600)
-    endpoint: str | None = None  # None: PUBSUB_EMULATOR_HOST or the real service
-    # One subscription per replica, so that no message depends on one replica: with N > 1,
-    # slot i consumes ``<subscription>-<i>`` (i = 0 .. N-1, all on the sink's topic; the
-    # deployer creates them: deploy/gcp/main.tf) while this replica holds the slot's Lease
-    # (``reclaimd.cluster.slots``), and the claim decides which replica acts. 1: every
-    # replica shares ``<subscription>`` (a killed replica's messages wait out its lease).
-    slots: int = Field(1, ge=1, le=64)
-    # A replica taking a slot first seeks its subscription this far back (slots > 1 only):
-    # what the slot's last holder had leased and not settled (it was killed) comes back at
-    # once instead of after the lease, which on the emulator is 20-40 s. Unacked messages
-    # published before that are dropped: older than any window plus policy.expired_after_s.
-    # 0: no seek.
-    rewind_s: int = Field(900, ge=0)
-
-    def slot_subscription(self, index: int) -> str:
-        """The subscription id slot ``index`` consumes (``subscription`` with one slot)."""
-        if not 0 <= index < self.slots:
-            raise ValueError(f"pubsub: slot {index} out of 0..{self.slots - 1}")
-        return self.subscription if self.slots == 1 else f"{self.subscription}-{index}"
-
-    @model_validator(mode="after")
-    def _slot_names_fit(self) -> PubSubSettings:
-        # A subscription id is at most 255 characters: the longest slot's must be one.
-        longest = len(self.subscription) + (len(f"-{self.slots - 1}") if self.slots > 1 else 0)
-        if longest > 255:
-            raise ValueError("subscription: with its slot suffix longer than 255 characters")
-        return self
-
-
-class GceMetadataSettings(_Strict):
-    """Per-node mode on GCE: the metadata server's preempted and maintenance-event keys."""
-
-    enabled: bool = False
-    url: str = "http://metadata.google.internal"
-    node_name: str = ""  # this node, from the downward API (spec.nodeName)
-    timeout_s: float = Field(60.0, gt=0)  # wait_for_change hanging GET
-
-
-class KueueSettings(_Strict):
-    """Kueue Workloads whose eviction by preemption is a reclaim notice."""
-
-    enabled: bool = False
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
-
-
-class KafkaNoticeSettings(_Strict):
-    """A generic notices topic: CloudEvents 1.0 JSON, one consumer group for all replicas."""
-
-    enabled: bool = False
-    bootstrap: str = ""
-    topic: str = "reclaimd.notices"
-    group_id: str = "reclaimd"
-    # A replica silent this long loses its partitions to a peer (brokers bound it by
-    # group.min/max.session.timeout.ms, 6 s .. 30 min by default). A stopping one leaves the
-    # group at once, and a peer hears of it at its next heartbeat: hence 1 s, not 3 s.
-    session_timeout_ms: int = Field(10_000, ge=1_000, le=1_800_000)
-    heartbeat_interval_ms: int = Field(1_000, ge=100)
-
-    @model_validator(mode="after")
-    def _heartbeat_within_session(self) -> KafkaNoticeSettings:
-        # Kafka's advice, a third at most: two lost heartbeats do not end the session.
-        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
-            raise ValueError("heartbeat_interval_ms: at most a third of session_timeout_ms")
-        return self
 
 
 class PolicySettings(_Strict):
@@ -356,7 +248,7 @@ class TracingSettings(_Strict):
     span_file: Path | None = Path("/var/lib/reclaimd/spans.jsonl")
 
 
-class Settings(_Strict):
+class _Settings(_Strict):
     cluster_name: str = "default"
     holder: str = Field(default_factory=socket.gethostname)
     # A replica silent this long (its holder Lease not renewed) is presumed dead and its claims
@@ -371,12 +263,6 @@ class Settings(_Strict):
     peer_group: str = ""
     windows: Windows = Windows()
     kube: KubeSettings = KubeSettings()
-    sqs: SqsSettings = SqsSettings()
-    imds: ImdsSettings = ImdsSettings()
-    pubsub: PubSubSettings = PubSubSettings()
-    gce_metadata: GceMetadataSettings = GceMetadataSettings()
-    kueue: KueueSettings = KueueSettings()
-    kafka_notices: KafkaNoticeSettings = KafkaNoticeSettings()
     policy: PolicySettings = PolicySettings()
     ledger: LedgerSettings = LedgerSettings()
     allocation: AllocationSettings = AllocationSettings()
@@ -408,13 +294,27 @@ class Settings(_Strict):
     dry_run: bool = False
 
     @model_validator(mode="after")
-    def _slots_not_in_a_dry_run(self) -> Settings:
-        # A slot is a Lease (a write), and a dry run must not take a live replica's slot.
-        if self.dry_run and self.pubsub.enabled and self.pubsub.slots > 1:
-            raise ValueError(
-                "pubsub.slots: a dry run consumes one subscription of its own (slots: 1)"
-            )
+    def _sources_fit(self) -> _Settings:
+        for _, section in sources.sections(self):
+            section.check(dry_run=self.dry_run)
         return self
+
+    if TYPE_CHECKING:
+        # Each source's section (``sources.REGISTRY``), added below: ``settings.<name>``.
+        def __getattr__(self, name: str) -> Any: ...
+
+
+# The settings: the sections above, and one per source, named and typed by its registry entry
+# (``sqs: {...}`` in the file, ``RECLAIMD_SQS__QUEUE_URL`` in the environment).
+if TYPE_CHECKING:
+    Settings = _Settings
+else:
+    Settings = create_model(
+        "Settings",
+        __base__=_Settings,
+        __module__=__name__,
+        **{entry.name: (entry.model, entry.model()) for entry in sources.REGISTRY},
+    )
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from reclaimd import (
     metrics,
     tracing,
 )
-from reclaimd import sources as registry
+from reclaimd import sourcing as registry
 from reclaimd.cluster import (
     claimlog,
     client,
@@ -39,6 +39,7 @@ from reclaimd.cluster import (
 )
 from reclaimd.config import Settings
 from reclaimd.pipeline import Report
+from reclaimd.sources import enabled
 from reclaimd.wiring import Parts, wire
 
 log = logging.getLogger(__name__)
@@ -234,7 +235,7 @@ class Daemon:
             limiter=parts.limiter,
             dead=parts.holders.dead,
         )
-        return {e.name: e.build(e, wiring) for e in registry.enabled(self.settings)}
+        return {e.name: registry.build_one(e, wiring) for e in enabled(self.settings)}
 
 
 def _receiving(
@@ -265,7 +266,7 @@ def _bind_gauges(parts: Parts, running: Mapping[str, registry.Source]) -> metric
         label_drops=lambda: ledger_writer.policy.dropped,
         transports=registry.counters(running),
         scheduler_depth=lambda: scheduler.depth,
-        pubsub_slot=registry.pubsub_slot(running),
+        slots=registry.slots(running),
         kube_waiting=lambda: limiter.waiting,
         kube_throttled=lambda: limiter.throttled,
         restarts=parts.restarts,

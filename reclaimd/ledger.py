@@ -54,6 +54,7 @@ from reclaimd import waste as waste_math
 from reclaimd.logs import event as log_event
 from reclaimd.model import RestartWaste, rfc3339
 from reclaimd.outbox import AsyncOutbox, Cluster, Row
+from reclaimd.sources import instance_of
 
 if TYPE_CHECKING:  # the Kafka side knows the cluster records by shape only
     from reclaimd.cluster.ledgerlog import PendingEvent
@@ -162,14 +163,6 @@ _INSTANCE_SOURCES: Final = (
 )
 _ZONE_SOURCES: Final = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone")
 PLACEMENT_KEYS: Final = ("instance_id", "sku", "purchase_option", "zone", "cell")
-
-
-def instance_of(provider_id: str) -> str:
-    """``aws:///us-east-2a/i-0abc`` -> ``i-0abc``; ``gce://p/z/name`` -> ``name``; else ""."""
-    if "://" not in provider_id:
-        return ""
-    last = provider_id.rstrip("/").rsplit("/", 1)[-1]
-    return "" if last.endswith(":") else last
 
 
 def placement(node_labels: Mapping[str, str], provider_id: str = "") -> dict[str, str]:

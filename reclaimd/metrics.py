@@ -29,7 +29,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import (
@@ -49,6 +49,10 @@ from reclaimd.checkpoint import NOT_OPTED_IN
 from reclaimd.ledger import DEFAULT_ALLOW, LabelPolicy
 from reclaimd.model import Notice, RankAck
 from reclaimd.pipeline import Report
+from reclaimd.sources import origin_of
+
+if TYPE_CHECKING:
+    from reclaimd.sourcing import Slot
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +95,8 @@ class BoundedLabels:
 
 def source_label(source: str) -> str:
     """A notice source as a label value: the handler's name, never a producer's free text."""
-    if source.startswith("kafka:"):
-        return "kafka"  # the CloudEvent source after the colon is the producer's to choose
+    if label := origin_of(source).label:
+        return label  # what follows the source's prefix is the producer's to choose
     return source if len(source) <= 40 and _SOURCE.fullmatch(source) else OTHER
 
 
@@ -187,7 +191,7 @@ class _Bound:
     kube_throttled: Callable[[], int] | None = None
     transports: Mapping[str, Any] | None = None
     scheduler_depth: Callable[[], int] | None = None
-    pubsub_slot: Callable[[], int] | None = None
+    slots: Mapping[str, Slot] | None = None
     restarts: RestartStats | None = None
 
 
@@ -236,12 +240,8 @@ class _BoundCollector(Collector):
             yield from _transport_families(b.transports)
         if b.scheduler_depth is not None:
             yield _gauge("scheduler_depth", "notices queued or being handled", b.scheduler_depth())
-        if b.pubsub_slot is not None:
-            yield _gauge(
-                "pubsub_slot",
-                "the Pub/Sub slot this replica holds and consumes (-1: none, waiting for one)",
-                b.pubsub_slot(),
-            )
+        for name, slot in (b.slots or {}).items():
+            yield _gauge(f"{name}_slot", slot.help, slot.held())
         if b.restarts is not None:
             yield _counter(
                 "restart_looks",
@@ -435,12 +435,13 @@ class Metrics:
         kube_throttled: Callable[[], int] | None = None,
         transports: Mapping[str, Any] | None = None,
         scheduler_depth: Callable[[], int] | None = None,
-        pubsub_slot: Callable[[], int] | None = None,
+        slots: Mapping[str, Slot] | None = None,
         restarts: RestartStats | None = None,
     ) -> None:
         """Read these at scrape time; a part bound again replaces the earlier one.
 
-        ``transports`` maps a transport's name (sqs, pubsub, ...) to its ``Counters``.
+        ``transports`` maps a transport's name (sqs, pubsub, ...) to its ``Counters``;
+        ``slots`` a source's name to the slot it holds (``reclaimd_<name>_slot``).
         """
         given = {
             "ledger": ledger,
@@ -450,7 +451,7 @@ class Metrics:
             "kube_throttled": kube_throttled,
             "transports": dict(transports) if transports is not None else None,
             "scheduler_depth": scheduler_depth,
-            "pubsub_slot": pubsub_slot,
+            "slots": dict(slots) if slots is not None else None,
             "restarts": restarts,
         }
         for name, value in given.items():

@@ -1,212 +1,285 @@
-"""The source registry: one entry per source, one loop in the daemon builds the enabled ones.
+"""The source registry: one entry per source, and everything else learns its sources here.
 
-An entry names the source (its task, its metrics label), the parser its transport hands
-payloads to (``handlers.PARSERS``), its section of ``Settings`` and that section's model
-(the models live in ``reclaimd.config``), the factory that builds its transport, and
-optionally what it must do after a notice's drain (``reclaimd.afterdrain``). Adding a source
-is one handler module, one transport module and one line in ``REGISTRY``; the import
-contracts in pyproject.toml keep handlers and transports from knowing one another, and keep
-every other part from importing a transport: this module is where they are chosen.
+An entry is a source's identity: its one name (its task, its transport's metrics label, its
+section of ``Settings`` and so its ``RECLAIMD_<NAME>__*`` overrides), the handler that parses
+what its transport receives (``handlers.PARSERS``; the name ``reclaimd parse --source``
+takes), its settings model, its ``Origin`` (the ``Notice.source`` prefix its handler writes,
+and what that means to traces and metrics), its node-agent mode if it has one (the chart's
+``nodeAgent.source``), how a node's providerID on its cloud names an instance, and the
+transport module that builds it. ``Settings``, the CLI's choices, tracing's and metrics'
+reading of a notice's source and the providerID mapping are all derived from ``REGISTRY``.
 
-Factories import their transport (and its client library: boto3, google-cloud-pubsub,
-aiokafka) only when the source is enabled, and before the daemon's tasks start; nothing on
-``reclaimd run``'s path imports one at module level (tests/unit/test_startup_imports.py).
+Adding a source is one handler module, one transport module and one entry here (its settings
+model next to it). Transports are imported by name, only when their source is enabled
+(``reclaimd.sourcing``): this module imports none, and is light enough for tracing and the
+ledger to read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import Field, model_validator
 
-from reclaimd.afterdrain import AfterDrain, AfterDrains, NoAfterDrain
-from reclaimd.config import (
-    GceMetadataSettings,
-    ImdsSettings,
-    KafkaNoticeSettings,
-    KueueSettings,
-    PubSubSettings,
-    Settings,
-    SqsSettings,
-)
-from reclaimd.model import Windows
-from reclaimd.transports import Admit, Counters
+from reclaimd.strict import Strict
+
+# --- each source's settings -----------------------------------------------------------------
 
 
-class Source(Protocol):
-    """A running transport: ``run()`` until cancelled, and what it saw."""
+class SourceSettings(Strict):
+    """What every source's settings section has: off by default."""
+
+    enabled: bool = False
+
+    def destination(self) -> str:
+        """The queue, subscription or topic a message transport consumes ("" for none): the
+        ``messaging.destination.name`` of its receive spans."""
+        return ""
+
+    def check(self, *, dry_run: bool) -> None:
+        """Refuse (``ValueError``) what this section cannot do with the rest of the settings."""
+
+
+class SqsSettings(SourceSettings):
+    queue_url: str = ""
+    endpoint_url: str | None = None  # moto, LocalStack or a VPC endpoint
+    region: str = "us-east-1"
+    wait_time_s: int = Field(20, ge=0, le=20)
+    batch_size: int = Field(10, ge=1, le=10)
+    # Long polls in parallel: one receive loop caps ingest at a batch per round trip.
+    receivers: int = Field(4, ge=1, le=32)
+    # Messages being admitted at once (claim, then delete), across the receivers. More at
+    # once is not faster: in a 1,000-notice bench, 512 missed more deadlines than 64 (every
+    # admitted notice's writes compete for the same API server).
+    concurrency: int = Field(64, ge=1, le=1000)
+    # Short, and extended every third of it while a message is unsettled: a replica that dies
+    # holding a message hands it to a peer after this long, not after SQS's 30 s default.
+    visibility_timeout_s: int = Field(10, ge=5, le=43200)
+
+    def destination(self) -> str:
+        return self.queue_url.rsplit("/", 1)[-1]
+
+
+class ImdsSettings(SourceSettings):
+    url: str = "http://169.254.169.254"
+    poll_interval_s: float = Field(2.0, gt=0)
+    token_ttl_s: int = Field(21600, ge=1, le=21600)
+
+
+class PubSubSettings(SourceSettings):
+    """A Cloud Logging sink -> Pub/Sub subscription carrying GCE preemption audit entries."""
+
+    project: str = ""
+    subscription: str = ""  # the subscription id, not its full path
+    max_messages: int = Field(100, ge=1)  # flow control: leased, unacked messages at most
+    # The stream ack deadline and each lease extension (FlowControl's min and max): how long
+    # a dead replica's messages stay leased. Pub/Sub allows 10..600; the client's 60 s default
+    # is twice the GCE window.
+    lease_extension_s: int = Field(10, ge=10, le=600)
+    endpoint: str | None = None  # None: PUBSUB_EMULATOR_HOST or the real service
+    # One subscription per replica, so that no message depends on one replica: with N > 1,
+    # slot i consumes ``<subscription>-<i>`` (i = 0 .. N-1, all on the sink's topic; the
+    # deployer creates them: deploy/gcp/main.tf) while this replica holds the slot's Lease
+    # (``reclaimd.cluster.slots``), and the claim decides which replica acts. 1: every
+    # replica shares ``<subscription>`` (a killed replica's messages wait out its lease).
+    slots: int = Field(1, ge=1, le=64)
+    # A replica taking a slot first seeks its subscription this far back (slots > 1 only):
+    # what the slot's last holder had leased and not settled (it was killed) comes back at
+    # once instead of after the lease, which on the emulator is 20-40 s. Unacked messages
+    # published before that are dropped: older than any window plus policy.expired_after_s.
+    # 0: no seek.
+    rewind_s: int = Field(900, ge=0)
+
+    def slot_subscription(self, index: int) -> str:
+        """The subscription id slot ``index`` consumes (``subscription`` with one slot)."""
+        if not 0 <= index < self.slots:
+            raise ValueError(f"pubsub: slot {index} out of 0..{self.slots - 1}")
+        return self.subscription if self.slots == 1 else f"{self.subscription}-{index}"
+
+    @model_validator(mode="after")
+    def _slot_names_fit(self) -> PubSubSettings:
+        # A subscription id is at most 255 characters: the longest slot's must be one.
+        longest = len(self.subscription) + (len(f"-{self.slots - 1}") if self.slots > 1 else 0)
+        if longest > 255:
+            raise ValueError("subscription: with its slot suffix longer than 255 characters")
+        return self
+
+    def destination(self) -> str:
+        return self.subscription
+
+    def check(self, *, dry_run: bool) -> None:
+        # A slot is a Lease (a write), and a dry run must not take a live replica's slot.
+        if dry_run and self.enabled and self.slots > 1:
+            raise ValueError(
+                "pubsub.slots: a dry run consumes one subscription of its own (slots: 1)"
+            )
+
+
+class GceMetadataSettings(SourceSettings):
+    """Per-node mode on GCE: the metadata server's preempted and maintenance-event keys."""
+
+    url: str = "http://metadata.google.internal"
+    node_name: str = ""  # this node, from the downward API (spec.nodeName)
+    timeout_s: float = Field(60.0, gt=0)  # wait_for_change hanging GET
+
+
+class KueueSettings(SourceSettings):
+    """Kueue Workloads whose eviction by preemption is a reclaim notice."""
+
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+
+
+class KafkaNoticeSettings(SourceSettings):
+    """A generic notices topic: CloudEvents 1.0 JSON, one consumer group for all replicas."""
+
+    bootstrap: str = ""
+    topic: str = "reclaimd.notices"
+    group_id: str = "reclaimd"
+    # A replica silent this long loses its partitions to a peer (brokers bound it by
+    # group.min/max.session.timeout.ms, 6 s .. 30 min by default). A stopping one leaves the
+    # group at once, and a peer hears of it at its next heartbeat: hence 1 s, not 3 s.
+    session_timeout_ms: int = Field(10_000, ge=1_000, le=1_800_000)
+    heartbeat_interval_ms: int = Field(1_000, ge=100)
+
+    @model_validator(mode="after")
+    def _heartbeat_within_session(self) -> KafkaNoticeSettings:
+        # Kafka's advice, a third at most: two lost heartbeats do not end the session.
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms: at most a third of session_timeout_ms")
+        return self
+
+    def destination(self) -> str:
+        return self.topic
+
+
+# --- the entry ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a notice came from, as the semantic conventions say it: its cloud and transport.
+
+    ``prefix``: the start of every ``Notice.source`` the source's handler writes (the longest
+    matching prefix wins). ``label``: when set, every such source is this metrics label (the
+    rest of it is a producer's free text)."""
+
+    prefix: str = ""
+    provider: str = ""  # cloud.provider
+    platform: str = ""  # cloud.platform: the doomed resource is a VM, whatever runs on it
+    messaging: str = ""  # messaging.system, "" when the transport is no message queue
+    transport: str = ""  # reclaimd's name for a transport that is no message queue
+    label: str = ""
+
+
+NOWHERE = Origin()
+
+S = TypeVar("S", bound=SourceSettings)
+
+
+@dataclass(frozen=True)
+class Entry(Generic[S]):
+    name: str  # the task, the transport's metrics label, the Settings section
+    parser: str  # a key of handlers.PARSERS: the handler's own name
+    model: type[S]  # the section's settings model
+    origin: Origin
+    # The module under reclaimd.transports whose ``build(settings, wiring)`` makes the source
+    # ("": the name), and one whose ``after_drain(settings)`` acts around a drain ("": none).
+    transport: str = ""
+    after_drain: str = ""
+    # The chart's nodeAgent.source value when the source runs per node ("": it does not), and
+    # whether it reads its node's name (RECLAIMD_<NAME>__NODE_NAME, from the downward API).
+    agent: str = ""
+    agent_node_name: bool = False
+    # A providerID of this source's cloud -> the instance it names (None: not this cloud's).
+    # Unset: the last path segment of any ``scheme://...`` (``instance_of``).
+    instance_of: Callable[[str], str | None] | None = None
 
     @property
-    def counters(self) -> Counters: ...
+    def module(self) -> str:
+        return f"reclaimd.transports.{self.transport or self.name}"
 
-    async def run(self) -> None: ...
+    def settings_of(self, settings: Any) -> S:
+        """This source's section of ``Settings``."""
+        section: S = getattr(settings, self.name)
+        return section
 
-
-@dataclass(frozen=True)
-class Wiring:
-    """What a factory gets: the settings, the intake's ``admit``, and the clients it may use."""
-
-    settings: Settings
-    admit: Admit
-    windows: Windows
-    api: Any = None  # the Kubernetes ApiClient (Kueue watches Workloads through it)
-    limiter: Any = None  # the write budget (Pub/Sub slot Leases are written through it)
-    dead: Callable[[str], bool] | None = None  # a holder the peer probe found dead
+    def enabled(self, settings: Any) -> bool:
+        return self.settings_of(settings).enabled
 
 
-@dataclass(frozen=True)
-class Entry:
-    name: str  # the task, the transport's metrics label
-    parser: str  # a key of handlers.PARSERS
-    section: str  # the field of Settings that configures it
-    model: type[BaseModel]  # that field's settings model
-    build: Callable[[Entry, Wiring], Source]
-    after_drain: Callable[[Settings], AfterDrain] | None = None
+REGISTRY: tuple[Entry[Any], ...] = (
+    Entry(
+        "sqs", "ec2", SqsSettings,
+        Origin("aws.", "aws", "aws_ec2", messaging="aws_sqs"),  # EventBridge -> SQS
+        after_drain="lifecycle",
+    ),
+    Entry(
+        "imds", "imds", ImdsSettings,
+        Origin("aws.imds.", "aws", "aws_ec2", transport="imds"),
+        agent="imds",
+    ),
+    Entry(
+        "pubsub", "gke", PubSubSettings,
+        Origin("gcp.", "gcp", "gcp_compute_engine", messaging="gcp_pubsub"),  # Logging sink
+    ),
+    Entry(
+        "gce_metadata", "gce-metadata", GceMetadataSettings,
+        Origin("gcp.metadata.", "gcp", "gcp_compute_engine", transport="gce_metadata"),
+        agent="gce-metadata", agent_node_name=True,
+    ),
+    Entry(
+        "kueue", "kueue", KueueSettings,
+        Origin("kueue.", transport="kubernetes_watch"),
+    ),
+    Entry(
+        "kafka_notices", "kafka", KafkaNoticeSettings,
+        Origin("kafka:", messaging="kafka", label="kafka"),
+    ),
+)  # fmt: skip
 
-    def settings_of(self, settings: Settings) -> Any:
-        return getattr(settings, self.section)
-
-    def enabled(self, settings: Settings) -> bool:
-        return bool(self.settings_of(settings).enabled)
-
-
-# --- factories: one per transport ------------------------------------------------------------
-
-
-def _sqs(entry: Entry, w: Wiring) -> Source:
-    import boto3
-    from botocore.config import Config
-
-    from reclaimd.transports.sqs import SqsSource
-
-    s: SqsSettings = entry.settings_of(w.settings)
-    # One connection per receiver and per message being settled: botocore's default pool of
-    # 10 makes every delete in a storm wait for a socket.
-    pool = Config(max_pool_connections=s.receivers + s.concurrency)
-    sqs = boto3.client("sqs", region_name=s.region, endpoint_url=s.endpoint_url, config=pool)
-    return SqsSource(sqs, s, admit=w.admit, windows=w.windows, parser=entry.parser)
-
-
-def _asg_lifecycle(settings: Settings) -> AfterDrain:
-    """Lifecycle actions arrive through the SQS queue; the same endpoint serves Auto Scaling
-    (a VPC endpoint, moto)."""
-    import boto3
-    from botocore.config import Config
-
-    from reclaimd.transports.lifecycle import AsgLifecycle
-
-    s = settings.sqs
-    retries = Config(retries={"mode": "standard", "max_attempts": 3})
-
-    def client_for(region: str) -> Any:
-        return boto3.client(
-            "autoscaling", region_name=region, endpoint_url=s.endpoint_url, config=retries
-        )
-
-    return AsgLifecycle(client_for, region=s.region)
+BY_NAME: Mapping[str, Entry[Any]] = {e.name: e for e in REGISTRY}
+PARSER_NAMES: tuple[str, ...] = tuple(e.parser for e in REGISTRY)
+AGENTS: tuple[Entry[Any], ...] = tuple(e for e in REGISTRY if e.agent)
+# Longest prefix first: the first match is the most specific (aws.imds. before aws.).
+_BY_PREFIX = sorted(REGISTRY, key=lambda e: len(e.origin.prefix), reverse=True)
 
 
-def _imds(entry: Entry, w: Wiring) -> Source:
-    from reclaimd.transports.imds import ImdsSource
-
-    s: ImdsSettings = entry.settings_of(w.settings)
-    return ImdsSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
-
-
-def _pubsub(entry: Entry, w: Wiring) -> Source:
-    # The client library (and grpc) loaded now, while the daemon builds: first imported in
-    # run(), its import (~0.3 s, ~50 MB) would stall the loop the cache and Leases run on.
-    import google.cloud.pubsub_v1  # noqa: F401
-
-    from reclaimd.transports.pubsub import PubSubSource, SlottedPubSubSource
-
-    s: PubSubSettings = entry.settings_of(w.settings)
-    if s.slots == 1:
-        return PubSubSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
-    from reclaimd.cluster.slots import PubSubSlots
-
-    if w.settings.dry_run:
-        # A slot is a Lease, a write: and a dry run must not take a live replica's slot.
-        raise ValueError("pubsub.slots > 1 is not for a dry run: give it a subscription of its own")
-    if w.api is None or w.limiter is None:
-        raise ValueError("pubsub.slots > 1 needs the Kubernetes API for the slot Leases")
-    slots = PubSubSlots(
-        w.api,
-        w.settings.lease_namespace,
-        w.settings.holder,
-        subscriptions=[s.slot_subscription(i) for i in range(s.slots)],
-        lease_s=w.settings.claim_stale_s,
-        limiter=w.limiter,
-        dead=w.dead,
-    )
-    return SlottedPubSubSource(s, slots, admit=w.admit, windows=w.windows, parser=entry.parser)
-
-
-def _gce_metadata(entry: Entry, w: Wiring) -> Source:
-    from reclaimd.transports.gce_metadata import GceMetadataSource
-
-    s: GceMetadataSettings = entry.settings_of(w.settings)
-    return GceMetadataSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
-
-
-def _kueue(entry: Entry, w: Wiring) -> Source:
-    from reclaimd.transports.kueue import KueueSource
-
-    s: KueueSettings = entry.settings_of(w.settings)
-    return KueueSource(s, admit=w.admit, windows=w.windows, api=w.api, parser=entry.parser)
-
-
-def _kafka_notices(entry: Entry, w: Wiring) -> Source:
-    from reclaimd.transports.kafka_notices import KafkaNoticeSource
-
-    s: KafkaNoticeSettings = entry.settings_of(w.settings)
-    return KafkaNoticeSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
-
-
-# fmt: off
-REGISTRY: tuple[Entry, ...] = (
-    Entry("sqs", "ec2", "sqs", SqsSettings, _sqs, after_drain=_asg_lifecycle),
-    Entry("imds", "imds", "imds", ImdsSettings, _imds),
-    Entry("pubsub", "gke", "pubsub", PubSubSettings, _pubsub),
-    Entry("gce_metadata", "gce-metadata", "gce_metadata", GceMetadataSettings, _gce_metadata),
-    Entry("kueue", "kueue", "kueue", KueueSettings, _kueue),
-    Entry("kafka_notices", "kafka", "kafka_notices", KafkaNoticeSettings, _kafka_notices),
-)
-# fmt: on
-
-
-def enabled(settings: Settings) -> list[Entry]:
+def enabled(settings: Any) -> list[Entry[Any]]:
     return [entry for entry in REGISTRY if entry.enabled(settings)]
 
 
-def build(settings: Settings, *, admit: Admit, api: Any = None) -> dict[str, Source]:
-    """Every enabled source's transport, by name; nothing runs yet."""
-    wiring = Wiring(settings, admit, settings.windows, api)
-    return {entry.name: entry.build(entry, wiring) for entry in enabled(settings)}
+def sections(settings: Any) -> Iterator[tuple[Entry[Any], SourceSettings]]:
+    for entry in REGISTRY:
+        yield entry, entry.settings_of(settings)
 
 
-def after_drain(settings: Settings) -> AfterDrain:
-    """What the enabled sources must do around a notice's drain, as one part."""
-    parts = [e.after_drain(settings) for e in enabled(settings) if e.after_drain is not None]
-    if not parts:
-        return NoAfterDrain()
-    return parts[0] if len(parts) == 1 else AfterDrains(parts)
+def origin_of(source: str) -> Origin:
+    """The origin of a ``Notice.source`` (``NOWHERE`` when no entry's prefix matches)."""
+    for entry in _BY_PREFIX:
+        if source.startswith(entry.origin.prefix):
+            return entry.origin
+    return NOWHERE
 
 
-def counters(sources: Mapping[str, Source]) -> dict[str, Counters]:
-    return {name: source.counters for name, source in sources.items()}
+def destinations(settings: Any) -> dict[str, str]:
+    """``messaging.system`` -> the destination each message transport consumes."""
+    return {
+        entry.origin.messaging: section.destination()
+        for entry, section in sections(settings)
+        if entry.origin.messaging
+    }
 
 
-def pubsub_slot(sources: Mapping[str, Source]) -> Callable[[], int] | None:
-    """The Pub/Sub slot held (-1: none yet), read at scrape time; None without slots."""
-    source = sources.get("pubsub")
-    if source is None or not hasattr(source, "held_slot"):
-        return None
-
-    def held() -> int:
-        slot = getattr(source, "held_slot", None)
-        return -1 if slot is None else int(slot)
-
-    return held
+def instance_of(provider_id: str) -> str:
+    """The cloud instance a node's ``spec.providerID`` names, "" when it names none:
+    ``aws:///us-east-2a/i-0abc`` -> ``i-0abc``; ``gce://p/z/name`` -> ``name``. The one place
+    a providerID is read (the cluster cache's index, the ledger's placement)."""
+    for entry in REGISTRY:
+        if entry.instance_of is not None and (found := entry.instance_of(provider_id)) is not None:
+            return found
+    if "://" not in provider_id:
+        return ""
+    last = provider_id.rstrip("/").rsplit("/", 1)[-1]
+    return "" if last.endswith(":") else last

@@ -30,7 +30,6 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -47,8 +46,9 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from reclaimd import __version__
+from reclaimd import __version__, sources
 from reclaimd.model import Notice, rfc3339, utcnow
+from reclaimd.sources import Origin
 
 TRACER_NAME = "reclaimd"
 ROOT_SPAN = "reclaimd.notice"
@@ -212,32 +212,8 @@ def link_from(traceparent: str) -> list[trace.Link]:
 # --- where a notice came from -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Origin:
-    """What the semantic conventions call a notice's cloud and transport, from its source."""
-
-    provider: str = ""  # cloud.provider
-    platform: str = ""  # cloud.platform: the doomed resource is a VM, whatever runs on it
-    messaging: str = ""  # messaging.system, "" when the transport is no message queue
-    transport: str = ""  # reclaimd's name for a transport that is no message queue
-
-
-# Source prefixes (the handlers' ``Notice.source`` values) to their origin; first match wins.
-_ORIGINS: tuple[tuple[str, Origin], ...] = (
-    ("aws.imds.", Origin("aws", "aws_ec2", transport="imds")),
-    ("aws.", Origin("aws", "aws_ec2", messaging="aws_sqs")),  # EventBridge -> SQS
-    ("gcp.metadata.", Origin("gcp", "gcp_compute_engine", transport="gce_metadata")),
-    ("gcp.", Origin("gcp", "gcp_compute_engine", messaging="gcp_pubsub")),  # Logging sink
-    ("kueue.", Origin(transport="kubernetes_watch")),
-    ("kafka:", Origin(messaging="kafka")),
-)
-
-
-def origin_of(source: str) -> Origin:
-    for prefix, origin in _ORIGINS:
-        if source.startswith(prefix):
-            return origin
-    return Origin()
+# A notice's cloud and transport come from its source's registry entry (``Origin``).
+origin_of = sources.origin_of
 
 
 def notice_attributes(notice: Notice, *, cluster: str = "") -> Attributes:

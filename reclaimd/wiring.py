@@ -26,10 +26,11 @@ from reclaimd import (
     metrics,
     putbudget,
     restarts,
+    sources,
     tracing,
     waste,
 )
-from reclaimd import sources as registry
+from reclaimd import sourcing as registry
 from reclaimd.afterdrain import NoAfterDrain
 from reclaimd.cluster import (
     actions,
@@ -155,11 +156,7 @@ def wire(
     )
     receipts = tracing.Receipts(
         tracer,
-        destinations={
-            "aws_sqs": s.sqs.queue_url.rsplit("/", 1)[-1],
-            "gcp_pubsub": s.pubsub.subscription,
-            "kafka": s.kafka_notices.topic,
-        },
+        destinations=sources.destinations(s),
     )
     observed = metrics.Metrics(label_policy=ledger_writer.policy)
     recorder = (

@@ -52,6 +52,7 @@ from reclaimd.cluster.watch import (
     watch_objects,
 )
 from reclaimd.model import Gang, GangKey, Target, WorkloadRef, utcnow
+from reclaimd.sources import instance_of
 
 log = logging.getLogger(__name__)
 
@@ -131,15 +132,12 @@ class CacheSettings:
 def instance_ids(node: RawObject) -> frozenset[str]:
     """Every cloud instance id a node answers to.
 
-    ``aws:///us-east-2a/i-0abc`` -> ``i-0abc``; ``gce://project/zone/name`` -> ``name``;
-    plus the node metadata keys in ``INSTANCE_ID_KEYS``.
+    The one its providerID names (``sources.instance_of``), plus the node metadata keys in
+    ``INSTANCE_ID_KEYS``.
     """
     found: set[str] = set()
-    provider = str((node.get("spec") or {}).get("providerID") or "")
-    if "://" in provider:
-        last = provider.rstrip("/").rsplit("/", 1)[-1]
-        if last and not last.endswith(":"):
-            found.add(last)
+    if instance := instance_of(str((node.get("spec") or {}).get("providerID") or "")):
+        found.add(instance)
     meta = node.get("metadata") or {}
     for source in (meta.get("labels") or {}, meta.get("annotations") or {}):
         for key in INSTANCE_ID_KEYS:

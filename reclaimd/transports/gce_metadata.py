@@ -28,8 +28,9 @@ import aiohttp
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
-from reclaimd.config import GceMetadataSettings
 from reclaimd.model import Windows, rfc3339, utcnow
+from reclaimd.sources import Entry, GceMetadataSettings
+from reclaimd.sourcing import Wiring
 from reclaimd.transports import Admit, Counters, Read, deliver
 
 log = logging.getLogger(__name__)
@@ -228,3 +229,11 @@ class GceMetadataSource:
             else:
                 self.counters.left_for_redelivery += 1
         return delivered.settled
+
+
+# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+
+
+def build(entry: Entry[GceMetadataSettings], w: Wiring) -> GceMetadataSource:
+    s = entry.settings_of(w.settings)
+    return GceMetadataSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)

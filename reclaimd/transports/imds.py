@@ -22,8 +22,9 @@ import aiohttp
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
-from reclaimd.config import ImdsSettings
 from reclaimd.model import Windows
+from reclaimd.sources import Entry, ImdsSettings
+from reclaimd.sourcing import Wiring
 from reclaimd.transports import Admit, Counters, Delivered, deliver
 
 log = logging.getLogger(__name__)
@@ -143,3 +144,11 @@ class ImdsSource:
                 r.raise_for_status()
                 return await r.text()
         raise aiohttp.ClientError("IMDS refused a fresh token")
+
+
+# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+
+
+def build(entry: Entry[ImdsSettings], w: Wiring) -> ImdsSource:
+    s = entry.settings_of(w.settings)
+    return ImdsSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)

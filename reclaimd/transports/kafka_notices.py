@@ -34,8 +34,9 @@ from typing import Any
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
-from reclaimd.config import KafkaNoticeSettings
 from reclaimd.model import Windows
+from reclaimd.sources import Entry, KafkaNoticeSettings
+from reclaimd.sourcing import Wiring
 from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
@@ -190,3 +191,11 @@ def _default_consumer(settings: KafkaNoticeSettings) -> Any:
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         # group_instance_id stays unset: see the module docstring.
     )
+
+
+# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+
+
+def build(entry: Entry[KafkaNoticeSettings], w: Wiring) -> KafkaNoticeSource:
+    s = entry.settings_of(w.settings)
+    return KafkaNoticeSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)

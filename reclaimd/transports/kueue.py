@@ -46,10 +46,11 @@ from reclaimd.cluster.watch import (
     WatchSettings,
     watch_objects,
 )
-from reclaimd.config import KueueSettings
 from reclaimd.intake import Admission
 from reclaimd.kueueapi import GROUP, PLURAL, PREFERRED_VERSIONS, pick_version
 from reclaimd.model import Notice, Windows
+from reclaimd.sources import Entry, KueueSettings
+from reclaimd.sourcing import Wiring
 from reclaimd.transports import Admit, Counters, Read, admit_all, deliver
 
 log = logging.getLogger(__name__)
@@ -307,3 +308,11 @@ class KueueSource:
 
 def _name(key: Key) -> str:
     return f"{key[0]}/{key[1]}"
+
+
+# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+
+
+def build(entry: Entry[KueueSettings], w: Wiring) -> KueueSource:
+    s = entry.settings_of(w.settings)
+    return KueueSource(s, admit=w.admit, windows=w.windows, api=w.api, parser=entry.parser)

@@ -29,6 +29,7 @@ from typing import Any
 
 from reclaimd import logs
 from reclaimd.model import Notice
+from reclaimd.sources import SqsSettings
 
 log = logging.getLogger(__name__)
 
@@ -186,3 +187,22 @@ class AsgLifecycle:
             if region not in self._clients:
                 self._clients[region] = self._client_for(region)
             return self._clients[region]
+
+
+# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+
+
+def after_drain(s: SqsSettings) -> AsgLifecycle:
+    """Lifecycle actions arrive through the SQS queue; the same endpoint serves Auto Scaling
+    (a VPC endpoint, moto)."""
+    import boto3
+    from botocore.config import Config
+
+    retries = Config(retries={"mode": "standard", "max_attempts": 3})
+
+    def client_for(region: str) -> Any:
+        return boto3.client(
+            "autoscaling", region_name=region, endpoint_url=s.endpoint_url, config=retries
+        )
+
+    return AsgLifecycle(client_for, region=s.region)

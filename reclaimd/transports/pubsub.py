@@ -55,9 +55,10 @@ from typing import Any, Protocol
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
-from reclaimd.config import PubSubSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Windows
+from reclaimd.sources import Entry, PubSubSettings
+from reclaimd.sourcing import Wiring
 from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
@@ -320,6 +321,8 @@ class SlottedPubSubSource:
     all of them count into one ``counters``. Cancelled (SIGTERM), the sources nack what they
     hold before the slot is released."""
 
+    slot_help = "the Pub/Sub slot this replica holds and consumes (-1: none, waiting for one)"
+
     def __init__(
         self,
         settings: PubSubSettings,
@@ -394,3 +397,33 @@ async def _shutdown(subscriber: Any, future: concurrent.futures.Future[Any] | No
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(stopping), SHUTDOWN_TIMEOUT_S + 2)
         raise
+
+
+# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+
+
+def build(entry: Entry[PubSubSettings], w: Wiring) -> PubSubSource | SlottedPubSubSource:
+    # The client library (and grpc) loaded now, while the daemon builds: first imported in
+    # run(), its import (~0.3 s, ~50 MB) would stall the loop the cache and Leases run on.
+    import google.cloud.pubsub_v1  # noqa: F401
+
+    s = entry.settings_of(w.settings)
+    if s.slots == 1:
+        return PubSubSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+    from reclaimd.cluster.slots import PubSubSlots
+
+    if w.settings.dry_run:
+        # A slot is a Lease, a write: and a dry run must not take a live replica's slot.
+        raise ValueError("pubsub.slots > 1 is not for a dry run: give it a subscription of its own")
+    if w.api is None or w.limiter is None:
+        raise ValueError("pubsub.slots > 1 needs the Kubernetes API for the slot Leases")
+    slots = PubSubSlots(
+        w.api,
+        w.settings.lease_namespace,
+        w.settings.holder,
+        subscriptions=[s.slot_subscription(i) for i in range(s.slots)],
+        lease_s=w.settings.claim_stale_s,
+        limiter=w.limiter,
+        dead=w.dead,
+    )
+    return SlottedPubSubSource(s, slots, admit=w.admit, windows=w.windows, parser=entry.parser)

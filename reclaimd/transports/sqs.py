@@ -32,8 +32,9 @@ from typing import Any, TypeVar
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
-from reclaimd.config import SqsSettings
 from reclaimd.model import Windows
+from reclaimd.sources import Entry, SqsSettings
+from reclaimd.sourcing import Wiring
 from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
@@ -283,3 +284,18 @@ class SqsSource:
             if not held:
                 return
             await self._call(self._set_visibility_now, held, self.settings.visibility_timeout_s)
+
+
+# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+
+
+def build(entry: Entry[SqsSettings], w: Wiring) -> SqsSource:
+    import boto3
+    from botocore.config import Config
+
+    s = entry.settings_of(w.settings)
+    # One connection per receiver and per message being settled: botocore's default pool of
+    # 10 makes every delete in a storm wait for a socket.
+    pool = Config(max_pool_connections=s.receivers + s.concurrency)
+    sqs = boto3.client("sqs", region_name=s.region, endpoint_url=s.endpoint_url, config=pool)
+    return SqsSource(sqs, s, admit=w.admit, windows=w.windows, parser=entry.parser)

@@ -29,7 +29,7 @@ import pytest
 from stack import Stack
 
 import handlers
-from reclaimd import sources
+from reclaimd import sourcing
 from reclaimd.config import Settings
 from reclaimd.model import Notice, utcnow
 from reclaimd.transports.lifecycle import AsgLifecycle
@@ -68,7 +68,7 @@ def after_drain(endpoint: str) -> AsgLifecycle:
     settings = Settings.model_validate(
         {"sqs": {"enabled": True, "queue_url": "q", "endpoint_url": endpoint, "region": REGION}}
     )
-    part = sources.after_drain(settings)
+    part = sourcing.after_drain(settings)
     assert isinstance(part, AsgLifecycle)
     return part
 

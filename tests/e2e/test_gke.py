@@ -23,9 +23,9 @@ from chaos.fleet import GangSpec, NodeSpec
 from chaos.gce_metadata_server import GceMetadataServer
 from chaos.harness import Harness
 from chaos.process import DaemonProcess
-from reclaimd.config import PubSubSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, parse_time, stable_id, utcnow
+from reclaimd.sources import PubSubSettings
 from reclaimd.transports import pubsub
 from reclaimd.transports.pubsub import PubSubSource
 

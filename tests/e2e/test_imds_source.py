@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from stack import Stack
 
-from reclaimd.config import ImdsSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
+from reclaimd.sources import ImdsSettings
 from reclaimd.transports import imds
 from reclaimd.transports.imds import ImdsSource
 

@@ -20,9 +20,9 @@ from chaos import stack as stackenv
 from chaos.fleet import NodeSpec
 from chaos.harness import Harness
 from chaos.process import DaemonProcess
-from reclaimd.config import KafkaNoticeSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, parse_time, utcnow
+from reclaimd.sources import KafkaNoticeSettings
 from reclaimd.transports import kafka_notices
 from reclaimd.transports.kafka_notices import KafkaNoticeSource
 

@@ -24,9 +24,9 @@ from chaos.process import DaemonProcess
 from reclaimd.cluster import slots
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.slots import PubSubSlots
-from reclaimd.config import PubSubSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
+from reclaimd.sources import PubSubSettings
 from reclaimd.transports.pubsub import SlottedPubSubSource
 
 NAMESPACE = "reclaimd"  # lease_namespace: where the chart's Role lets reclaimd keep Leases

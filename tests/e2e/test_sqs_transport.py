@@ -17,9 +17,9 @@ import pytest
 from stack import REPO_DIR
 
 from chaos import stack as stackenv
-from reclaimd.config import SqsSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
+from reclaimd.sources import SqsSettings
 from reclaimd.transports.sqs import SqsSource
 
 FIXTURES = REPO_DIR.parent / "shared" / "fixtures"

@@ -34,7 +34,9 @@ from reclaimd.model import (
 )
 from reclaimd.objectstore import PutCounters
 from reclaimd.pipeline import Report
+from reclaimd.sourcing import Slot
 from reclaimd.transports import Counters
+from reclaimd.transports.pubsub import SlottedPubSubSource
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -311,7 +313,7 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
         kube_throttled=lambda: 9,
         transports={"sqs": sqs},
         scheduler_depth=lambda: 1,
-        pubsub_slot=lambda: held[0],
+        slots={"pubsub": Slot(SlottedPubSubSource.slot_help, lambda: held[0])},
         restarts=watcher,
     )
     got = samples(m)
@@ -371,7 +373,7 @@ def all_families() -> dict[str, tuple[str, tuple[str, ...]]]:
         kube_throttled=lambda: 0,
         transports={"sqs": Counters(by_admission={"claimed": 1})},
         scheduler_depth=lambda: 0,
-        pubsub_slot=lambda: 0,
+        slots={"pubsub": Slot("a slot", lambda: 0)},
         restarts=FakeRestarts(),
     )
     m.observe_report(report())

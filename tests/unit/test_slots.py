@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from reclaimd import config, sources
+from reclaimd import config, sources, sourcing
 from reclaimd.cluster import slots
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.slots import RELEASED, SlotLease, lease_name, pick, why_free
-from reclaimd.config import PubSubSettings, Settings
+from reclaimd.config import Settings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, utcnow
+from reclaimd.sources import PubSubSettings
 from reclaimd.transports.pubsub import PubSubSource, SlottedPubSubSource
 
 NOW = utcnow()
@@ -131,23 +132,24 @@ def pubsub_settings(**pubsub: object) -> Settings:
 
 
 async def test_one_slot_builds_the_plain_source_and_more_a_slotted_one() -> None:
-    built = sources.build(pubsub_settings(), admit=admit)
+    built = sourcing.build(pubsub_settings(), admit=admit)
     assert isinstance(built["pubsub"], PubSubSource)
-    assert sources.pubsub_slot(built) is None  # no slot, no gauge
+    assert sourcing.slots(built) == {}  # no slot, no gauge
 
     async with k8s.ApiClient() as api:
-        wiring = sources.Wiring(
+        wiring = sourcing.Wiring(
             pubsub_settings(slots=2), admit, pubsub_settings().windows, api, limiter=object()
         )
         (entry,) = sources.enabled(wiring.settings)
-        slotted = entry.build(entry, wiring)
+        slotted = sourcing.build_one(entry, wiring)
         assert isinstance(slotted, SlottedPubSubSource)
         assert slotted.slots.subscriptions == ("s-0", "s-1")  # type: ignore[attr-defined]
-        gauge = sources.pubsub_slot({"pubsub": slotted})
-        assert gauge is not None and gauge() == -1  # none held yet
+        gauge = sourcing.slots({"pubsub": slotted})["pubsub"]
+        assert gauge.held() == -1  # none held yet
+        assert gauge.help == SlottedPubSubSource.slot_help
 
     with pytest.raises(ValueError, match="needs the Kubernetes API"):
-        sources.build(pubsub_settings(slots=2), admit=admit)
+        sourcing.build(pubsub_settings(slots=2), admit=admit)
 
 
 # --- minding the free slots (the Lease reads faked; their writes are e2e) ------------------

@@ -14,7 +14,7 @@ from shared_fixtures import FIXTURES
 
 import handlers
 from handlers import imds as imds_handler
-from reclaimd import sources
+from reclaimd import sources, sourcing
 from reclaimd.afterdrain import AfterDrains, NoAfterDrain
 from reclaimd.config import Settings
 from reclaimd.intake import Admission
@@ -60,7 +60,7 @@ def test_every_entry_names_a_parser_and_a_settings_section_of_its_model() -> Non
     assert len(set(names)) == len(names)
     for entry in sources.REGISTRY:
         assert entry.parser in handlers.PARSERS, entry.name
-        field = Settings.model_fields[entry.section]
+        field = Settings.model_fields[entry.name]
         assert field.annotation is entry.model, entry.name
         assert "enabled" in entry.model.model_fields, entry.name
 
@@ -70,8 +70,8 @@ def test_every_parser_has_a_source() -> None:
 
 
 def test_nothing_enabled_builds_nothing() -> None:
-    assert sources.build(Settings(), admit=Script().admit) == {}
-    assert isinstance(sources.after_drain(Settings()), NoAfterDrain)
+    assert sourcing.build(Settings(), admit=Script().admit) == {}
+    assert isinstance(sourcing.after_drain(Settings()), NoAfterDrain)
 
 
 def enable_all() -> Settings:
@@ -89,24 +89,24 @@ def enable_all() -> Settings:
 
 def test_each_enabled_source_is_built_with_its_entrys_parser_and_settings() -> None:
     settings = enable_all()
-    built = sources.build(settings, admit=Script().admit)
+    built = sourcing.build(settings, admit=Script().admit)
     assert list(built) == [e.name for e in sources.REGISTRY]
     for entry in sources.REGISTRY:
         source: Any = built[entry.name]
         assert source.parser == entry.parser, entry.name
         assert source.settings is entry.settings_of(settings), entry.name
         assert isinstance(source.counters, Counters)
-    assert set(sources.counters(built)) == set(built)
+    assert set(sourcing.counters(built)) == set(built)
 
 
 def test_only_enabled_sources_are_built() -> None:
     settings = Settings.model_validate({"imds": {"enabled": True}, "kueue": {"enabled": False}})
-    assert list(sources.build(settings, admit=Script().admit)) == ["imds"]
+    assert list(sourcing.build(settings, admit=Script().admit)) == ["imds"]
 
 
 def test_the_sqs_entry_carries_the_lifecycle_after_drain_part() -> None:
     settings = Settings.model_validate({"sqs": {"enabled": True, "queue_url": "q"}})
-    assert isinstance(sources.after_drain(settings), AsgLifecycle)
+    assert isinstance(sourcing.after_drain(settings), AsgLifecycle)
 
 
 def test_imds_polls_every_path_its_parser_reads() -> None:

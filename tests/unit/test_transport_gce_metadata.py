@@ -16,9 +16,9 @@ from multidict import CIMultiDict
 
 import handlers
 from chaos.gce_metadata_server import GceMetadataServer
-from reclaimd.config import GceMetadataSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
+from reclaimd.sources import GceMetadataSettings
 from reclaimd.transports import gce_metadata
 from reclaimd.transports.gce_metadata import (
     GceMetadataSource,

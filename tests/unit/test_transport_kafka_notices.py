@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from reclaimd.config import KafkaNoticeSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
+from reclaimd.sources import KafkaNoticeSettings
 from reclaimd.transports import kafka_notices
 from reclaimd.transports.kafka_notices import KafkaNoticeSource
 

@@ -18,9 +18,9 @@ from shared_fixtures import FIXTURES
 
 import handlers
 from reclaimd.cluster.watch import Changed, Listed
-from reclaimd.config import KueueSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Windows, utcnow
+from reclaimd.sources import KueueSettings
 from reclaimd.transports.kueue import KueueSource, object_key, pick_version
 
 KUEUE = FIXTURES / "kueue"

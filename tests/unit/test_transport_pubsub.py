@@ -15,9 +15,9 @@ import pytest
 from pydantic import ValidationError
 from shared_fixtures import FIXTURES as SHARED
 
-from reclaimd.config import PubSubSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, stable_id
+from reclaimd.sources import PubSubSettings
 from reclaimd.transports import pubsub
 from reclaimd.transports.pubsub import PubSubSource, Verdict, verdict
 

@@ -14,9 +14,9 @@ import pytest
 from pydantic import ValidationError
 from shared_fixtures import FIXTURES
 
-from reclaimd.config import SqsSettings
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
+from reclaimd.sources import SqsSettings
 from reclaimd.transports import sqs
 from reclaimd.transports.sqs import SqsSource
 
