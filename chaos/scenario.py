@@ -37,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+import handlers
 from reclaimd import config as reclaimd_config
 from reclaimd.model import Windows
 
@@ -394,7 +395,7 @@ class ReclaimdOverrides(_Strict):
 
     @property
     def the_windows(self) -> Windows:
-        return Windows(**self.windows)
+        return handlers.windows(**self.windows)
 
 
 class RestartGangs(_Strict):
@@ -709,7 +710,7 @@ class Plan:
     gangs: tuple[PlannedGang, ...]
     notices: tuple[PlannedNotice, ...]
     garbage: tuple[PlannedGarbage, ...]
-    windows: Windows = field(default_factory=Windows)
+    windows: Windows = field(default_factory=handlers.windows)
 
     def node(self, key: str) -> PlannedNode:
         return self._nodes[key]

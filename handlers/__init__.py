@@ -19,24 +19,41 @@ from reclaimd.model import ParseError, ParseOutcome, Windows
 from .base import Parser
 
 
-def _parsers() -> dict[str, Parser]:
-    """Every module of this package that names a source (``NAME``) and its ``parse``; the
-    shared readers (base, fields, ids, targets) name none."""
+def _parsers() -> tuple[dict[str, Parser], dict[str, float]]:
+    """Every module of this package that names a source (``NAME``): its ``parse``, and the
+    windows it reads with their defaults (``WINDOWS``). The shared readers (base, fields,
+    ids, targets) name none."""
     found: dict[str, Parser] = {}
+    windows: dict[str, float] = {}
     for info in pkgutil.iter_modules(__path__):
         module = importlib.import_module(f"{__name__}.{info.name}")
         name = getattr(module, "NAME", None)
-        if name is not None:
-            if name in found:
-                raise ImportError(f"handlers: two parsers named {name!r}")
-            found[name] = module.parse
-    return found
+        if name is None:
+            continue
+        if name in found:
+            raise ImportError(f"handlers: two parsers named {name!r}")
+        found[name] = module.parse
+        for window, seconds in getattr(module, "WINDOWS", {}).items():
+            if windows.setdefault(window, seconds) != seconds:
+                raise ImportError(f"handlers: two defaults for window {window!r}")
+    return found, windows
 
 
-PARSERS: Mapping[str, Parser] = MappingProxyType(_parsers())
+_found, _windows = _parsers()
+PARSERS: Mapping[str, Parser] = MappingProxyType(_found)
+# Every parser's windows and their defaults (``Windows``; ``Settings.windows`` offers them).
+WINDOWS: Mapping[str, float] = MappingProxyType(dict(sorted(_windows.items())))
 
 
-_DEFAULT_WINDOWS = Windows()
+def windows(**given: float) -> Windows:
+    """Every window, its handler's default unless ``given`` (``default_s`` included)."""
+    unknown = sorted(set(given) - set(WINDOWS) - {"default_s"})
+    if unknown:
+        raise ValueError(f"no window {', '.join(unknown)}; known: {', '.join(WINDOWS)}")
+    return Windows(**{**WINDOWS, **given})
+
+
+_DEFAULT_WINDOWS = windows()
 
 
 def parse(
@@ -49,4 +66,4 @@ def parse(
     return parser(payload, received_at=received_at, windows=windows)
 
 
-__all__ = ["PARSERS", "Parser", "parse"]
+__all__ = ["PARSERS", "WINDOWS", "Parser", "parse", "windows"]

@@ -62,6 +62,9 @@ from .fields import (
 from .targets import aws_instance, is_aws_zone
 
 NAME = "ec2"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+# Its windows (``Windows.of``): EC2's two minutes; state changes and ASG terminations have
+# none of their own and are acted on as a Spot warning.
+WINDOWS: Mapping[str, float] = {"ec2_spot_s": 120.0, "ec2_scheduled_s": 120.0}
 
 _DEPARTING_STATES = frozenset({"shutting-down", "stopping", "stopped", "terminated"})
 _TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
@@ -123,7 +126,7 @@ class _Event:
 def _spot(ev: _Event) -> ParseOutcome:
     instance = ident(ev.detail, "instance-id", ids.EC2_INSTANCE_ID, at="detail")
     action = text(ev.detail, "instance-action", at="detail")  # terminate | stop | hibernate
-    deadline = plus(ev.time, ev.windows.ec2_spot_s)
+    deadline = plus(ev.time, ev.windows.of("ec2_spot_s", WINDOWS))
     notice = ev.notice(
         "aws.ec2.spot",
         NoticeKind.SPOT_INTERRUPTION,
@@ -155,7 +158,7 @@ def _state_change(ev: _Event) -> ParseOutcome:
         "aws.ec2.state",
         NoticeKind.STATE_CHANGE,
         instance,
-        deadline=plus(ev.time, ev.windows.ec2_scheduled_s),
+        deadline=plus(ev.time, ev.windows.of("ec2_scheduled_s", WINDOWS)),
         extra={"state": state},
     )
     return (notice,)
@@ -235,7 +238,7 @@ def _lifecycle(
         kind=NoticeKind.SCHEDULED_CHANGE,
         target=aws_instance(instance),
         issued_at=issued_at,
-        deadline=plus(issued_at, windows.ec2_scheduled_s),
+        deadline=plus(issued_at, windows.of("ec2_scheduled_s", WINDOWS)),
         received_at=received_at,
         attributes=attributes(
             {

@@ -60,6 +60,8 @@ from .fields import (
 from .targets import gce_instance, gce_region
 
 NAME = "gce-metadata"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+# Its windows (``Windows.of``): GCE's, which the Cloud Logging parser reads too.
+WINDOWS: Mapping[str, float] = {"gce_preemption_s": 30.0, "gce_maintenance_s": 60.0}
 
 _PREFIX = "computeMetadata/v1/"
 
@@ -130,7 +132,7 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         else received_at
     )
     etag = opt_text(envelope, "etag")
-    window = windows.gce_preemption_s if rule.preemption else windows.gce_maintenance_s
+    window = windows.of("gce_preemption_s" if rule.preemption else "gce_maintenance_s", WINDOWS)
     notice = Notice(
         id=stable_id(rule.source, project, zone, instance, value, etag),
         source=rule.source,

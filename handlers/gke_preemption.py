@@ -64,6 +64,8 @@ from .fields import (
 from .targets import gce_instance, gce_region
 
 NAME = "gke"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+# Its windows (``Windows.of``): GCE's, which the metadata server's parser reads too.
+WINDOWS: Mapping[str, float] = {"gce_preemption_s": 30.0, "gce_maintenance_s": 60.0}
 
 _RESOURCE_NAME = re.compile(
     r"(?://compute\.googleapis\.com/)?projects/([^/]+)/zones/([^/]+)/instances/([^/]+)"
@@ -85,20 +87,20 @@ METHODS: Mapping[str, _Rule] = MappingProxyType(
             "gcp.compute.preempted",
             NoticeKind.PREEMPTION,
             Response.FULL,
-            lambda w: w.gce_preemption_s,
+            lambda w: w.of("gce_preemption_s", WINDOWS),
         ),
         "compute.instances.terminateOnHostMaintenance": _Rule(
             "gcp.compute.maintenance",
             NoticeKind.MAINTENANCE,
             Response.FULL,
-            lambda w: w.gce_maintenance_s,
+            lambda w: w.of("gce_maintenance_s", WINDOWS),
             "terminate",
         ),
         "compute.instances.migrateOnHostMaintenance": _Rule(
             "gcp.compute.maintenance",
             NoticeKind.MAINTENANCE,
             Response.CHECKPOINT_ONLY,
-            lambda w: w.gce_maintenance_s,
+            lambda w: w.of("gce_maintenance_s", WINDOWS),
             "migrate",
         ),
     }

@@ -67,6 +67,8 @@ from .fields import (
 from .targets import aws_instance
 
 NAME = "imds"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+# Its windows (``Windows.of``): EC2's, which the EventBridge parser reads too.
+WINDOWS: Mapping[str, float] = {"ec2_spot_s": 120.0, "ec2_scheduled_s": 120.0}
 
 _PREFIX = "latest/meta-data/"
 
@@ -127,7 +129,9 @@ def _spot(env: _Envelope) -> ParseOutcome:
         "aws.imds.spot",
         NoticeKind.SPOT_INTERRUPTION,
         (action, rfc3339(when)),
-        issued_at=issued(plus(when, -env.windows.ec2_spot_s), env.received_at, "body.time"),
+        issued_at=issued(
+            plus(when, -env.windows.of("ec2_spot_s", WINDOWS)), env.received_at, "body.time"
+        ),
         deadline=when,
         instance_action=action,
     )
@@ -188,7 +192,7 @@ def _target_lifecycle_state(env: _Envelope) -> ParseOutcome:
         NoticeKind.SCHEDULED_CHANGE,
         (state,),
         issued_at=env.received_at,
-        deadline=plus(env.received_at, env.windows.ec2_scheduled_s),
+        deadline=plus(env.received_at, env.windows.of("ec2_scheduled_s", WINDOWS)),
         target_lifecycle_state=state,
     )
     return (notice,)

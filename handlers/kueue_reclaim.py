@@ -65,6 +65,7 @@ from .fields import (
 )
 
 NAME = "kueue"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+WINDOWS: Mapping[str, float] = {"kueue_grace_s": 30.0}  # its window (``Windows.of``)
 
 SOURCE = "kueue.workload"
 _GROUP = "kueue.x-k8s.io/"
@@ -162,7 +163,7 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         kind=NoticeKind.RECLAIM,
         target=Target(workload=ref),
         issued_at=transition,
-        deadline=plus(transition, windows.kueue_grace_s),
+        deadline=plus(transition, windows.of("kueue_grace_s", WINDOWS)),
         received_at=received_at,
         response=Response.NO_CORDON,
         attributes=attributes(

@@ -14,17 +14,20 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
 from pydantic import (
     Field,
+    GetPydanticSchema,
     ValidationError,
     create_model,
     field_validator,
     model_validator,
 )
+from pydantic_core import core_schema
 
+import handlers
 from reclaimd import sources
 from reclaimd.annotations import UrlPolicy
 from reclaimd.model import Windows
@@ -248,6 +251,31 @@ class TracingSettings(_Strict):
     span_file: Path | None = Path("/var/lib/reclaimd/spans.jsonl")
 
 
+# ``windows``: every window a parser reads (``handlers.WINDOWS``, with its default) and
+# default_s, refused when misspelt like any section; held as the parsers' ``Windows``.
+_WindowsSection = create_model(
+    "Windows",
+    __base__=Strict,
+    __module__=__name__,
+    default_s=(float, 120.0),
+    **{name: (float, seconds) for name, seconds in handlers.WINDOWS.items()},  # type: ignore[call-overload]
+)
+
+
+def _windows_schema(_: Any, handler: Any) -> core_schema.CoreSchema:
+    as_windows = core_schema.no_info_plain_validator_function(
+        lambda section: Windows(**section.model_dump())
+    )
+    return core_schema.no_info_before_validator_function(
+        lambda value: value.as_dict() if isinstance(value, Windows) else value,
+        core_schema.chain_schema([handler.generate_schema(_WindowsSection), as_windows]),
+        serialization=core_schema.plain_serializer_function_ser_schema(Windows.as_dict),
+    )
+
+
+WindowsSection = Annotated[Windows, GetPydanticSchema(_windows_schema)]
+
+
 class _Settings(_Strict):
     cluster_name: str = "default"
     holder: str = Field(default_factory=socket.gethostname)
@@ -261,7 +289,7 @@ class _Settings(_Strict):
     # The replicas that resume each other's claims; empty: "<lease_namespace>/<cluster_name>".
     # Two deployments on one cluster (a canary with its own queue) need different groups.
     peer_group: str = ""
-    windows: Windows = Windows()
+    windows: WindowsSection = handlers.windows()
     kube: KubeSettings = KubeSettings()
     policy: PolicySettings = PolicySettings()
     ledger: LedgerSettings = LedgerSettings()

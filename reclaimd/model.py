@@ -163,20 +163,53 @@ class Ignored:
 ParseOutcome = tuple[Notice, ...] | Ignored
 
 
-@dataclass(frozen=True)
 class Windows:
-    """Notice windows in seconds, by kind of notice: the parsers turn them into deadlines.
+    """Notice windows in seconds, by name: the parsers turn them into deadlines.
 
-    Defaults are the clouds' documented windows; every one is configurable because a fleet
-    may run a shorter kubelet grace (GKE gives non-system pods 15 s of the 30).
+    Each source's handler names the windows it reads with their defaults, the clouds'
+    documented windows (its ``WINDOWS``); ``handlers.windows()`` has them all, and so has
+    ``Settings.windows`` (``windows.<name>`` in the config). Every one is configurable because
+    a fleet may run a shorter kubelet grace (GKE gives non-system pods 15 s of the 30).
+    ``default_s``: a generic notice that names no deadline. A window not given here is its
+    handler's default (``of``); ``windows.<name>`` reads one that is given.
     """
 
-    ec2_spot_s: float = 120.0
-    ec2_scheduled_s: float = 120.0  # state changes and ASG terminations: act as on a spot ITN
-    gce_preemption_s: float = 30.0
-    gce_maintenance_s: float = 60.0
-    kueue_grace_s: float = 30.0
-    default_s: float = 120.0  # a generic notice that names no deadline
+    __slots__ = ("_named", "default_s")
+    default_s: float
+
+    def __init__(self, default_s: float = 120.0, **named: float) -> None:
+        object.__setattr__(self, "default_s", float(default_s))
+        object.__setattr__(self, "_named", {k: float(v) for k, v in sorted(named.items())})
+
+    def of(self, name: str, defaults: Mapping[str, float]) -> float:
+        """The window ``name``: as given, else from ``defaults`` (the handler's own)."""
+        named: dict[str, float] = object.__getattribute__(self, "_named")
+        return named.get(name, defaults[name])
+
+    def __getattr__(self, name: str) -> float:
+        named: dict[str, float] = object.__getattribute__(self, "_named")
+        try:
+            return named[name]
+        except KeyError:
+            raise AttributeError(f"no window {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Windows is frozen")
+
+    def as_dict(self) -> dict[str, float]:
+        return {"default_s": self.default_s, **object.__getattribute__(self, "_named")}
+
+    def replace(self, **changes: float) -> Windows:
+        return Windows(**{**self.as_dict(), **changes})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Windows) and self.as_dict() == other.as_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.as_dict().items()))
+
+    def __repr__(self) -> str:
+        return "Windows(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
 
 
 class ParseError(ValueError):

@@ -101,7 +101,7 @@ def test_the_storm_is_storm_sized() -> None:
         (with_("gangs.0.checkpoint.ack_latency_s", True), "not a boolean"),
         (
             with_("reclaimd.windows", {"ec2_spot": 10}),
-            "windows.ec2_spot: Unexpected keyword argument",
+            "windows.ec2_spot: Extra inputs are not permitted",
         ),
         (with_("reclaimd.policy", {"eviction": "yolo"}), "policy.eviction: Input should be"),
         (with_("reclaimd.settings", {"sqs": {}}), "settings.sqs is set by the drill"),
