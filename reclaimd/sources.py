@@ -171,6 +171,8 @@ class Origin:
     messaging: str = ""  # messaging.system, "" when the transport is no message queue
     transport: str = ""  # reclaimd's name for a transport that is no message queue
     label: str = ""
+    # Where a receive span names what it consumed (a subscription is not its topic).
+    destination_key: str = "messaging.destination.name"
 
 
 NOWHERE = Origin()
@@ -222,7 +224,10 @@ REGISTRY: tuple[Entry[Any], ...] = (
     ),
     Entry(
         "pubsub", "gke", PubSubSettings,
-        Origin("gcp.", "gcp", "gcp_compute_engine", messaging="gcp_pubsub"),  # Logging sink
+        Origin(
+            "gcp.", "gcp", "gcp_compute_engine", messaging="gcp_pubsub",  # Logging sink
+            destination_key="messaging.destination.subscription.name",
+        ),
     ),
     Entry(
         "gce_metadata", "gce-metadata", GceMetadataSettings,

@@ -361,12 +361,7 @@ class Receipts:
             attrs["messaging.operation.type"] = "receive"
             attrs["messaging.operation.name"] = "receive"
             if destination:
-                key = (
-                    "messaging.destination.subscription.name"
-                    if origin.messaging == "gcp_pubsub"
-                    else "messaging.destination.name"
-                )
-                attrs[key] = destination
+                attrs[origin.destination_key] = destination
         else:
             name, kind = RECEIVE_SPAN, trace.SpanKind.INTERNAL
             if origin.transport:
