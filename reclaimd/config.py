@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -332,17 +332,23 @@ class _Settings(_Strict):
         def __getattr__(self, name: str) -> Any: ...
 
 
-# The settings: the sections above, and one per source, named and typed by its registry entry
-# (``sqs: {...}`` in the file, ``RECLAIMD_SQS__QUEUE_URL`` in the environment).
-if TYPE_CHECKING:
-    Settings = _Settings
-else:
-    Settings = create_model(
+def settings_model(registry: Iterable[sources.Entry[Any]]) -> type[_Settings]:
+    """The settings: the sections above, and one per source of ``registry``, named and typed
+    by its entry (``<name>: {...}`` in the file, ``RECLAIMD_<NAME>__<KEY>`` in the
+    environment)."""
+    model: type[_Settings] = create_model(  # type: ignore[call-overload]
         "Settings",
         __base__=_Settings,
         __module__=__name__,
-        **{entry.name: (entry.model, entry.model()) for entry in sources.REGISTRY},
+        **{entry.name: (entry.model, entry.model()) for entry in registry},
     )
+    return model
+
+
+if TYPE_CHECKING:
+    Settings = _Settings
+else:
+    Settings = settings_model(sources.REGISTRY)
 
 
 @dataclass(frozen=True)

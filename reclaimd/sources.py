@@ -7,7 +7,8 @@ takes), its settings model, its ``Origin`` (the ``Notice.source`` prefix its han
 and what that means to traces and metrics), its node-agent mode if it has one (the chart's
 ``nodeAgent.source``), how a node's providerID on its cloud names an instance, and the
 transport module that builds it. ``Settings``, the CLI's choices, tracing's and metrics'
-reading of a notice's source and the providerID mapping are all derived from ``REGISTRY``.
+reading of a notice's source, the providerID mapping and the chart's source list and
+``nodeAgent.source`` enum (deploy/helm/gen_sources.py) are all derived from ``REGISTRY``.
 
 Adding a source is one handler module, one transport module and one entry here (its settings
 model next to it). Transports are imported by name, only when their source is enabled
@@ -194,6 +195,9 @@ class Entry(Generic[S]):
     # whether it reads its node's name (RECLAIMD_<NAME>__NODE_NAME, from the downward API).
     agent: str = ""
     agent_node_name: bool = False
+    # Its settings have ``slots``, one per replica by default in the chart (each replica
+    # consumes one slot).
+    slotted: bool = False
     # A providerID of this source's cloud -> the instance it names (None: not this cloud's).
     # Unset: the last path segment of any ``scheme://...`` (``instance_of``).
     instance_of: Callable[[str], str | None] | None = None
@@ -228,6 +232,7 @@ REGISTRY: tuple[Entry[Any], ...] = (
             "gcp.", "gcp", "gcp_compute_engine", messaging="gcp_pubsub",  # Logging sink
             destination_key="messaging.destination.subscription.name",
         ),
+        slotted=True,
     ),
     Entry(
         "gce_metadata", "gce-metadata", GceMetadataSettings,

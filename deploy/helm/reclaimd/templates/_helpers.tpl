@@ -46,24 +46,34 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "reclaimd.baseConfig" -}}
 {{- $chart := dict "lease_namespace" .Release.Namespace "metrics_port" (int .Values.metricsPort) "peer_probe" (dict "port" (int .Values.peerProbePort)) "ledger" (dict "outbox_path" "/var/lib/reclaimd/outbox.sqlite") -}}
 {{- $cfg := mustMergeOverwrite (deepCopy .Values.config) $chart -}}
-{{- /* A Pub/Sub subscription per replica (deploy/gcp/main.tf makes var.replicas of them),
-unless config.pubsub.slots says otherwise (1: one subscription shared by every replica). */ -}}
-{{- $pubsub := deepCopy (default dict (get $cfg "pubsub")) -}}
-{{- if not (hasKey $pubsub "slots") -}}
-{{- $_ := set $pubsub "slots" (int .Values.controller.replicas) -}}
+{{- /* A slot per replica for a slotted source (Pub/Sub: a subscription each, which
+deploy/gcp/main.tf makes var.replicas of), unless config.<source>.slots says otherwise (1:
+one shared by every replica). */ -}}
+{{- range $k := (fromJson (include "reclaimd.sources" .)).slotted -}}
+{{- $section := deepCopy (default dict (get $cfg $k)) -}}
+{{- if not (hasKey $section "slots") -}}
+{{- $_ := set $section "slots" (int $.Values.controller.replicas) -}}
 {{- end -}}
-{{- $_ := set $cfg "pubsub" $pubsub -}}
+{{- $_ := set $cfg $k $section -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
+{{/* The source registry as the chart sees it (files/sources.json, written from
+reclaimd/sources.py by deploy/helm/gen_sources.py). */}}
+{{- define "reclaimd.sources" -}}
+{{- .Files.Get "files/sources.json" -}}
+{{- end -}}
+
+{{/* The agent: every source off, then its nodeAgent.config, then its own source on. */}}
 {{- define "reclaimd.agentConfig" -}}
 {{- $cfg := fromYaml (include "reclaimd.baseConfig" .) -}}
-{{- $off := dict "enabled" false -}}
-{{- range $k := list "sqs" "pubsub" "kueue" "kafka_notices" "imds" "gce_metadata" -}}
+{{- $registry := fromJson (include "reclaimd.sources" .) -}}
+{{- range $k := $registry.sources -}}
 {{- $_ := set $cfg $k (mustMergeOverwrite (deepCopy (default dict (get $cfg $k))) (dict "enabled" false)) -}}
 {{- end -}}
 {{- $cfg = mustMergeOverwrite $cfg (deepCopy .Values.nodeAgent.config) -}}
-{{- $src := ternary "imds" "gce_metadata" (eq .Values.nodeAgent.source "imds") -}}
+{{- $src := (get $registry.agents .Values.nodeAgent.source).section -}}
 {{- $_ := set $cfg $src (mustMergeOverwrite (deepCopy (get $cfg $src)) (dict "enabled" true)) -}}
 {{- toYaml $cfg -}}
 {{- end -}}

@@ -1,0 +1,262 @@
+"""A source is one registry entry: its identity lives in its handler, its transport and its
+line in reclaimd/sources.py, and everything else is derived from ``REGISTRY`` (pure: reads the
+checkout).
+
+The proof lists, for each source, the product files whose code names it: its name (the
+settings section, task and metrics label), its parser's name and the ``Notice.source`` values
+under its origin prefix. Code means identifiers and string literals; docstrings and comments
+are documentation and may name anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import handlers
+from reclaimd import config, sources
+from reclaimd.sources import Entry, Origin, SourceSettings
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "reclaimd"
+PRODUCT = ("reclaimd", "handlers")
+API_GROUP = re.compile(r"[\w.-]*\.x-k8s\.io")
+# A Kubernetes API group, label or annotation key in a template (iam.gke.io/...): a cloud's
+# or an API's name, not a source's.
+KUBE_KEY = re.compile(r"[\w.-]+\.io\b[\w./-]*")
+
+# Where an existing source's name means something else, and why: the proof holds for these
+# files only because the word is another thing's name there.
+OTHER_MEANINGS: dict[str, dict[str, str]] = {
+    "kueue": {
+        # A gang's kind: Kueue the gang framework, whatever sources run.
+        "reclaimd/cluster/gangs.py": "kind kueue",
+    },
+    "kafka_notices": {
+        # Its parser is named for the wire; so is the ledger's topic and the client's logger.
+        "reclaimd/logs.py": "the kafka client's logger",
+        "reclaimd/pipeline.py": "the ledger's messaging.system",
+        "reclaimd/report/ledger_input.py": "kafka://, where a report reads the ledger topic",
+    },
+}
+# An existing source's own module outside its handler and transport, and why.
+OWN_MODULES: dict[str, dict[str, str]] = {
+    "pubsub": {
+        "reclaimd/cluster/slots.py": "its slot Leases (reclaimd-pubsub-slot-*), written "
+        "through the cluster's write budget",
+    },
+}
+
+
+def load_gen() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_sources", CHART.parent / "gen_sources.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("gen_sources", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def code_tokens(path: Path) -> Iterator[str]:
+    """Identifiers and string literals of a module, docstrings left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    for node in ast.walk(tree):
+        match node:
+            case ast.Constant(value=str(text)) if id(node) not in docs:
+                yield text
+            case ast.Name(id=name) | ast.Attribute(attr=name) | ast.arg(arg=name):
+                yield name
+            case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+                yield name
+            case ast.ClassDef(name=name) | ast.keyword(arg=str(name)):
+                yield name
+            case ast.alias(name=name, asname=asname):
+                yield name
+                if asname:
+                    yield asname
+            case ast.ImportFrom(module=str(name)):
+                yield name
+
+
+def owner_of_prefix(text: str, registry: tuple[Entry[Any], ...]) -> str | None:
+    """The entry whose origin prefix ``text`` starts with (the longest), if any."""
+    best: Entry[Any] | None = None
+    for entry in registry:
+        prefix = entry.origin.prefix
+        if (
+            prefix
+            and text.startswith(prefix)
+            and (best is None or len(prefix) > len(best.origin.prefix))
+        ):
+            best = entry
+    return best.name if best is not None else None
+
+
+def names(entry: Entry[Any], text: str, registry: tuple[Entry[Any], ...]) -> bool:
+    """Whether one token of code names ``entry``."""
+    if API_GROUP.search(text):
+        return False  # kueue.x-k8s.io/...: a Kubernetes API group or label key, not a source
+    if re.search(rf"(?<![A-Za-z0-9]){re.escape(entry.name)}(?![A-Za-z0-9])", text):
+        return True
+    if text == entry.parser:
+        return True
+    return owner_of_prefix(text, registry) == entry.name
+
+
+def product_files() -> list[Path]:
+    return sorted(p for top in PRODUCT for p in (REPO / top).rglob("*.py"))
+
+
+def module_file(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    return rel(Path(spec.origin))
+
+
+def own_files(entry: Entry[Any]) -> set[str]:
+    """Its handler, its transport (and after-drain part) and the registry."""
+    files = {
+        "reclaimd/sources.py",
+        module_file(handlers.PARSERS[entry.parser].__module__),
+        module_file(entry.module),
+    }
+    if entry.after_drain:
+        files.add(module_file(f"reclaimd.transports.{entry.after_drain}"))
+    return files | set(OWN_MODULES.get(entry.name, {}))
+
+
+@pytest.fixture(scope="module")
+def tokens() -> dict[str, set[str]]:
+    return {rel(p): set(code_tokens(p)) for p in product_files()}
+
+
+@pytest.mark.parametrize("entry", sources.REGISTRY, ids=lambda e: e.name)
+def test_a_sources_name_is_in_its_handler_its_transport_and_the_registry_only(
+    entry: Entry[Any], tokens: dict[str, set[str]]
+) -> None:
+    found = {
+        path
+        for path, toks in tokens.items()
+        if any(names(entry, t, sources.REGISTRY) for t in toks)
+    }
+    found -= set(OTHER_MEANINGS.get(entry.name, {}))
+    assert found <= own_files(entry)
+    # ... and the scan sees it where it is: in the registry and its handler (NAME) at least.
+    assert {"reclaimd/sources.py", module_file(handlers.PARSERS[entry.parser].__module__)} <= found
+
+
+def test_the_proof_sees_a_name_where_code_uses_it(tmp_path: Path) -> None:
+    """The scan is no blind eye: a stray use of a name in code is found, a docstring is not."""
+    stray = tmp_path / "stray.py"
+    stray.write_text('"""sqs, imds, gce-metadata in a docstring."""\nX = settings.imds\n')
+    (imds,) = [e for e in sources.REGISTRY if e.name == "imds"]
+    (sqs,) = [e for e in sources.REGISTRY if e.name == "sqs"]
+    toks = set(code_tokens(stray))
+    assert any(names(imds, t, sources.REGISTRY) for t in toks)
+    assert not any(names(sqs, t, sources.REGISTRY) for t in toks)
+    assert owner_of_prefix("aws.imds.spot", sources.REGISTRY) == "imds"
+    assert owner_of_prefix("aws.ec2.spot", sources.REGISTRY) == "sqs"
+
+
+def test_the_exceptions_are_still_needed(tokens: dict[str, set[str]]) -> None:
+    """An exception the code no longer needs goes (else it would hide a real use later)."""
+    for name, files in (OTHER_MEANINGS | OWN_MODULES).items():
+        entry = sources.BY_NAME[name]
+        for path in files:
+            assert any(names(entry, t, sources.REGISTRY) for t in tokens[path]), (name, path)
+
+
+def test_the_chart_templates_name_no_source() -> None:
+    template_comment = re.compile(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", re.S)
+    yaml_comment = re.compile(r"^\s*#.*$", re.M)
+    # A source's name anywhere; its parser's or agent's only quoted (kafka is also the
+    # ledger's broker, $np.kafka).
+    words = "|".join(re.escape(e.name) for e in sources.REGISTRY)
+    quoted = "|".join(
+        re.escape(f'"{v}"') for e in sources.REGISTRY for v in (e.parser, e.agent) if v
+    )
+    pattern = re.compile(rf"(?<![A-Za-z0-9_-])({words})(?![A-Za-z0-9_])|{quoted}")
+    for template in sorted((CHART / "templates").iterdir()):
+        text = template.read_text(encoding="utf-8")
+        code = KUBE_KEY.sub("", yaml_comment.sub("", template_comment.sub("", text)))
+        assert pattern.findall(code) == [], template.name
+
+
+def test_the_import_contracts_name_no_source() -> None:
+    linter = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    text = json.dumps(linter)
+    modules = {e.module for e in sources.REGISTRY}
+    modules |= {handlers.PARSERS[e.parser].__module__ for e in sources.REGISTRY}
+    for module in sorted(modules):
+        assert f'"{module}"' not in text, module
+    assert "reclaimd.transports.*" in text and "handlers.*" in text
+
+
+def test_the_charts_source_files_are_the_registrys() -> None:
+    gen = load_gen()
+    for path, text in gen.generated().items():
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{rel(path)}: run deploy/helm/gen_sources.py"
+        )
+
+
+def test_every_handler_has_a_source_and_every_source_a_handler() -> None:
+    assert sorted(e.parser for e in sources.REGISTRY) == sorted(handlers.PARSERS)
+
+
+# --- a seventh source, as one entry -----------------------------------------------------------
+
+
+class SeventhSettings(SourceSettings):
+    url: str = "http://169.254.169.254"
+    node_name: str = ""
+
+
+SEVENTH = Entry(
+    "seventh",
+    "seventh-parser",
+    SeventhSettings,
+    Origin("cloud7.", "cloud7", "cloud7_vm", transport="seventh"),
+    agent="seventh",
+    agent_node_name=True,
+)
+WITH_SEVENTH = (*sources.REGISTRY, SEVENTH)
+
+
+def test_a_new_entry_is_a_settings_section_with_its_model() -> None:
+    model = config.settings_model(WITH_SEVENTH)
+    s = model.model_validate({"seventh": {"enabled": True, "url": "http://127.0.0.1:1"}})
+    assert SEVENTH.enabled(s) and SEVENTH.settings_of(s).url == "http://127.0.0.1:1"
+    assert [e.name for e in sources.REGISTRY if e.enabled(s)] == []
+    assert model.model_validate({}).seventh == SeventhSettings()
+    assert "seventh" not in config.Settings.model_fields  # the real one has the real six
+
+
+def test_a_new_entry_is_in_the_charts_sources_and_agent_enum() -> None:
+    gen = load_gen()
+    doc = gen.sources_doc(WITH_SEVENTH)
+    assert doc["sources"][-1] == "seventh"
+    assert doc["agents"]["seventh"] == {"section": "seventh", "nodeName": True}
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    enum = gen.schema_doc(schema, WITH_SEVENTH)["properties"]["nodeAgent"]["properties"]["source"]
+    assert enum["enum"][-1] == "seventh"
