@@ -32,11 +32,13 @@ from reclaimd.model import (
     NoticeKind,
     ParseError,
     ParseOutcome,
+    Placement,
     Response,
     Windows,
     digest,
     stable_id,
 )
+from reclaimd.sources import AsgLifecycleFacts
 
 from . import ids
 from .fields import (
@@ -242,14 +244,18 @@ def _lifecycle(
         received_at=received_at,
         attributes=attributes(
             {
-                "region": region,
-                "account": account or opt_ident(hook, "AccountId", ids.AWS_ACCOUNT, at=at),
-                "asg_name": ident(hook, "AutoScalingGroupName", ids.ASG_NAME, at=at),
-                "lifecycle_hook_name": ident(
-                    hook, "LifecycleHookName", ids.LIFECYCLE_HOOK_NAME, at=at
-                ),
-                "lifecycle_action_token": token,
-                "lifecycle_transition": transition,
+                **Placement(
+                    region=region,
+                    account=account or opt_ident(hook, "AccountId", ids.AWS_ACCOUNT, at=at),
+                ).attributes(),
+                **AsgLifecycleFacts(
+                    asg_name=ident(hook, "AutoScalingGroupName", ids.ASG_NAME, at=at),
+                    lifecycle_hook_name=ident(
+                        hook, "LifecycleHookName", ids.LIFECYCLE_HOOK_NAME, at=at
+                    ),
+                    lifecycle_action_token=token,
+                    lifecycle_transition=transition,
+                ).attributes(),
                 "destination": opt_text(hook, "Destination", at=at),  # EC2 or WarmPool
             }
         ),

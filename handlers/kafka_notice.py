@@ -49,6 +49,7 @@ from reclaimd.model import (
     ParseOutcome,
     Response,
     Target,
+    TraceContext,
     Windows,
     WorkloadRef,
     digest,
@@ -161,8 +162,7 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         deadline = plus(issued_at, windows.default_s)
     source = f"kafka:{ce_source}"
     attrs = _attributes(data)
-    if traceparent := opt_ident(event, "traceparent", ids.TRACEPARENT):
-        attrs["traceparent"] = traceparent
+    attrs.update(TraceContext(opt_ident(event, "traceparent", ids.TRACEPARENT)).attributes())
     notice = Notice(
         id=stable_id(source, ce_id),
         source=source,

@@ -31,6 +31,7 @@ from datetime import datetime
 from types import MappingProxyType
 
 from reclaimd.model import (
+    Cause,
     Ignored,
     Notice,
     NoticeKind,
@@ -168,7 +169,7 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         response=Response.NO_CORDON,
         attributes=attributes(
             {
-                "reason": reason,
+                **Cause(reason).attributes(),
                 "eviction_reason": evicted_reason,
                 "message": message[:_MESSAGE_LIMIT],
                 "preemptor_workload_uid": preemptor.group(1) if preemptor else "",

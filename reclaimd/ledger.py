@@ -52,7 +52,7 @@ from aiokafka.errors import KafkaError, ProducerFenced
 
 from reclaimd import waste as waste_math
 from reclaimd.logs import event as log_event
-from reclaimd.model import RestartWaste, rfc3339
+from reclaimd.model import Cause, Placement, RestartWaste, rfc3339
 from reclaimd.outbox import AsyncOutbox, Cluster, Row
 from reclaimd.sources import instance_of
 
@@ -231,7 +231,7 @@ def _time(t: datetime | None) -> str | None:
 def to_event(w: RestartWaste, policy: LabelPolicy) -> dict[str, Any]:
     """The ledger row of one gang (see the module docstring for what may go in)."""
     notice, gang = w.notice, w.gang
-    attrs = notice.attributes
+    where = Placement.of(notice)
     target = notice.target
     purchase = normalize_purchase_option(gang.labels.get("purchase_option"))
     start = w.last_good_checkpoint or w.stopped_at
@@ -246,9 +246,9 @@ def to_event(w: RestartWaste, policy: LabelPolicy) -> dict[str, Any]:
         "ConsumedUnit": "GPU-Hours",
         "ResourceId": target.instance_id or target.provider_id or target.node_name or str(gang.key),
         "ResourceType": "GPU training gang",
-        "SkuId": bounded(gang.labels.get("sku")) or bounded(attrs.get("instance_type")),
-        "RegionId": bounded(attrs.get("region")),
-        "AvailabilityZone": bounded(attrs.get("zone") or attrs.get("availability_zone")),
+        "SkuId": bounded(gang.labels.get("sku")) or bounded(where.instance_type or None),
+        "RegionId": bounded(where.region or None),
+        "AvailabilityZone": bounded(where.zone or where.availability_zone or None),
         "Tags": policy.tags(gang.labels),
         "x_WastedGpuSeconds": round(w.gpu_seconds_lost, 3),
         "x_GangId": str(gang.key),
@@ -258,7 +258,7 @@ def to_event(w: RestartWaste, policy: LabelPolicy) -> dict[str, Any]:
         "x_NoticeId": notice.id,
         "x_NoticeSource": notice.source,
         "x_NoticeKind": notice.kind.value,
-        "x_NoticeReason": bounded(attrs.get("reason")),
+        "x_NoticeReason": bounded(Cause.of(notice).reason or None),
         "x_NoticeWindowS": _seconds(notice.issued_at, notice.deadline),
         "x_NoticeReceivedAt": rfc3339(notice.received_at),
         "x_NoticeDeadline": _time(notice.deadline),
@@ -282,7 +282,7 @@ def waste_by_instance(w: RestartWaste) -> list[dict[str, Any]]:
     gang_facts = {
         "sku": bounded(w.gang.labels.get("sku")),
         "purchase_option": bounded(normalize_purchase_option(w.gang.labels.get("purchase_option"))),
-        "zone": bounded(w.notice.attributes.get("zone")),
+        "zone": bounded(Placement.of(w.notice).zone or None),
         "cell": bounded(w.gang.labels.get("cell")),
     }
     return [

@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Self
 
 
 class NoticeKind(StrEnum):
@@ -151,6 +151,52 @@ class Notice:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ParseError(f"not a stored notice: {e}") from e
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a source knows of a notice beyond its target, as typed fields.
+
+    On the wire (``Notice.attributes``: a claim stores it, a Kafka notice carries it) each
+    field is the attribute of its name, left out when empty. A handler writes a kind of facts
+    with ``attributes()``; a later step reads it with ``of(notice)``, never by a string key.
+    The facts every source may know are here; a source's own are its registry entry's
+    (``reclaimd.sources``).
+    """
+
+    @classmethod
+    def of(cls, notice: Notice) -> Self:
+        return cls(**{f.name: notice.attributes.get(f.name, "") for f in fields(cls)})
+
+    def attributes(self) -> dict[str, str]:
+        return {f.name: value for f in fields(self) if (value := getattr(self, f.name))}
+
+
+@dataclass(frozen=True)
+class Placement(Facts):
+    """Where the doomed instance runs, as far as the source was told."""
+
+    region: str = ""
+    zone: str = ""
+    availability_zone: str = ""  # a producer's word for the zone (a Kafka notice)
+    account: str = ""  # the cloud account (AWS)
+    project: str = ""  # or project (GCP) that owns the instance
+    instance_type: str = ""
+    gce_instance_id: str = ""  # GCE's numeric id of an instance the target names by name
+
+
+@dataclass(frozen=True)
+class Cause(Facts):
+    """Why the capacity is taken back, in the taker's words (a scheduler's preemption reason)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class TraceContext(Facts):
+    """The W3C trace context of the notice's producer, to link its trace to ours."""
+
+    traceparent: str = ""
 
 
 @dataclass(frozen=True)

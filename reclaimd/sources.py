@@ -5,10 +5,11 @@ section of ``Settings`` and so its ``RECLAIMD_<NAME>__*`` overrides), the handle
 what its transport receives (``handlers.PARSERS``; the name ``reclaimd parse --source``
 takes), its settings model, its ``Origin`` (the ``Notice.source`` prefix its handler writes,
 and what that means to traces and metrics), its node-agent mode if it has one (the chart's
-``nodeAgent.source``), how a node's providerID on its cloud names an instance, and the
-transport module that builds it. ``Settings``, the CLI's choices, tracing's and metrics'
-reading of a notice's source, the providerID mapping and the chart's source list and
-``nodeAgent.source`` enum (deploy/helm/gen_sources.py) are all derived from ``REGISTRY``.
+``nodeAgent.source``), how a node's providerID on its cloud names an instance, its own typed
+facts (``Facts``), and the transport module that builds it. ``Settings``, the CLI's
+choices, tracing's and metrics' reading of a notice's source, the providerID mapping and the
+chart's source list and ``nodeAgent.source`` enum (deploy/helm/gen_sources.py) are all
+derived from ``REGISTRY``.
 
 Adding a source is one handler module, one transport module and one entry here (its settings
 model next to it). Transports are imported by name, only when their source is enabled
@@ -24,6 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import Field, model_validator
 
+from reclaimd.model import Facts, Placement
 from reclaimd.strict import Strict
 
 # --- each source's settings -----------------------------------------------------------------
@@ -155,6 +157,20 @@ class KafkaNoticeSettings(SourceSettings):
         return self.topic
 
 
+# --- each source's own facts ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AsgLifecycleFacts(Facts):
+    """An Auto Scaling termination lifecycle action a notice came from (EventBridge or
+    straight to SQS): what completing it after the drain takes."""
+
+    asg_name: str = ""
+    lifecycle_hook_name: str = ""
+    lifecycle_action_token: str = ""
+    lifecycle_transition: str = ""
+
+
 # --- the entry ------------------------------------------------------------------------------
 
 
@@ -174,6 +190,15 @@ class Origin:
     label: str = ""
     # Where a receive span names what it consumed (a subscription is not its topic).
     destination_key: str = "messaging.destination.name"
+    # cloud.resource_id of the instance (its placement, its id) when the cloud has one.
+    resource_id: Callable[[Placement, str], str] | None = None
+
+
+def ec2_arn(where: Placement, instance_id: str) -> str:
+    """An EC2 instance's ARN, when the event named all of its parts."""
+    if instance_id and where.region and where.account:
+        return f"arn:aws:ec2:{where.region}:{where.account}:instance/{instance_id}"
+    return ""
 
 
 NOWHERE = Origin()
@@ -198,6 +223,9 @@ class Entry(Generic[S]):
     # Its settings have ``slots``, one per replica by default in the chart (each replica
     # consumes one slot).
     slotted: bool = False
+    # The facts of its own its handler writes and a later step reads (``Facts``); what any
+    # source may know (``Placement``, ``TraceContext``) is the model's.
+    facts: tuple[type[Facts], ...] = ()
     # A providerID of this source's cloud -> the instance it names (None: not this cloud's).
     # Unset: the last path segment of any ``scheme://...`` (``instance_of``).
     instance_of: Callable[[str], str | None] | None = None
@@ -218,12 +246,12 @@ class Entry(Generic[S]):
 REGISTRY: tuple[Entry[Any], ...] = (
     Entry(
         "sqs", "ec2", SqsSettings,
-        Origin("aws.", "aws", "aws_ec2", messaging="aws_sqs"),  # EventBridge -> SQS
-        after_drain="lifecycle",
+        Origin("aws.", "aws", "aws_ec2", messaging="aws_sqs", resource_id=ec2_arn),  # EventBridge
+        after_drain="lifecycle", facts=(AsgLifecycleFacts,),
     ),
     Entry(
         "imds", "imds", ImdsSettings,
-        Origin("aws.imds.", "aws", "aws_ec2", transport="imds"),
+        Origin("aws.imds.", "aws", "aws_ec2", transport="imds", resource_id=ec2_arn),
         agent="imds",
     ),
     Entry(

@@ -47,8 +47,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from reclaimd import __version__, sources
-from reclaimd.model import Notice, rfc3339, utcnow
-from reclaimd.sources import Origin
+from reclaimd.model import Notice, Placement, TraceContext, rfc3339, utcnow
 
 TRACER_NAME = "reclaimd"
 ROOT_SPAN = "reclaimd.notice"
@@ -229,18 +228,19 @@ def notice_attributes(notice: Notice, *, cluster: str = "") -> Attributes:
     if notice.deadline is not None:
         attrs["reclaimd.deadline"] = notice.deadline.isoformat()
         attrs["reclaimd.window_s"] = (notice.deadline - notice.issued_at).total_seconds()
-    a = notice.attributes
+    where = Placement.of(notice)
     origin = origin_of(notice.source)
-    instance = notice.target.instance_id or a.get("gce_instance_id", "")
+    instance_id = notice.target.instance_id
     optional: dict[str, str] = {
         "cloud.provider": origin.provider,
         "cloud.platform": origin.platform,
-        "cloud.region": a.get("region", ""),
-        "cloud.availability_zone": a.get("zone", ""),
-        "cloud.account.id": a.get("account", "") or a.get("project", ""),
-        "cloud.resource_id": _resource_id(origin, a, notice.target.instance_id),
-        "host.id": instance,
-        "host.type": a.get("instance_type", ""),
+        "cloud.region": where.region,
+        "cloud.availability_zone": where.zone,
+        "cloud.account.id": where.account or where.project,
+        # The instance's own id (an ARN), as cloud.resource_id asks, when the source says how.
+        "cloud.resource_id": origin.resource_id(where, instance_id) if origin.resource_id else "",
+        "host.id": instance_id or where.gce_instance_id,
+        "host.type": where.instance_type,
         "k8s.cluster.name": cluster,
         "k8s.node.name": notice.target.node_name,
     }
@@ -257,18 +257,10 @@ def notice_attributes(notice: Notice, *, cluster: str = "") -> Attributes:
     return attrs
 
 
-def _resource_id(origin: Origin, a: Mapping[str, str], instance_id: str) -> str:
-    # The instance's ARN, as cloud.resource_id asks, when the event named all of its parts.
-    region, account = a.get("region", ""), a.get("account", "")
-    if origin.provider == "aws" and instance_id and region and account:
-        return f"arn:aws:ec2:{region}:{account}:instance/{instance_id}"
-    return ""
-
-
 def notice_links(notice: Notice, receipt: trace.SpanContext | None = None) -> list[trace.Link]:
     """The root span's links: the delivery that brought the notice, and its producer."""
     links = [trace.Link(receipt, {LINK_KIND: "receive"})] if receipt is not None else []
-    return links + link_from(notice.attributes.get("traceparent", ""))
+    return links + link_from(TraceContext.of(notice).traceparent)
 
 
 def notice_kind(notice: Notice) -> trace.SpanKind:
@@ -371,7 +363,7 @@ class Receipts:
             context=trace.set_span_in_context(trace.INVALID_SPAN),  # a trace of its own
             kind=kind,
             attributes=attrs,
-            links=link_from(notice.attributes.get("traceparent", "")),
+            links=link_from(TraceContext.of(notice).traceparent),
             start_time=ns(notice.received_at),
         )
         span.end(end_time=ns(utcnow()))

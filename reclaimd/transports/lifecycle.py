@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from reclaimd import logs
-from reclaimd.model import Notice
-from reclaimd.sources import SqsSettings
+from reclaimd.model import Notice, Placement
+from reclaimd.sources import AsgLifecycleFacts, SqsSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,14 @@ class LifecycleAction:
     @classmethod
     def of(cls, notice: Notice) -> LifecycleAction | None:
         """The action a notice carries; None for every other notice."""
-        a = notice.attributes
-        if a.get("lifecycle_transition") != TERMINATING:
+        action = AsgLifecycleFacts.of(notice)
+        if action.lifecycle_transition != TERMINATING:
             return None
-        group, hook = a.get("asg_name", ""), a.get("lifecycle_hook_name", "")
-        token = a.get("lifecycle_action_token", "")
+        group, hook = action.asg_name, action.lifecycle_hook_name
+        token = action.lifecycle_action_token
         if not (group and hook and token and notice.target.instance_id):
             return None
-        return cls(group, hook, token, notice.target.instance_id, a.get("region", ""))
+        return cls(group, hook, token, notice.target.instance_id, Placement.of(notice).region)
 
     def params(self) -> dict[str, str]:
         return {

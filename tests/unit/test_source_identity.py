@@ -11,6 +11,7 @@ are documentation and may name anything.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import re
@@ -25,7 +26,18 @@ import pytest
 
 import handlers
 from reclaimd import config, sources
-from reclaimd.sources import Entry, Origin, SourceSettings
+from reclaimd.model import (
+    Cause,
+    Facts,
+    Notice,
+    NoticeKind,
+    Placement,
+    Target,
+    TraceContext,
+    frozen_map,
+    utcnow,
+)
+from reclaimd.sources import AsgLifecycleFacts, Entry, Origin, SourceSettings
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "reclaimd"
@@ -260,3 +272,33 @@ def test_a_new_entry_is_in_the_charts_sources_and_agent_enum() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     enum = gen.schema_doc(schema, WITH_SEVENTH)["properties"]["nodeAgent"]["properties"]["source"]
     assert enum["enum"][-1] == "seventh"
+
+
+# --- typed facts ------------------------------------------------------------------------------
+
+
+def test_no_two_kinds_of_facts_share_a_key() -> None:
+    """A fact is one field of one kind: a source's own never reuse another's or the model's."""
+    kinds: list[type[Facts]] = [Placement, Cause, TraceContext]
+    kinds += [kind for entry in sources.REGISTRY for kind in entry.facts]
+    keys = [f.name for kind in kinds for f in dataclasses.fields(kind)]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+
+
+def test_facts_are_attributes_on_the_wire_and_fields_when_read() -> None:
+    facts = AsgLifecycleFacts(asg_name="my-asg", lifecycle_action_token="t")
+    assert facts.attributes() == {"asg_name": "my-asg", "lifecycle_action_token": "t"}
+    notice = Notice(
+        id="n",
+        source="aws.autoscaling",
+        kind=NoticeKind.SCHEDULED_CHANGE,
+        target=Target(instance_id="i-0abc"),
+        issued_at=utcnow(),
+        deadline=None,
+        received_at=utcnow(),
+        attributes=frozen_map({**facts.attributes(), **Placement(region="r").attributes()}),
+    )
+    again = Notice.from_json(json.loads(json.dumps(notice.to_json())))
+    assert AsgLifecycleFacts.of(again) == facts
+    assert Placement.of(again) == Placement(region="r")
+    assert TraceContext.of(again) == TraceContext()
