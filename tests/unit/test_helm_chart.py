@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reclaimd import config
+from reclaimd import config, sources
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "reclaimd"
@@ -259,9 +259,7 @@ def test_deploy_kubernetes_is_the_charts_render() -> None:
 # --- the node agent --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("source", "section"), [("imds", "imds"), ("gce-metadata", "gce_metadata")]
-)
+@pytest.mark.parametrize(("source", "section"), [(e.agent, e.name) for e in sources.AGENTS])
 def test_node_agent_runs_only_on_reclaimable_nodes(
     tmp_path: Path, source: str, section: str
 ) -> None:
@@ -284,12 +282,17 @@ def test_node_agent_runs_only_on_reclaimable_nodes(
     assert getattr(s, section).enabled
     # The queue sources belong to the controller: the agent never consumes them.
     assert not s.sqs.enabled and not s.kueue.enabled and not s.pubsub.enabled
-    other = "gce_metadata" if section == "imds" else "imds"
-    assert not getattr(s, other).enabled
+    for other in sources.AGENTS:
+        assert getattr(s, other.name).enabled is (other.name == section)
     env = {e["name"]: e for e in spec["containers"][0]["env"]}
-    assert env["RECLAIMD_GCE_METADATA__NODE_NAME"]["valueFrom"]["fieldRef"] == {
-        "fieldPath": "spec.nodeName"
-    }
+    for agent in sources.AGENTS:
+        named = env.get(f"RECLAIMD_{agent.name.upper()}__NODE_NAME")
+        if agent.agent_node_name:
+            assert named is not None, agent.name
+            assert named["valueFrom"]["fieldRef"] == {"fieldPath": "spec.nodeName"}
+        else:
+            assert named is None, agent.name
+    assert "RECLAIMD_GCE_METADATA__NODE_NAME" in env
     # The controller's own config is untouched.
     assert settings_of(only(docs, "ConfigMap", "reclaimd"), tmp_path).sqs.enabled
 

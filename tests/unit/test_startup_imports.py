@@ -9,6 +9,7 @@ keeps these libraries out, and import-linter cannot see laziness: this test is t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from reclaimd import sources
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "tests" / "startup_probe.py"
@@ -88,3 +91,12 @@ def test_an_otlp_exporter_only_when_trace_export_is_on(
     loaded = set(probe("sqs", **otel)["loaded"])
     assert loaded >= present
     assert loaded.isdisjoint(absent | {"google.cloud.pubsub_v1"}), loaded
+
+
+def test_the_probe_can_enable_every_source() -> None:
+    """``all`` is every registry entry: a new source gives the probe its minimal settings."""
+    spec = importlib.util.spec_from_file_location("startup_probe", PROBE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.SOURCES) == {e.name for e in sources.REGISTRY}
