@@ -11,10 +11,12 @@ choices, tracing's and metrics' reading of a notice's source, the providerID map
 chart's source list and ``nodeAgent.source`` enum (deploy/helm/gen_sources.py) are all
 derived from ``REGISTRY``.
 
-Adding a source is one handler module, one transport module and one entry here (its settings
-model next to it). Transports are imported by name, only when their source is enabled
-(``reclaimd.sourcing``): this module imports none, and is light enough for tracing and the
-ledger to read.
+Its windows (the deadlines its notices get by default) are its handler's ``WINDOWS``, which
+``Settings.windows`` offers by name. Adding a source is one handler module, one transport
+module and one entry here (its settings model, and its own facts if a later step reads any,
+next to it); tests/unit/test_source_identity.py proves that no other product file names one.
+Transports are imported by name, only when their source is enabled (``reclaimd.sourcing``):
+this module imports none, and is light enough for tracing and the ledger to read.
 """
 
 from __future__ import annotations
@@ -212,8 +214,8 @@ class Entry(Generic[S]):
     parser: str  # a key of handlers.PARSERS: the handler's own name
     model: type[S]  # the section's settings model
     origin: Origin
-    # The module under reclaimd.transports whose ``build(settings, wiring)`` makes the source
-    # ("": the name), and one whose ``after_drain(settings)`` acts around a drain ("": none).
+    # The module under reclaimd.transports whose ``build(entry, wiring)`` makes the source
+    # ("": the name), and one whose ``after_drain(section)`` acts around a drain ("": none).
     transport: str = ""
     after_drain: str = ""
     # The chart's nodeAgent.source value when the source runs per node ("": it does not), and
