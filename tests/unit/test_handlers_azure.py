@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from handlers import azure_ids, azure_scheduled
 from reclaimd.model import (
@@ -318,6 +320,36 @@ def test_parse_never_mutates_or_depends_on_the_windows() -> None:
     )
     assert a == b
     assert document == before
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(where=st.sampled_from(["envelope", "document", "event"]), data=st.data())
+def test_any_edit_of_a_member_is_an_outcome_or_a_one_line_error(
+    where: str, data: st.DataObject
+) -> None:
+    # The whole parser contract (handlers/base.py) around a real document: nothing but
+    # ParseError escapes, and whatever comes out can be stored.
+    payload = envelope(aks_preempt())
+    obj = {"envelope": payload, "document": payload["document"]}.get(
+        where, payload["document"]["Events"][0]
+    )
+    obj[data.draw(st.sampled_from([*sorted(obj), "extra"]))] = data.draw(_JSON)
+    try:
+        out = parse(payload)
+    except ParseError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    if isinstance(out, tuple):
+        for notice in out:
+            assert Notice.from_json(json.loads(json.dumps(notice.to_json()))) == notice
+            assert all(v and "\n" not in v for v in notice.attributes.values())
 
 
 # --- id grammars and the providerID mapping --------------------------------------------------

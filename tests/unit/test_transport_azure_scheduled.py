@@ -20,6 +20,7 @@ import handlers
 from chaos.azure_metadata_server import AzureMetadataServer, Compute, rfc1123
 from handlers import azure_scheduled
 from handlers.fields import as_gmt_time
+from reclaimd.afterdrain import AfterDrain
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
 from reclaimd.transports.azure_scheduled import (
@@ -126,6 +127,11 @@ def notice(**attributes: str) -> Notice:
         response=Response.FULL,
         attributes=MappingProxyType(attributes),
     )
+
+
+def test_start_requests_is_an_after_drain_part() -> None:
+    part: AfterDrain = AzureStartRequests(AzureScheduledSettings())  # mypy checks the protocol
+    assert isinstance(part.holding(notice()), contextlib.AbstractAsyncContextManager)
 
 
 def test_only_approvable_azure_notices_are_approved() -> None:
