@@ -12,7 +12,7 @@ poller wraps it with this VM's identity (read once from ``/metadata/instance/com
 
 ``vm_name`` (IMDS ``compute.name``, what ``Resources`` lists) and ``document`` (an object, or
 the response text) are required; the rest fill the target and the attributes. ``resource_id``
-gives the node's ``azure://`` providerID (``azure_ids``) and must name ``vm_name``.
+gives the node's ``azure://`` providerID (``provider_id`` below) and must name ``vm_name``.
 
 Events (Microsoft's "Scheduled Events for Linux VMs", api-version 2020-07-01): only events
 whose ``Resources`` include ``vm_name`` concern this node; the others are skipped, though
@@ -56,6 +56,7 @@ from reclaimd.model import (
     NoticeKind,
     ParseError,
     ParseOutcome,
+    Placement,
     Response,
     Target,
     Windows,
@@ -63,8 +64,14 @@ from reclaimd.model import (
     rfc3339,
     stable_id,
 )
+from reclaimd.sources import (
+    AZURE_PROVIDER_PREFIX,
+    AZURE_VM_ID,
+    AzureEventFacts,
+    AzureVmFacts,
+)
 
-from . import azure_ids, ids
+from . import ids
 from .fields import (
     as_gmt_time,
     as_object,
@@ -76,8 +83,176 @@ from .fields import (
     member,
     opt_ident,
     opt_text,
+    plus,
     show,
 )
+from .ids import Grammar
+
+# --- Azure identifiers ----------------------------------------------------------------------
+# VM and scale-set instance names, resource IDs, ``azure://`` provider IDs: this source's own
+# (``ids.Grammar``s like the shared ones in ``ids.py``); the registry's providerID mapping for
+# Azure nodes is ``provider_id`` below (``reclaimd.sources``).
+#
+# - subscription ids: a GUID;
+# - resource group names: 1-90 of ``[-\\w.()]``, not ending in ``.`` (Azure also allows
+#   non-ASCII letters; refused here, as ``ids.py`` refuses other scripts: an id goes into a field
+#   selector and a log line);
+# - VM and scale-set names: 1-64 of ``[A-Za-z0-9.-]``, starting and ending alphanumeric (Linux
+#   VM rules; no ``_``, which Azure refuses in both);
+# - a scale-set instance's VM name (what IMDS ``compute.name`` and Scheduled Events
+#   ``Resources`` show): ``<scale set>_<instance>``, the instance a decimal id (Uniform) or an
+#   8-character hex suffix (Flexible);
+# - Scheduled Events ``EventId``: documented as a GUID; any 1-64 of ``[A-Za-z0-9-]`` is taken,
+#   so a differently shaped id from the platform does not cost a Spot notice.
+#
+# Resource and provider IDs have two VM shapes (ARM segment names match case-insensitively, as
+# ARM does):
+#
+# - ``/subscriptions/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/`` +
+#   ``virtualMachineScaleSets/<vmss>/virtualMachines/<n>`` (a Uniform scale-set instance: AKS
+#   node pools),
+# - the same prefix + ``virtualMachines/<name>`` (a standalone or availability-set VM, and a
+#   Flexible scale-set instance).
+#
+# A node's providerID is ``azure://`` + that resource ID, with the resource group lowercased:
+# cloud-provider-azure writes it so "for historical reasons", and the IMDS ``resourceId`` keeps
+# the group's case (``MC_rg_cluster_region``), so ``AzureVm.provider_id`` lowercases it.
+
+
+def _grammar(what: str, pattern: str, max_len: int) -> Grammar:
+    return Grammar(what, re.compile(pattern, re.ASCII), max_len)
+
+
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,62}[A-Za-z0-9])?"
+_INSTANCE = r"[0-9]{1,10}"
+_FLEX_SUFFIX = r"[0-9a-f]{8}"
+_RG = r"[-\w.()]{0,89}[-\w()]"
+
+SUBSCRIPTION = _grammar(
+    "an Azure subscription id", r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}", 36
+)
+RESOURCE_GROUP = _grammar("an Azure resource group name", _RG, 90)
+VM_NAME = _grammar("an Azure VM name", _NAME, 64)
+SCALE_SET_NAME = _grammar("an Azure scale set name", _NAME, 64)
+# What IMDS and Scheduled Events call the VM: a plain VM name or <scale set>_<instance>.
+VM_RESOURCE_NAME = _grammar(
+    "an Azure VM or scale-set instance name",
+    rf"{_NAME}(?:_(?:{_INSTANCE}|{_FLEX_SUFFIX}))?",
+    64,
+)
+EVENT_ID = _grammar("a Scheduled Events EventId", r"[A-Za-z0-9][A-Za-z0-9-]{0,63}", 64)
+# Standard_ND96isr_H100_v5, Standard_NC24ads_A100_v4, Basic_A0.
+VM_SIZE = _grammar("an Azure VM size", r"[A-Za-z]+_[A-Za-z0-9_-]+", 64)
+LOCATION = _grammar("an Azure region name", r"[a-z][a-z0-9]{1,39}", 40)
+ZONE = _grammar("an Azure availability zone", r"[1-9]", 1)
+PRIORITIES = ("Regular", "Spot", "Low")  # IMDS compute.priority ("Low": legacy low priority)
+
+_ID = AZURE_VM_ID  # the shape; each part is checked below
+_MAX_ID = 512
+PROVIDER_PREFIX = AZURE_PROVIDER_PREFIX
+
+
+@dataclass(frozen=True)
+class AzureVm:
+    """One Azure VM as its resource ID names it."""
+
+    subscription: str
+    resource_group: str  # as given; ``provider_id`` lowercases it
+    name: str  # the VM name IMDS and Scheduled Events show (``<vmss>_<n>`` in a scale set)
+    scale_set: str = ""  # a Uniform scale set's name (empty for a plain or Flexible VM)
+    instance: str = ""  # a Uniform scale-set instance id
+
+    @property
+    def resource_id(self) -> str:
+        head = f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}"
+        if self.scale_set:
+            tail = f"virtualMachineScaleSets/{self.scale_set}/virtualMachines/{self.instance}"
+        else:
+            tail = f"virtualMachines/{self.name}"
+        return f"{head}/providers/Microsoft.Compute/{tail}"
+
+    @property
+    def provider_id(self) -> str:
+        """The node's ``spec.providerID`` as cloud-provider-azure writes it."""
+        vm = AzureVm(
+            self.subscription, self.resource_group.lower(), self.name, self.scale_set, self.instance
+        )
+        return PROVIDER_PREFIX + vm.resource_id
+
+    @property
+    def instance_id(self) -> str:
+        """The cloud instance id the ledger keys on: the VM name (unique in its group)."""
+        return self.name
+
+    def focus_resource_id(self) -> str:
+        """The ``ResourceId`` an Azure cost export (FOCUS) is expected to carry: the ARM id,
+        lowercased; a Uniform scale-set instance is billed on its scale set (assumed from
+        Cost Management's usage records; check against a real export before relying on it)."""
+        if self.scale_set:
+            scale_set = (
+                f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}"
+                f"/providers/Microsoft.Compute/virtualMachineScaleSets/{self.scale_set}"
+            )
+            return scale_set.lower()
+        return self.resource_id.lower()
+
+    def facts(self) -> Mapping[str, str]:
+        """The cloud facts a providerID determines (empty values left out)."""
+        pairs = {
+            "subscription": self.subscription,
+            "resource_group": self.resource_group.lower(),
+            "vm_name": self.name,
+            "scale_set": self.scale_set,
+            "scale_set_instance": self.instance,
+        }
+        return {k: v for k, v in pairs.items() if v}
+
+
+def _show(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def resource_id(value: str, name: str) -> AzureVm:
+    """A VM's ARM resource ID (either shape above), or a one-line ``ParseError``."""
+    match = _ID.fullmatch(value) if len(value) <= _MAX_ID else None
+    if match is None:
+        raise ParseError(f"{name}: not an Azure VM resource ID: {_show(value)}")
+    sub = SUBSCRIPTION.check(match["sub"], f"{name} subscription")
+    rg = RESOURCE_GROUP.check(match["rg"], f"{name} resource group")
+    if match["vm"] is not None:
+        return AzureVm(sub, rg, VM_RESOURCE_NAME.check(match["vm"], f"{name} VM name"))
+    vmss = SCALE_SET_NAME.check(match["vmss"], f"{name} scale set")
+    n = match["n"]
+    if not re.fullmatch(_INSTANCE, n, re.ASCII):
+        raise ParseError(f"{name}: not a scale-set instance id: {_show(n)}")
+    return AzureVm(sub, rg, f"{vmss}_{n}", vmss, n)
+
+
+def provider_id(value: str, name: str = "providerID") -> AzureVm:
+    """An AKS node's ``azure:///subscriptions/...`` providerID, or a one-line ``ParseError``.
+
+    The pure providerID -> instance mapping: ``.instance_id`` and ``.facts()``.
+    """
+    if not value.startswith(PROVIDER_PREFIX):
+        raise ParseError(f"{name}: not an azure:// provider ID: {_show(value)}")
+    return resource_id(value.removeprefix(PROVIDER_PREFIX), name)
+
+
+def is_provider_id(value: str) -> bool:
+    try:
+        provider_id(value)
+    except ParseError:
+        return False
+    return True
+
+
+# --- the parser -------------------------------------------------------------------------------
+
+NAME = "azure-scheduled"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+# Its window (``Windows.of``): a Spot eviction's documented minimum notice, for a Scheduled
+# Preempt whose NotBefore is blank (the others' are minutes, and such an event is acted on now).
+WINDOWS: Mapping[str, float] = {"azure_preempt_s": 30.0}
 
 SOURCES = ("azure.scheduled.preempt", "azure.scheduled.terminate", "azure.scheduled.maintenance")
 STATUSES = ("Scheduled", "Started")
@@ -90,12 +265,13 @@ class _Rule:
     source: str
     kind: NoticeKind
     response: Response
+    window: str = ""  # the deadline of a Scheduled event without NotBefore ("": receipt)
 
 
 # EventType -> rule, or the reason it is no notice.
 TYPES: Mapping[str, _Rule | str] = MappingProxyType(
     {
-        "Preempt": _Rule(SOURCES[0], NoticeKind.PREEMPTION, Response.FULL),
+        "Preempt": _Rule(SOURCES[0], NoticeKind.PREEMPTION, Response.FULL, "azure_preempt_s"),
         "Terminate": _Rule(SOURCES[1], NoticeKind.SCHEDULED_CHANGE, Response.FULL),
         "Reboot": _Rule(SOURCES[2], NoticeKind.MAINTENANCE, Response.FULL),
         "Redeploy": _Rule(SOURCES[2], NoticeKind.MAINTENANCE, Response.FULL),
@@ -165,7 +341,7 @@ def _event(raw: Any, at: str) -> _Event:
     source = opt_text(event, "EventSource", at=at)
     duration = event.get("DurationInSeconds")
     return _Event(
-        event_id=ident(event, "EventId", azure_ids.EVENT_ID, at=at),
+        event_id=ident(event, "EventId", EVENT_ID, at=at),
         event_type=_choice(
             as_text(member(event, "EventType", at=at), f"{at}.EventType"),
             tuple(TYPES),
@@ -185,39 +361,48 @@ def _event(raw: Any, at: str) -> _Event:
 
 
 def _node(envelope: Mapping[str, Any]) -> _Node:
-    vm_name = ident(envelope, "vm_name", azure_ids.VM_RESOURCE_NAME)
+    vm_name = ident(envelope, "vm_name", VM_RESOURCE_NAME)
     node_name = opt_ident(envelope, "node_name", ids.K8S_NAME)
     raw_id = opt_text(envelope, "resource_id")
-    facts: dict[str, str] = {"vm_name": vm_name}
-    provider_id = ""
+    vm = AzureVm("", "", vm_name)
+    pid = ""
     if raw_id:
-        vm = azure_ids.resource_id(raw_id.strip(), "resource_id")
+        vm = resource_id(raw_id.strip(), "resource_id")
         if vm.name.lower() != vm_name.lower():
             raise ParseError(f"resource_id: names VM {show(vm.name)}, not {show(vm_name)}")
-        provider_id = vm.provider_id
-        facts.update(vm.facts())
+        pid = vm.provider_id
     priority = opt_text(envelope, "priority")
     if priority:
-        _choice(priority, azure_ids.PRIORITIES, "priority")
-    location = opt_ident(envelope, "location", azure_ids.LOCATION)
-    facts.update(
-        {
-            "vm_size": opt_ident(envelope, "vm_size", azure_ids.VM_SIZE),
-            "priority": priority,
-            "location": location,
-            "region": location,
-            "zone": opt_ident(envelope, "zone", azure_ids.ZONE),
-        }
-    )
-    target = Target(instance_id=vm_name, provider_id=provider_id, node_name=node_name)
+        _choice(priority, PRIORITIES, "priority")
+    location = opt_ident(envelope, "location", LOCATION)
+    facts = {
+        **Placement(
+            region=location,
+            zone=opt_ident(envelope, "zone", ZONE),
+            instance_type=opt_ident(envelope, "vm_size", VM_SIZE),
+        ).attributes(),
+        **AzureVmFacts(**vm.facts(), priority=priority).attributes(),
+    }
+    target = Target(instance_id=vm_name, provider_id=pid, node_name=node_name)
     return _Node(vm_name, target, facts)
 
 
 def _notice(
-    event: _Event, rule: _Rule, node: _Node, *, received_at: datetime, payload: bytes
+    event: _Event,
+    rule: _Rule,
+    node: _Node,
+    *,
+    received_at: datetime,
+    windows: Windows,
+    payload: bytes,
 ) -> Notice:
     scheduled = event.status == "Scheduled"
-    deadline = event.not_before if scheduled and event.not_before else received_at
+    if scheduled and event.not_before:
+        deadline = event.not_before
+    elif scheduled and rule.window:
+        deadline = plus(received_at, windows.of(rule.window, WINDOWS))
+    else:
+        deadline = received_at
     approvable = scheduled and event.names() == {node.vm_name.lower()}
     return Notice(
         id=stable_id(rule.source, node.vm_name, event.event_id),
@@ -231,15 +416,17 @@ def _notice(
         attributes=attributes(
             {
                 **node.facts,
-                "event_id": event.event_id,
-                "event_type": event.event_type,
-                "event_status": event.status,
-                "event_source": event.source,
-                "not_before": rfc3339(event.not_before) if event.not_before else "",
-                "duration_s": event.duration_s,
-                "description": event.description,
-                "resources": str(len(event.resources)),
-                "approvable": "true" if approvable else "",
+                **AzureEventFacts(
+                    event_id=event.event_id,
+                    event_type=event.event_type,
+                    event_status=event.status,
+                    event_source=event.source,
+                    not_before=rfc3339(event.not_before) if event.not_before else "",
+                    duration_s=event.duration_s,
+                    description=event.description,
+                    resources=str(len(event.resources)),
+                    approvable="true" if approvable else "",
+                ).attributes(),
             }
         ),
         payload_digest=digest(payload),
@@ -266,7 +453,9 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         if isinstance(rule, str):
             reasons.append(f"{event.event_type} {event.event_id}: {rule}")
             continue
-        notices.append(_notice(event, rule, node, received_at=received_at, payload=payload))
+        notices.append(
+            _notice(event, rule, node, received_at=received_at, windows=windows, payload=payload)
+        )
     if notices:
         return tuple(notices)
     if reasons:

@@ -21,6 +21,7 @@ this module imports none, and is light enough for tracing and the ledger to read
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -130,6 +131,16 @@ class GceMetadataSettings(SourceSettings):
     timeout_s: float = Field(60.0, gt=0)  # wait_for_change hanging GET
 
 
+class AzureScheduledSettings(SourceSettings):
+    """Per-node mode on Azure (AKS Spot pools): the metadata service's Scheduled Events."""
+
+    url: str = "http://169.254.169.254"
+    node_name: str = ""  # this node, from the downward API (spec.nodeName)
+    # The docs recommend a poll a second; a Preempt gives at least 30 s.
+    poll_interval_s: float = Field(1.0, gt=0)
+    approve: bool = True  # POST StartRequests once a notice's gangs are drained
+
+
 class KueueSettings(SourceSettings):
     """Kueue Workloads whose eviction by preemption is a reclaim notice."""
 
@@ -171,6 +182,59 @@ class AsgLifecycleFacts(Facts):
     lifecycle_hook_name: str = ""
     lifecycle_action_token: str = ""
     lifecycle_transition: str = ""
+
+
+@dataclass(frozen=True)
+class AzureVmFacts(Facts):
+    """The Azure VM a Scheduled Events notice is for, beyond its ``Placement``: its ARM
+    resource's parts and its priority (IMDS ``compute.priority``: Regular, Spot or Low)."""
+
+    vm_name: str = ""
+    subscription: str = ""
+    resource_group: str = ""
+    scale_set: str = ""
+    scale_set_instance: str = ""
+    priority: str = ""
+
+
+@dataclass(frozen=True)
+class AzureEventFacts(Facts):
+    """The Scheduled Event a notice came from: what approving it after the drain takes
+    (``event_id`` when ``approvable``), and what the document said of it."""
+
+    event_id: str = ""
+    event_type: str = ""
+    event_status: str = ""
+    event_source: str = ""
+    not_before: str = ""
+    duration_s: str = ""
+    description: str = ""
+    resources: str = ""  # how many VMs the event lists
+    approvable: str = ""  # "true": Scheduled, and this VM its only resource
+
+
+# An Azure VM's ARM resource ID, either shape (ARM matches segment names case-insensitively):
+# a Uniform scale-set instance (AKS node pools) or a plain, availability-set or Flexible VM.
+# The handler checks each part against its grammar; the providerID mapping needs the shape.
+AZURE_VM_ID = re.compile(
+    r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)"
+    r"/providers/Microsoft\.Compute/"
+    r"(?:virtualMachineScaleSets/(?P<vmss>[^/]+)/virtualMachines/(?P<n>[^/]+)"
+    r"|virtualMachines/(?P<vm>[^/]+))",
+    re.ASCII | re.IGNORECASE,
+)
+AZURE_PROVIDER_PREFIX = "azure://"
+
+
+def _azure_instance(provider_id: str) -> str | None:
+    """An AKS node's ``azure://`` providerID -> its VM name as IMDS and Scheduled Events show
+    it (``<vmss>_<n>`` in a Uniform scale set); "" for one of no VM shape."""
+    if not provider_id.startswith(AZURE_PROVIDER_PREFIX):
+        return None
+    match = AZURE_VM_ID.fullmatch(provider_id.removeprefix(AZURE_PROVIDER_PREFIX))
+    if match is None:
+        return ""
+    return match["vm"] or f"{match['vmss']}_{match['n']}"
 
 
 # --- the entry ------------------------------------------------------------------------------
@@ -268,6 +332,12 @@ REGISTRY: tuple[Entry[Any], ...] = (
         "gce_metadata", "gce-metadata", GceMetadataSettings,
         Origin("gcp.metadata.", "gcp", "gcp_compute_engine", transport="gce_metadata"),
         agent="gce-metadata", agent_node_name=True,
+    ),
+    Entry(
+        "azure_scheduled", "azure-scheduled", AzureScheduledSettings,
+        Origin("azure.scheduled.", "azure", "azure_vm", transport="azure_scheduled"),
+        after_drain="azure_scheduled", agent="azure-scheduled", agent_node_name=True,
+        facts=(AzureVmFacts, AzureEventFacts), instance_of=_azure_instance,
     ),
     Entry(
         "kueue", "kueue", KueueSettings,

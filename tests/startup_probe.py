@@ -47,6 +47,7 @@ SOURCES: dict[str, dict[str, Any]] = {
     "imds": {"url": f"http://{CLOSED}"},
     "pubsub": {"project": "p", "subscription": "s", "endpoint": CLOSED},
     "gce_metadata": {"url": f"http://{CLOSED}", "node_name": "n"},
+    "azure_scheduled": {"url": f"http://{CLOSED}", "node_name": "n"},
     "kueue": {},
     "kafka_notices": {"bootstrap": CLOSED},
 }

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
 from reclaimd.model import Notice, Windows, utcnow
+from reclaimd.sources import AzureEventFacts, AzureScheduledSettings, Entry
+from reclaimd.sourcing import Wiring
 from reclaimd.transports import Admit, Counters, Read, deliver
 
 log = logging.getLogger(__name__)
@@ -53,21 +54,6 @@ FIRST_TIMEOUT_S = 130.0  # the docs: "a delayed response in your first call of u
 TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 5.0  # a Preempt gives 30 s: never sleep through a sixth of it
 SOURCE_PREFIX = "azure.scheduled."  # the parser's notice sources (transports cannot import it)
-
-
-class AzureScheduledSettings(BaseModel):
-    """Per-node mode on Azure (AKS): the metadata service's Scheduled Events.
-
-    Lives here until the registry refactor gives each source its settings model's home.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
-    url: str = "http://169.254.169.254"
-    node_name: str = ""  # this node, from the downward API (spec.nodeName)
-    poll_interval_s: float = Field(1.0, gt=0)
-    approve: bool = True  # POST StartRequests once a notice's gangs are drained
 
 
 class MetadataError(Exception):
@@ -265,9 +251,8 @@ def approvable_event(notice: Notice) -> str:
     """The EventId to approve for a notice, or "" (another source's, or not approvable)."""
     if not notice.source.startswith(SOURCE_PREFIX):
         return ""
-    if notice.attributes.get("approvable") != "true":
-        return ""
-    return notice.attributes.get("event_id", "")
+    facts = AzureEventFacts.of(notice)
+    return facts.event_id if facts.approvable == "true" else ""
 
 
 @dataclass
@@ -338,3 +323,16 @@ class AzureStartRequests:
                 return False  # a malformed request stays malformed; a started event needs none
             await backoff.sleep()
         return False
+
+
+# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+
+
+def build(entry: Entry[AzureScheduledSettings], w: Wiring) -> AzureScheduledSource:
+    s = entry.settings_of(w.settings)
+    return AzureScheduledSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+
+
+def after_drain(s: AzureScheduledSettings) -> AzureStartRequests:
+    """Approve the drained notice's event on this node's metadata service."""
+    return AzureStartRequests(s)

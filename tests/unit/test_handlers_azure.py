@@ -1,11 +1,11 @@
-"""Azure Scheduled Events (handlers/azure_scheduled.py) over the public-doc fixtures, and the
-Azure id grammars and providerID mapping (handlers/azure_ids.py)."""
+"""Azure Scheduled Events (handlers/azure_scheduled.py) over the public-doc fixtures, and its
+Azure id grammars and providerID mapping."""
 
 from __future__ import annotations
 
 import copy
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handlers import azure_ids, azure_scheduled
+import handlers
+from handlers import azure_scheduled
 from reclaimd.model import (
     Ignored,
     Notice,
@@ -109,11 +110,10 @@ def test_preempt_of_an_aks_spot_instance_is_a_full_preemption_notice() -> None:
             "resource_group": RG.lower(),
             "scale_set": VMSS,
             "scale_set_instance": "3",
-            "vm_size": "Standard_ND96isr_H100_v5",
             "priority": "Spot",
-            "location": "eastus",
             "region": "eastus",
             "zone": "1",
+            "instance_type": "Standard_ND96isr_H100_v5",
             "event_id": event_id,
             "event_type": "Preempt",
             "event_status": "Scheduled",
@@ -213,8 +213,18 @@ def test_started_preempt_is_acted_on_at_once_under_the_same_id() -> None:
     assert "not_before" not in started.attributes
 
 
-def test_a_scheduled_event_with_a_blank_not_before_is_acted_on_at_once() -> None:
+def test_a_scheduled_preempt_with_a_blank_not_before_gets_the_documented_30_s() -> None:
     notice = one(envelope(aks_preempt(NotBefore="")))
+    assert notice.deadline == RECEIVED + timedelta(seconds=30)
+    windows = handlers.windows(azure_preempt_s=12.0)
+    out = azure_scheduled.parse(
+        encode(envelope(aks_preempt(NotBefore=""))), received_at=RECEIVED, windows=windows
+    )
+    assert isinstance(out, tuple) and out[0].deadline == RECEIVED + timedelta(seconds=12)
+
+
+def test_another_scheduled_event_with_a_blank_not_before_is_acted_on_at_once() -> None:
+    notice = one(envelope(aks_preempt(EventType="Terminate", NotBefore="")))
     assert notice.deadline == RECEIVED
 
 
@@ -360,7 +370,7 @@ def test_any_edit_of_a_member_is_an_outcome_or_a_one_line_error(
     ["vm-spot", "flatcar-vm1", "nsgvmss_85", f"{VMSS}_3", "myflexvmss_1a2b3c4d", "A1", "v"],
 )
 def test_vm_resource_names(name: str) -> None:
-    assert azure_ids.VM_RESOURCE_NAME.matches(name)
+    assert azure_scheduled.VM_RESOURCE_NAME.matches(name)
 
 
 @pytest.mark.parametrize(
@@ -368,12 +378,12 @@ def test_vm_resource_names(name: str) -> None:
     ["", "_vm", "vm-", "vm.", "vm_", "vm__3", "vm_1a2b3c4dz", "vm name", "vm/../x", "v" * 65],
 )
 def test_not_vm_resource_names(name: str) -> None:
-    assert not azure_ids.VM_RESOURCE_NAME.matches(name)
+    assert not azure_scheduled.VM_RESOURCE_NAME.matches(name)
 
 
 def test_uniform_scale_set_provider_id_maps_to_the_vm_name() -> None:
-    vm = azure_ids.provider_id(PROVIDER_ID)
-    assert vm == azure_ids.AzureVm(SUB, RG.lower(), VM, VMSS, "3")
+    vm = azure_scheduled.provider_id(PROVIDER_ID)
+    assert vm == azure_scheduled.AzureVm(SUB, RG.lower(), VM, VMSS, "3")
     assert vm.instance_id == VM
     assert vm.provider_id == PROVIDER_ID
     assert vm.facts() == {
@@ -394,14 +404,14 @@ def test_availability_set_vm_provider_id() -> None:
         f"azure:///subscriptions/{SUB}/resourceGroups/train-rg/providers/Microsoft.Compute"
         "/virtualMachines/gpu-vm-7"
     )
-    vm = azure_ids.provider_id(pid)
-    assert vm == azure_ids.AzureVm(SUB, "train-rg", "gpu-vm-7")
+    vm = azure_scheduled.provider_id(pid)
+    assert vm == azure_scheduled.AzureVm(SUB, "train-rg", "gpu-vm-7")
     assert (vm.instance_id, vm.provider_id) == ("gpu-vm-7", pid)
     assert vm.focus_resource_id() == pid.removeprefix("azure://").lower()
 
 
 def test_resource_id_from_imds_lowercases_the_group_in_the_provider_id() -> None:
-    vm = azure_ids.resource_id(RESOURCE_ID, "resource_id")
+    vm = azure_scheduled.resource_id(RESOURCE_ID, "resource_id")
     assert vm.resource_group == RG  # kept as IMDS gives it
     assert vm.provider_id == PROVIDER_ID
 
@@ -410,7 +420,7 @@ def test_arm_segment_names_match_case_insensitively() -> None:
     lowered = PROVIDER_ID.replace("resourceGroups", "resourcegroups").replace(
         "virtualMachineScaleSets", "virtualmachinescalesets"
     )
-    assert azure_ids.provider_id(lowered).provider_id == PROVIDER_ID
+    assert azure_scheduled.provider_id(lowered).provider_id == PROVIDER_ID
 
 
 @pytest.mark.parametrize(
@@ -428,7 +438,7 @@ def test_arm_segment_names_match_case_insensitively() -> None:
     ],
 )
 def test_not_azure_provider_ids(value: str) -> None:
-    assert not azure_ids.is_provider_id(value)
+    assert not azure_scheduled.is_provider_id(value)
     with pytest.raises(ParseError) as e:
-        azure_ids.provider_id(value)
+        azure_scheduled.provider_id(value)
     assert "\n" not in str(e.value)

@@ -14,6 +14,7 @@ import copy
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,6 +62,30 @@ def _meta(path: str, value: str) -> dict[str, Any]:
         "etag": "9d2f61b0ac3e47e1",
         "observed_at": "2025-09-16T10:42:01Z",
     }
+
+
+AZURE = Path(__file__).resolve().parents[1] / "fixtures" / "azure"  # this repo's own
+_AKS_VM = "aks-spotgpu-12345678-vmss_3"
+
+
+def _azure(document: str, vm: str = _AKS_VM) -> dict[str, Any]:
+    """The Azure poller's envelope (handlers/README.md) around a public-doc document."""
+    body = {
+        "vm_name": vm,
+        "node_name": "aks-spotgpu-12345678-vmss000003",
+        "vm_size": "Standard_ND96isr_H100_v5",
+        "priority": "Spot",
+        "location": "eastus",
+        "zone": "1",
+        "document": json.loads(AZURE.joinpath(document).read_text()),
+    }
+    if vm == _AKS_VM:
+        body["resource_id"] = (
+            "/subscriptions/8d1a5e3c-0f1b-4c2a-9e7d-2b6f4a1c9e00/resourceGroups"
+            "/MC_gpu-rg_train-aks_eastus/providers/Microsoft.Compute/virtualMachineScaleSets"
+            "/aks-spotgpu-12345678-vmss/virtualMachines/3"
+        )
+    return body
 
 
 _CLOUD_EVENT = {
@@ -116,6 +141,12 @@ SEEDS: dict[str, list[Any]] = {
         _meta("instance/preempted", "TRUE"),
         _meta("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE"),
         _meta("instance/maintenance-event", "NONE"),
+    ],
+    "azure-scheduled": [
+        _azure("scheduledevents-preempt-aks-spot.json"),
+        _azure("scheduledevents-terminate-vmss.json", "nsgvmss_85"),
+        _azure("scheduledevents-reboot-user.json", "flatcar-vm1"),
+        _azure("scheduledevents-freeze-started.json", "WestNO_0"),
     ],
     "kueue": [
         load("kueue", name)

@@ -531,7 +531,7 @@ def test_the_drill_refuses_the_release_namespace_and_needs_its_node_label(tmp_pa
 BAD_VALUES = [
     pytest.param({"controller": {"replicas": 0}}, "at '/controller/replicas'", id="zero-replicas"),
     pytest.param({"controller": {"replica": 2}}, "at '/controller'", id="typo-in-a-key"),
-    pytest.param({"nodeAgent": {"source": "azure"}}, "at '/nodeAgent/source'", id="unknown-source"),
+    pytest.param({"nodeAgent": {"source": "oci"}}, "at '/nodeAgent/source'", id="unknown-source"),
     pytest.param(
         {"serviceAccount": {"awsRoleArn": "reclaimd-role"}},
         "at '/serviceAccount/awsRoleArn'",

@@ -21,6 +21,7 @@ from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, utcnow
 from reclaimd.transports import Counters, Read, deliver
 from reclaimd.transports import imds as imds_transport
+from reclaimd.transports.azure_scheduled import AzureStartRequests
 from reclaimd.transports.lifecycle import AsgLifecycle, LifecycleAction
 
 AWS = FIXTURES / "aws"
@@ -81,6 +82,7 @@ def enable_all() -> Settings:
             "imds": {"enabled": True},
             "pubsub": {"enabled": True, "project": "p", "subscription": "s"},
             "gce_metadata": {"enabled": True},
+            "azure_scheduled": {"enabled": True},
             "kueue": {"enabled": True},
             "kafka_notices": {"enabled": True, "bootstrap": "127.0.0.1:1"},
         }
@@ -107,6 +109,28 @@ def test_only_enabled_sources_are_built() -> None:
 def test_the_sqs_entry_carries_the_lifecycle_after_drain_part() -> None:
     settings = Settings.model_validate({"sqs": {"enabled": True, "queue_url": "q"}})
     assert isinstance(sourcing.after_drain(settings), AsgLifecycle)
+
+
+def test_the_azure_entry_approves_its_events_after_the_drain() -> None:
+    settings = Settings.model_validate({"azure_scheduled": {"enabled": True}})
+    part = sourcing.after_drain(settings)
+    assert isinstance(part, AzureStartRequests) and part.settings is settings.azure_scheduled
+    both = sourcing.after_drain(
+        Settings.model_validate(
+            {"azure_scheduled": {"enabled": True}, "sqs": {"enabled": True, "queue_url": "q"}}
+        )
+    )
+    assert isinstance(both, AfterDrains)
+
+
+def test_an_aks_providerid_names_its_vm() -> None:
+    pid = (
+        "azure:///subscriptions/8d1a5e3c-0f1b-4c2a-9e7d-2b6f4a1c9e00/resourceGroups/mc_rg_aks_eastus"
+        "/providers/Microsoft.Compute/virtualMachineScaleSets/aks-spot-123-vmss/virtualMachines/3"
+    )
+    assert sources.instance_of(pid) == "aks-spot-123-vmss_3"
+    assert sources.instance_of("azure:///subscriptions/not-a-guid/x") == ""
+    assert sources.instance_of("gce://p/us-central1-a/vm-1") == "vm-1"  # not Azure's
 
 
 def test_imds_polls_every_path_its_parser_reads() -> None:

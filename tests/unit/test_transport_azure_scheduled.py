@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
@@ -18,13 +18,12 @@ import pytest
 
 import handlers
 from chaos.azure_metadata_server import AzureMetadataServer, Compute, rfc1123
-from handlers import azure_scheduled
 from handlers.fields import as_gmt_time
 from reclaimd.afterdrain import AfterDrain
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
+from reclaimd.sources import AzureScheduledSettings
 from reclaimd.transports.azure_scheduled import (
-    AzureScheduledSettings,
     AzureScheduledSource,
     AzureStartRequests,
     DocumentState,
@@ -43,15 +42,6 @@ PROVIDER_ID = "azure://" + COMPUTE.resource_id.replace(
     COMPUTE.resource_group, COMPUTE.resource_group.lower()
 )
 META = {"Metadata": "true"}
-
-
-@pytest.fixture(autouse=True)
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The parser's registry line comes with the registry refactor; until then, the tests add
-    it (transports reach parsers only through ``handlers.parse``)."""
-    parsers = dict(handlers.PARSERS, **{"azure-scheduled": azure_scheduled.parse})
-    monkeypatch.setattr(handlers, "PARSERS", MappingProxyType(parsers))
-    yield
 
 
 # --- pure parts -----------------------------------------------------------------------------
