@@ -223,6 +223,22 @@ def test_service_account_annotations_for_irsa_and_workload_identity(tmp_path: Pa
     }
 
 
+def test_aks_workload_identity_annotates_the_account_and_labels_the_pods(tmp_path: Path) -> None:
+    client_id = "3f1c2b4a-8d7e-4f60-9a1b-2c3d4e5f6a7b"
+    values = {"serviceAccount": {"azureClientId": client_id}, "nodeAgent": {"enabled": True}}
+    docs = render(tmp_path, values)
+    sa = only(docs, "ServiceAccount")
+    assert sa["metadata"]["annotations"] == {"azure.workload.identity/client-id": client_id}
+    for kind in ("Deployment", "DaemonSet"):
+        labels = only(docs, kind)["spec"]["template"]["metadata"]["labels"]
+        assert labels["azure.workload.identity/use"] == "true", kind
+    # Off by default: no pod asks the webhook for a token it has no identity for.
+    plain = render(tmp_path, {"nodeAgent": {"enabled": True}})
+    for kind in ("Deployment", "DaemonSet"):
+        labels = only(plain, kind)["spec"]["template"]["metadata"]["labels"]
+        assert "azure.workload.identity/use" not in labels, kind
+
+
 def test_rbac_grants_events_and_nothing_on_secrets(tmp_path: Path) -> None:
     docs = render(tmp_path)
     rules = only(docs, "ClusterRole")["rules"]
@@ -274,7 +290,7 @@ def test_node_agent_runs_only_on_reclaimable_nodes(
     # One term per reclaimable label: any of them is enough (terms are ORed).
     assert {"matchExpressions": [{"key": "karpenter.sh/capacity-type", "operator": "In",
             "values": ["spot"]}]} in terms["nodeSelectorTerms"]  # fmt: skip
-    assert len(terms["nodeSelectorTerms"]) == 5
+    assert len(terms["nodeSelectorTerms"]) == 6
     tolerated = {t["key"] for t in spec["tolerations"]}
     assert {"reclaimd.io/interruption", "nvidia.com/gpu", "cloud.google.com/gke-spot"} <= tolerated
     assert spec["priorityClassName"] == "system-node-critical"
@@ -302,6 +318,46 @@ def test_host_network_for_imds_hop_limit_one(tmp_path: Path) -> None:
     spec = only(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert spec["hostNetwork"] is True
     assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+
+def test_node_agent_on_aks_spot_pools(tmp_path: Path) -> None:
+    """Azure Scheduled Events on AKS Spot pools: scheduled by the pool's label, tolerating its
+    taint, on the pod network (pods reach IMDS there), with its node name."""
+    values = {"nodeAgent": {"enabled": True, "source": "azure-scheduled"}}
+    docs = render(tmp_path, values)
+    spec = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert ("kubernetes.azure.com/scalesetpriority", "In", ("spot",)) in set(
+        match_expressions(spec)
+    )
+    taint = {
+        "key": "kubernetes.azure.com/scalesetpriority",
+        "value": "spot",
+        "effect": "NoSchedule",
+    }
+    assert any(
+        t["key"] == taint["key"]
+        and (t["operator"] == "Exists" or t.get("value") == taint["value"])
+        and t.get("effect", taint["effect"]) == taint["effect"]
+        for t in spec["tolerations"]
+    )
+    assert "hostNetwork" not in spec
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    node = env["RECLAIMD_AZURE_SCHEDULED__NODE_NAME"]["valueFrom"]["fieldRef"]
+    assert node == {"fieldPath": "spec.nodeName"}
+    s = settings_of(only(docs, "ConfigMap", "reclaimd-node-agent"), tmp_path)
+    assert s.azure_scheduled.enabled and s.azure_scheduled.url == "http://169.254.169.254"
+    # The controller never runs on them.
+    controller = only(docs, "Deployment")["spec"]["template"]["spec"]
+    assert ("kubernetes.azure.com/scalesetpriority", "NotIn", ("spot",)) in set(
+        match_expressions(controller)
+    )
+    # The NetworkPolicy lets the agent reach IMDS.
+    np = only(docs, "NetworkPolicy", "reclaimd")
+    assert any(
+        rule.get("to") == [{"ipBlock": {"cidr": "169.254.169.254/32"}}]
+        and rule["ports"] == [{"port": 80, "protocol": "TCP"}]
+        for rule in np["spec"]["egress"]
+    )
 
 
 # --- network policies ------------------------------------------------------------------------
@@ -536,6 +592,11 @@ BAD_VALUES = [
         {"serviceAccount": {"awsRoleArn": "reclaimd-role"}},
         "at '/serviceAccount/awsRoleArn'",
         id="not-an-arn",
+    ),
+    pytest.param(
+        {"serviceAccount": {"azureClientId": "reclaimd-identity"}},
+        "at '/serviceAccount/azureClientId'",
+        id="client-id-not-a-guid",
     ),
     pytest.param(
         {"networkPolicy": {"checkpoint": {"port": "8080"}}},

@@ -30,6 +30,14 @@ app.kubernetes.io/name: {{ include "reclaimd.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Labels of every reclaimd pod for its cloud identity: AKS Workload Identity injects its
+token only into pods labelled azure.workload.identity/use. */}}
+{{- define "reclaimd.identityLabels" -}}
+{{- if .Values.serviceAccount.azureClientId -}}
+azure.workload.identity/use: "true"
+{{- end -}}
+{{- end -}}
+
 {{- define "reclaimd.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "reclaimd.fullname" .) .Values.serviceAccount.name -}}
