@@ -25,6 +25,7 @@ from .scenario import Fault, Plan, PlannedGarbage, PlannedNotice, Source
 TOPIC_BACK_S = STACK_TIMEOUT_S + SEND_RETRY_S
 
 if TYPE_CHECKING:
+    from .azure_metadata_server import AzureMetadataServer
     from .drill_local import World
     from .harness import Harness
 
@@ -89,6 +90,7 @@ class Injector:
             Source.IMDS: self._send_imds,
             Source.GKE_PUBSUB: self._send_pubsub,
             Source.GCE_METADATA: self._send_gce_metadata,
+            Source.AZURE_SCHEDULED: self._send_azure_scheduled,
             Source.KUEUE: self._send_kueue,
             Source.KAFKA: self._send_kafka,
         }
@@ -197,6 +199,18 @@ class Injector:
         )  # fmt: skip
         return "gce-metadata", json.dumps(envelope).encode()
 
+    async def _send_azure_scheduled(
+        self, h: Harness, n: PlannedNotice, issued: datetime, sent_at: datetime
+    ) -> tuple[str, bytes]:
+        """A Spot eviction: a Preempt whose NotBefore is the window after ``issued``, on the
+        node's stand-in; the envelope is what its per-node reclaimd reads there."""
+        node = self.plan.node(_some(n.node))
+        server = self.world.built.azure[node.key]
+        window = self.plan.windows.of("azure_preempt_s", {"azure_preempt_s": 30.0})
+        not_before = issued + timedelta(seconds=window)
+        event_id = server.preempt(not_before_s=(not_before - utcnow()).total_seconds())
+        return "azure-scheduled", json.dumps(azure_envelope(server, event_id, node.name)).encode()
+
     async def _send_kueue(
         self, h: Harness, n: PlannedNotice, issued: datetime, sent_at: datetime
     ) -> tuple[str, bytes]:
@@ -290,6 +304,24 @@ def _expected_notice(parser: str, payload: bytes, received: datetime, plan: Plan
     if not isinstance(outcome, tuple) or len(outcome) != 1:
         raise RuntimeError(f"the drill built a {parser} payload that is not one notice: {outcome}")
     return outcome[0]
+
+
+def azure_envelope(server: AzureMetadataServer, event_id: str, node_name: str) -> dict[str, Any]:
+    """What the node's reclaimd reads of ``event_id`` on its stand-in (the transport's
+    envelope: the VM's compute metadata and a document of that one event)."""
+    event = server.event(event_id)
+    assert event is not None, event_id
+    compute = server.compute
+    return {
+        "vm_name": compute.name,
+        "resource_id": compute.resource_id,
+        "node_name": node_name,
+        "vm_size": compute.vm_size,
+        "priority": compute.priority,
+        "location": compute.location,
+        "zone": compute.zone,
+        "document": {"DocumentIncarnation": server.incarnation, "Events": [event]},
+    }
 
 
 def _some(value: str | None) -> str:

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from chaos.ports import free_port
 
 from .drill_world import Built, build_cluster
-from .scenario import Plan, Scenario, ScenarioError, Source
+from .scenario import Plan, PlannedNode, Scenario, ScenarioError, Source
 
 if TYPE_CHECKING:
+    from .azure_metadata_server import Compute
     from .harness import Harness
     from .process import DaemonProcess
     from .stack import StackEnv
@@ -65,6 +66,7 @@ class World:
 
     async def transports(self, h: Harness) -> None:
         """The per-run pieces of each transport the scenario uses."""
+        from .azure_metadata_server import AzureMetadataServer
         from .gce_metadata_server import GceMetadataServer
         from .inject import ImdsMock
 
@@ -87,6 +89,10 @@ class World:
                 server = GceMetadataServer(project=node.project, zone=node.zone, instance=node.name)
                 await server.start()
                 self.built.gce[n.node] = server
+            if n.source is Source.AZURE_SCHEDULED and n.node not in self.built.azure:
+                azure = AzureMetadataServer(azure_compute(node))
+                await azure.start()
+                self.built.azure[n.node] = azure
 
     @property
     def pubsub_slots(self) -> int:
@@ -226,6 +232,14 @@ class World:
         for key, server in self.built.gce.items():
             gce = {"enabled": True, "url": server.url, "node_name": self.built.nodes[key].name}
             starts.append(per_node(f"gce-{key}", {"gce_metadata": gce}))
+        for key, azure in self.built.azure.items():
+            events = {
+                "enabled": True,
+                "url": azure.url,
+                "node_name": self.built.nodes[key].name,
+                "poll_interval_s": 0.5,
+            }
+            starts.append(per_node(f"azure-{key}", {"azure_scheduled": events}))
 
         async def one(name: str, overrides: dict[str, Any]) -> DaemonProcess:
             async with gate:
@@ -284,6 +298,26 @@ def aemm_binary(stack: StackEnv) -> Path | None:
         if candidate.exists():
             return candidate
     return None
+
+
+def azure_compute(node: PlannedNode) -> Compute:
+    """The AKS instance a planned Azure node is (``fleet.NodeSpec.provider_id`` names the same):
+    its scale set and instance from its VM name, its region and zone from ``<region>-<n>``."""
+    from . import fleet
+    from .azure_metadata_server import Compute
+
+    scale_set, instance = node.instance_id.rsplit("_", 1)
+    location, _, zone = node.zone.rpartition("-")
+    return Compute(
+        subscription=fleet.AZURE_SUBSCRIPTION,
+        resource_group=fleet.azure_resource_group(node.project),
+        scale_set=scale_set,
+        instance=instance,
+        vm_size=node.sku,
+        priority="Spot" if node.purchase_option == "spot" else "Regular",
+        location=location if location and zone.isdigit() else node.zone.replace("-", ""),
+        zone=zone if location and zone.isdigit() else "",
+    )
 
 
 def kubeconfig_server(path: Path) -> str:

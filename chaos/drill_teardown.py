@@ -31,6 +31,8 @@ async def teardown(h: Harness, world: World, *, stop_pods: Sequence[asyncio.Task
         await mock.stop()
     for server in world.built.gce.values():
         await server.stop()
+    for azure in world.built.azure.values():
+        await azure.stop()
     if world.producer is not None:
         await world.producer.stop()
     if world.publisher is not None:

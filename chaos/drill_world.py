@@ -14,6 +14,7 @@ from reclaimd.model import utcnow
 from .scenario import Integration, Plan
 
 if TYPE_CHECKING:
+    from .azure_metadata_server import AzureMetadataServer
     from .fleet import GangSpec, NodeSpec
     from .gce_metadata_server import GceMetadataServer
     from .harness import Harness
@@ -35,6 +36,7 @@ class Built:
     stopped: dict[str, datetime] = field(default_factory=dict)  # pod -> stopped by the drill
     imds: dict[str, ImdsMock] = field(default_factory=dict)  # node key -> its mock
     gce: dict[str, GceMetadataServer] = field(default_factory=dict)  # node key -> stand-in
+    azure: dict[str, AzureMetadataServer] = field(default_factory=dict)  # node key -> stand-in
     pubsub_topic: str = ""
     pubsub_subscription: str = ""
     notices_topic: str = ""

@@ -33,14 +33,30 @@ class NodeSpec:
     sku: str = "p5.48xlarge"
     purchase_option: str = "spot"
     cell: str = ""
-    cloud: str = "aws"  # aws or gce
-    project: str = "reclaimd-local"  # gce only
+    cloud: str = "aws"  # aws, gce or azure (instance_id: the VM, ``<vmss>_<n>``)
+    project: str = "reclaimd-local"  # gce; azure: names the resource group
 
     @property
     def provider_id(self) -> str:
         if self.cloud == "gce":
             return f"gce://{self.project}/{self.zone}/{self.name}"
+        if self.cloud == "azure":
+            scale_set, instance = self.instance_id.rsplit("_", 1)
+            return (
+                f"azure:///subscriptions/{AZURE_SUBSCRIPTION}/resourceGroups/"
+                f"{azure_resource_group(self.project).lower()}/providers/Microsoft.Compute/"
+                f"virtualMachineScaleSets/{scale_set}/virtualMachines/{instance}"
+            )
         return f"aws:///{self.zone}/{self.instance_id}"
+
+
+# A drill's AKS nodes: one subscription, a node resource group per project (as AKS names its
+# MC_<group>_<cluster>_<region>), written lowercased into the providerID as AKS does.
+AZURE_SUBSCRIPTION = "8d1a5e3c-0f1b-4c2a-9e7d-2b6f4a1c9e00"
+
+
+def azure_resource_group(project: str) -> str:
+    return f"MC_{project}_aks"
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,8 @@ def node_body(spec: NodeSpec) -> dict[str, Any]:
     }
     if spec.cloud == "aws":
         labels["karpenter.sh/capacity-type"] = spec.purchase_option.replace("_", "-")
+    if spec.cloud == "azure" and spec.purchase_option == "spot":
+        labels["kubernetes.azure.com/scalesetpriority"] = "spot"  # AKS Spot pools only
     if spec.cell:
         labels["reclaimd.io/cell"] = spec.cell
     capacity = {"cpu": "192", "memory": "2048Gi", "pods": "110", GPU: str(spec.gpus)}

@@ -137,6 +137,7 @@ class PurchaseOption(StrEnum):
 class Cloud(StrEnum):
     AWS = "aws"
     GCE = "gce"
+    AZURE = "azure"  # AKS: a pool is a scale set, a node its instance ``<vmss>_<n>``
 
 
 class NodePool(_Strict):
@@ -231,6 +232,7 @@ class Source(StrEnum):
     IMDS = "imds"
     GKE_PUBSUB = "gke-pubsub"
     GCE_METADATA = "gce-metadata"
+    AZURE_SCHEDULED = "azure-scheduled"
     KUEUE = "kueue"
     KAFKA = "kafka"
 
@@ -244,6 +246,7 @@ KINDS: Mapping[Source, tuple[str, ...]] = {
     Source.IMDS: ("spot-interruption",),
     Source.GKE_PUBSUB: ("preemption", "maintenance-terminate", "maintenance-migrate"),
     Source.GCE_METADATA: ("preemption", "maintenance-terminate", "maintenance-migrate"),
+    Source.AZURE_SCHEDULED: ("preemption",),
     Source.KUEUE: ("reclaim",),
     Source.KAFKA: (
         "spot_interruption",
@@ -260,12 +263,13 @@ CLOUD_OF: Mapping[Source, Cloud] = {
     Source.IMDS: Cloud.AWS,
     Source.GKE_PUBSUB: Cloud.GCE,
     Source.GCE_METADATA: Cloud.GCE,
+    Source.AZURE_SCHEDULED: Cloud.AZURE,
 }
 # Transports that cannot carry a malformed payload: the mock, the stand-in and the apiserver
 # all serve well-formed values only.
-NO_GARBAGE = frozenset({Source.IMDS, Source.GCE_METADATA, Source.KUEUE})
+NO_GARBAGE = frozenset({Source.IMDS, Source.GCE_METADATA, Source.AZURE_SCHEDULED, Source.KUEUE})
 # Per-node sources run one reclaimd per targeted node (a DaemonSet pod on a real fleet).
-PER_NODE = frozenset({Source.IMDS, Source.GCE_METADATA})
+PER_NODE = frozenset({Source.IMDS, Source.GCE_METADATA, Source.AZURE_SCHEDULED})
 MAX_PER_NODE_TARGETS = 8
 KUEUE_REASONS = (
     "InCohortReclamation",
@@ -351,6 +355,7 @@ DRILL_OWNED = frozenset(
         "imds",
         "pubsub",
         "gce_metadata",
+        "azure_scheduled",
         "kueue",
         "kafka_notices",
         "ledger",
@@ -742,6 +747,13 @@ def instance_id(run_id: str, key: str) -> str:
     return "i-" + hashlib.sha256(f"{run_id}/{key}".encode()).hexdigest()[:17]
 
 
+def azure_vm_name(run_id: str, pool: str, index: int) -> str:
+    """An AKS node's VM, as IMDS and Scheduled Events name it: its pool's scale set
+    (``aks-<pool>-<8 hex>-vmss``, unique per run) and its instance id."""
+    digest = hashlib.sha256(f"{run_id}/{pool}".encode()).hexdigest()[:8]
+    return f"aks-{pool}-{digest}-vmss_{index}"
+
+
 def plan(scenario: Scenario, *, run_id: str) -> Plan:
     """The concrete drill for ``run_id`` (names only depend on it; choices on the seed)."""
     rng = random.Random(scenario.seed)
@@ -773,7 +785,9 @@ def _plan_nodes(scenario: Scenario, run_id: str) -> list[PlannedNode]:
                     key=key,
                     name=node_name(run_id, key),
                     pool=pool.name,
-                    instance_id=instance_id(run_id, key),
+                    instance_id=azure_vm_name(run_id, pool.name, i)
+                    if pool.cloud is Cloud.AZURE
+                    else instance_id(run_id, key),
                     gpus=pool.gpus,
                     sku=pool.sku,
                     zone=pool.zone,
@@ -946,7 +960,8 @@ def _plan_notices(
             garbage.append(PlannedGarbage(ni, source, round(at, 3), k))
     if len(per_node_targets) > MAX_PER_NODE_TARGETS:
         raise ScenarioError(
-            f"notices: per-node sources (imds, gce-metadata) run one reclaimd per node;"
+            "notices: per-node sources (imds, gce-metadata, azure-scheduled) run one reclaimd"
+            " per node;"
             f" at most {MAX_PER_NODE_TARGETS} such nodes, not {len(per_node_targets)}"
         )
     ordered = sorted(drafts, key=lambda d: (d.send_at_s, d.group, d.issued_at_s))

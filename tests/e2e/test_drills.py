@@ -29,6 +29,7 @@ PASSING = [
     "spot-az-storm-bench",
     "mixed-duplicates-garbage",
     "gke-preempt-30s",
+    "aks-spot-evictions",
     "kafka-notices",
     "storm-two-replicas",  # a gang split across replicas is charged once (its Lease)
     "kueue-reclaim",

@@ -61,6 +61,30 @@ def test_shipped_scenarios_load_and_plan(path: Path) -> None:
     assert touched, f"{path.stem}: no notice touches a gang"
 
 
+def test_an_aks_drill_names_each_node_as_aks_and_its_metadata_service_do() -> None:
+    """The node's providerID, the stand-in's VM and the notice's instance are one VM."""
+    from chaos import fleet
+    from chaos.drill_local import azure_compute
+    from reclaimd import sources
+
+    plan = scenario.plan(scenario.load(SCENARIOS / "aks-spot-evictions.yaml"), run_id="unit")
+    assert {n.source for n in plan.notices} == {Source.AZURE_SCHEDULED}
+    vms = set()
+    for node in plan.nodes:
+        spec = fleet.NodeSpec(
+            name=node.name, instance_id=node.instance_id, zone=node.zone, sku=node.sku,
+            purchase_option=node.purchase_option, cloud="azure", project=node.project,
+        )  # fmt: skip
+        compute = azure_compute(node)
+        assert sources.instance_of(spec.provider_id) == compute.name == node.instance_id
+        assert spec.provider_id.lower() == "azure://" + compute.resource_id.lower()
+        assert (compute.location, compute.zone, compute.priority) == ("eastus", "1", "Spot")
+        labels = fleet.node_body(spec)["metadata"]["labels"]
+        assert labels["kubernetes.azure.com/scalesetpriority"] == "spot"
+        vms.add(compute.name)
+    assert len(vms) == len(plan.nodes)
+
+
 def test_the_storm_is_storm_sized() -> None:
     plan = scenario.plan(scenario.load(SCENARIOS / "spot-az-storm.yaml"), run_id="unit")
     assert len(plan.nodes) >= 200 and len(plan.gangs) >= 40
@@ -77,7 +101,7 @@ def test_the_storm_is_storm_sized() -> None:
         (with_("gangs.0.rnaks", 3), "gangs.0.rnaks: Extra inputs are not permitted"),
         (with_("gangs.0.ranks", 0), "gangs.0.ranks: Input should be greater than or equal to 1"),
         (with_("gangs.0.name", "Bad_Name"), "gangs.0.name: must be 1-20 characters"),
-        (with_("cluster.pools.0.cloud", "azure"), "cluster.pools.0.cloud: Input should be"),
+        (with_("cluster.pools.0.cloud", "oci"), "cluster.pools.0.cloud: Input should be"),
         (with_("notices.0.source", "sns"), "notices.0.source: Input should be"),
         (with_("notices.0.kind", "preemption"), "kind 'preemption' is not one of"),
         (with_("notices.0.target", {"zone": "us-east-2a"}), "give one of fraction and count"),
@@ -150,6 +174,14 @@ def test_bad_scenarios_fail_with_one_line(doc: dict[str, Any], message: str) -> 
         (
             with_("notices.0", {"source": "gke-pubsub", "target": {"nodes": ["a-0"]}}),
             "a-0 is a aws node; gke-pubsub notices need gce nodes",
+        ),
+        (
+            with_("notices.0", {"source": "azure-scheduled", "target": {"nodes": ["a-0"]}}),
+            "a-0 is a aws node; azure-scheduled notices need azure nodes",
+        ),
+        (
+            with_("notices.0.malformed", 1, with_("notices.0.source", "azure-scheduled")),
+            "azure-scheduled cannot carry",
         ),
         (
             with_("notices.0", {"source": "kueue", "target": {"gangs": ["llm-0"]}}),

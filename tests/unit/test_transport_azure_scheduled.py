@@ -396,3 +396,29 @@ async def test_poller_counts_a_server_that_refuses_it_and_keeps_going() -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def test_the_drills_expected_notice_is_what_the_poller_admits(
+    server: AzureMetadataServer,
+) -> None:
+    """chaos.drill_inject judges an azure-scheduled notice by the envelope it builds from the
+    stand-in: the poller must make the same notice of the same event."""
+    from chaos.drill_inject import azure_envelope
+
+    admit = Admissions()
+    async with polling(server, admit) as src:
+        await _until(lambda: src.counters.received == 1)
+        event_id = server.preempt(not_before_s=30)
+        expected = handlers.parse(
+            "azure-scheduled",
+            json.dumps(azure_envelope(server, event_id, NODE)).encode(),
+            received_at=datetime.now(UTC),
+            windows=Windows(),
+        )
+        await _until(lambda: len(admit.seen) == 1)
+    assert isinstance(expected, tuple)
+    (want,) = expected
+    (got,) = admit.seen
+    assert (got.id, got.deadline, got.target, got.response) == (
+        want.id, want.deadline, want.target, want.response,
+    )  # fmt: skip
