@@ -106,6 +106,9 @@ _PURCHASE_SOURCES: Final = (
     "reclaimd.io/purchase-option",
     "karpenter.sh/capacity-type",  # spot | on-demand | reserved
     "eks.amazonaws.com/capacityType",  # SPOT | ON_DEMAND | CAPACITY_BLOCK
+    # AKS: spot on Spot pools' nodes, absent on regular pools' (pay-as-you-go or reserved,
+    # which the node cannot tell: left unknown, as a GKE node without gke-spot is).
+    "kubernetes.azure.com/scalesetpriority",
 )
 _GKE_SPOT: Final = ("cloud.google.com/gke-spot", "cloud.google.com/gke-preemptible")
 _MIG_SOURCES: Final = ("cloud.google.com/gke-gpu-partition-size", "nvidia.com/mig.config")

@@ -11,6 +11,7 @@ from reclaimd.ledger import (
     LedgerWriter,
     cost_labels,
     encode,
+    instance_part,
     kafka_key,
     normalize_purchase_option,
     placement,
@@ -225,6 +226,8 @@ def test_explicit_reclaimd_labels_win() -> None:
         ({"eks.amazonaws.com/capacityType": "SPOT"}, "spot"),
         ({"cloud.google.com/gke-spot": "true"}, "spot"),
         ({"cloud.google.com/gke-spot": "false"}, None),
+        ({"kubernetes.azure.com/scalesetpriority": "spot"}, "spot"),
+        ({"kubernetes.azure.com/scalesetpriority": "regular"}, None),
         ({"karpenter.sh/capacity-type": "mystery"}, None),
     ],
 )
@@ -399,6 +402,34 @@ def test_placement_reads_node_labels_and_the_provider_id() -> None:
     got = placement({"alpha.eksctl.io/instance-id": "i-9", "topology.kubernetes.io/zone": "a b"})
     assert got == {"instance_id": "i-9"}
     assert placement({}, "gce://proj/us-central1-a/gke-node-1")["instance_id"] == "gke-node-1"
+
+
+def test_placement_of_an_aks_spot_node() -> None:
+    """An AKS node: its VM (``<scale set>_<instance>``, what Scheduled Events name) from the
+    azure:// providerID, its VM size as the SKU, spot from the pool's priority label."""
+    labels = {
+        "node.kubernetes.io/instance-type": "Standard_ND96isr_H100_v5",
+        "kubernetes.azure.com/scalesetpriority": "spot",
+        "kubernetes.azure.com/agentpool": "spotgpu",
+        "topology.kubernetes.io/zone": "eastus-1",
+    }
+    provider_id = (
+        "azure:///subscriptions/8d1a5e3c-0f1b-4c2a-9e7d-2b6f4a1c9e00/resourceGroups"
+        "/mc_gpu-rg_train-aks_eastus/providers/Microsoft.Compute/virtualMachineScaleSets"
+        "/aks-spotgpu-12345678-vmss/virtualMachines/3"
+    )
+    assert placement(labels, provider_id) == {
+        "instance_id": "aks-spotgpu-12345678-vmss_3",
+        "sku": "Standard_ND96isr_H100_v5",
+        "purchase_option": "spot",
+        "zone": "eastus-1",
+    }
+    part = instance_part("n", placement(labels, provider_id), {}, ranks=1, gpus=8)
+    assert (part["SkuId"], part["PricingCategory"], part["x_PurchaseOption"]) == (
+        "Standard_ND96isr_H100_v5",
+        "Dynamic",
+        "spot",
+    )
 
 
 def test_with_placements_looks_up_each_node_and_survives_a_failing_lookup() -> None:
