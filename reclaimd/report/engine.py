@@ -317,8 +317,10 @@ def focus_ids(source: str, kinds: Mapping[str, str]) -> str:
 
     The instance id is the last '/' or ':' segment; GCE names an instance within its
     project: the project of the resource name, else the row's SubAccountId (FOCUS: the
-    project), joined to the name as 'project/name'. Worked out once per distinct value, not
-    per row.
+    project), joined to the name as 'project/name'. An Azure scale-set instance
+    (``.../virtualMachineScaleSets/<vmss>/virtualMachines/<n>``, an AKS node) is
+    '<vmss>_<n>', its VM name, as the ledger names it. Worked out once per distinct value,
+    not per row.
     """
 
     def key(c: str) -> str:
@@ -329,9 +331,16 @@ def focus_ids(source: str, kinds: Mapping[str, str]) -> str:
     )
     last = "regexp_extract(raw, '[^/:]+$')"
     project = "COALESCE(NULLIF(regexp_extract(raw, 'projects/([^/]+)/', 1), ''), NULLIF(sub, ''))"
+    # No match is '' in DuckDB and NULL in Trino: NULLIF makes both NULL.
+    scale_set = (
+        "NULLIF(regexp_extract(raw,"
+        " '(?i)/virtualMachineScaleSets/([^/]+)/virtualMachines/[^/]+$', 1), '')"
+    )
     return (
         "SELECT raw, provider, sub, CASE WHEN LOWER(provider) LIKE 'google%'"
-        f" THEN COALESCE({project} || '/' || {last}, {last}) ELSE {last} END AS resource_id"
+        f" THEN COALESCE({project} || '/' || {last}, {last})"
+        f" WHEN {scale_set} IS NOT NULL THEN {scale_set} || '_' || {last}"
+        f" ELSE {last} END AS resource_id"
         f" FROM (SELECT DISTINCT {rid} AS raw, {key('ProviderName')} AS provider,"
         f' {key("SubAccountId")} AS sub FROM {source} f WHERE f."ResourceId" IS NOT NULL) d'
     )

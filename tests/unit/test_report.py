@@ -275,6 +275,31 @@ def test_focus_1_2_with_other_providers_and_columns_parses(
     assert groups_of(files, focus=pq) == groups_of(files)  # the Tax row is not usage
 
 
+def test_focus_ids_name_each_clouds_instance_as_the_ledger_does() -> None:
+    """An AKS node's scale-set instance in an Azure export is its VM, '<vmss>_<n>' (what the
+    azure:// providerID and Scheduled Events name); the other shapes are as before."""
+    con = duckdb.connect()
+    con.execute(
+        """CREATE TABLE f AS SELECT * FROM (VALUES
+          ('Microsoft', '8d1a', '/subscriptions/8d1a/resourcegroups/mc_rg_aks_eastus/providers'
+           || '/microsoft.compute/virtualmachinescalesets/aks-spotgpu-12345678-vmss'
+           || '/virtualmachines/3'),
+          ('Microsoft', '8d1a', '/subscriptions/8d1a/resourceGroups/rg/providers'
+           || '/Microsoft.Compute/virtualMachines/gpu-vm-7'),
+          ('AWS', '123', 'arn:aws:ec2:us-east-2:123:instance/i-spot'),
+          ('Google Cloud', 'p', '//compute.googleapis.com/projects/p/zones/z/instances/g1')
+        ) AS t(ProviderName, SubAccountId, ResourceId)"""
+    )
+    kinds = {"ResourceId": "text", "ProviderName": "text", "SubAccountId": "text"}
+    rows = con.execute(f"SELECT resource_id FROM ({engine.focus_ids('f', kinds)}) d").fetchall()
+    assert sorted(r[0] for r in rows) == [
+        "aks-spotgpu-12345678-vmss_3",
+        "gpu-vm-7",
+        "i-spot",
+        "p/g1",
+    ]
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
