@@ -8,7 +8,9 @@ every admission allows it (``Delivered.settled``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -16,12 +18,39 @@ from typing import Any
 
 import handlers
 from reclaimd import logs
+from reclaimd.backoff import Backoff
 from reclaimd.intake import Admission
 from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
 
 log = logging.getLogger(__name__)
 
 Admit = Callable[[Notice], Awaitable[Admission]]
+
+
+async def poll_forever(
+    poll_once: Callable[[], Awaitable[object]],
+    *,
+    interval_s: float,
+    max_backoff_s: float,
+    counters: Counters,
+    what: str,
+    errors: tuple[type[Exception], ...] = (Exception,),
+) -> None:
+    """A node agent's loop: ``poll_once`` every ``interval_s`` (jittered, so a pool's agents
+    do not poll in step); after a failure in ``errors``, counted and logged, again on the
+    backoff (never longer than ``max_backoff_s``: a window may be 30 s)."""
+    backoff = Backoff(interval_s, max(interval_s, max_backoff_s), floor_s=interval_s / 2)
+    while True:
+        try:
+            await poll_once()
+        except errors as e:
+            counters.transport_errors += 1
+            logs.event(log, f"{what} poll failed", logging.WARNING,
+                       error=f"{type(e).__name__}: {e}"[:200])  # fmt: skip
+            await backoff.sleep()
+            continue
+        backoff.reset()
+        await asyncio.sleep(interval_s * random.uniform(0.8, 1.2))
 
 
 async def admit_or_retry(admit: Admit, notice: Notice) -> Admission:

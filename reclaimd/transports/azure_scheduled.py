@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import random
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +40,7 @@ from reclaimd.backoff import Backoff
 from reclaimd.model import Notice, Windows, utcnow
 from reclaimd.sources import AzureEventFacts, AzureScheduledSettings, Entry
 from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, Read, deliver
+from reclaimd.transports import Admit, Counters, Read, deliver, poll_forever
 
 log = logging.getLogger(__name__)
 
@@ -148,26 +147,13 @@ class AzureScheduledSource:
         self._first = True  # the first events request may take two minutes
 
     async def run(self) -> None:
-        interval = self.settings.poll_interval_s
-        backoff = Backoff(interval, max(interval, MAX_BACKOFF_S), floor_s=interval / 2)
         async with aiohttp.ClientSession(headers=HEADERS) as session:
-            while True:
-                try:
-                    await self.poll_once(session)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # a per-node poller outlives any one bad response
-                    self.counters.transport_errors += 1
-                    logs.event(
-                        log,
-                        "azure scheduled events poll failed",
-                        logging.WARNING,
-                        error=f"{type(e).__name__}: {e}"[:200],
-                    )
-                    await backoff.sleep()
-                    continue
-                backoff.reset()
-                await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+            # A per-node poller outlives any one bad response.
+            await poll_forever(
+                lambda: self.poll_once(session), interval_s=self.settings.poll_interval_s,
+                max_backoff_s=MAX_BACKOFF_S, counters=self.counters,
+                what="azure scheduled events",
+            )  # fmt: skip
 
     async def poll_once(self, session: aiohttp.ClientSession) -> bool:
         """One poll; True when a document was handed to the parser."""

@@ -12,20 +12,16 @@ after a jittered backoff, never longer than ``MAX_BACKOFF_S``: a spot notice has
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import random
 import time
 
 import aiohttp
 
-from reclaimd import logs
-from reclaimd.backoff import Backoff
 from reclaimd.model import Windows
 from reclaimd.sources import Entry, ImdsSettings
 from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, Delivered, deliver
+from reclaimd.transports import Admit, Counters, Delivered, deliver, poll_forever
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +57,12 @@ class ImdsSource:
         self._identity: dict[str, str] = {}
 
     async def run(self) -> None:
-        interval = self.settings.poll_interval_s
-        backoff = Backoff(interval, max(interval, MAX_BACKOFF_S), floor_s=interval / 2)
         async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
-            while True:
-                try:
-                    await self.poll_once(session)
-                except asyncio.CancelledError:
-                    raise
-                except (aiohttp.ClientError, TimeoutError) as e:
-                    self.counters.transport_errors += 1
-                    logs.event(log, "imds poll failed", logging.WARNING, error=str(e)[:200])
-                    await backoff.sleep()
-                    continue
-                backoff.reset()
-                await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+            await poll_forever(
+                lambda: self.poll_once(session), interval_s=self.settings.poll_interval_s,
+                max_backoff_s=MAX_BACKOFF_S, counters=self.counters, what="imds",
+                errors=(aiohttp.ClientError, TimeoutError),
+            )  # fmt: skip
 
     async def poll_once(self, session: aiohttp.ClientSession) -> int:
         if not self._identity:
