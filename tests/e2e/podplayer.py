@@ -44,6 +44,12 @@ class PodPlayer:
 
     async def start(self, replicas: int, timeout_s: float = 120) -> None:
         self._task = asyncio.create_task(self._loop())
+        await self.wait_running(replicas, timeout_s)
+
+    async def wait_running(self, replicas: int, timeout_s: float = 120) -> None:
+        """Until ``replicas`` release pods run (a ReplicaSet's new pod is scheduled once the
+        one it replaces is gone, then started here)."""
+        assert self._task is not None, "the player is not started"
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         while len(self.running) < replicas:

@@ -281,6 +281,7 @@ async def test_a_release_pod_deleted_mid_drill(release: Release, tmp_path: Path)
     assert code == 0 and not failed, (failed, stderr[-2000:])
     assert all(g["ledger_events"] == 1 for g in verdict["gangs"])
     assert victim in release.player.stopped
+    await release.player.wait_running(2, timeout_s=90)  # the ReplicaSet's new pod joins
     assert victim not in release.player.running and len(release.player.running) == 2
     assert await node_states(release.api, ALL_SPOT) == before
     core = k8s.CoreV1Api(release.api)
