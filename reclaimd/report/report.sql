@@ -64,18 +64,28 @@
 -- the allocation's rows. Each join has the smaller relation on its right, the side a hash
 -- join builds its table on (the bill's instance-hours, not the allocation's rows; the
 -- restart parts, waste and overhead together, not the instance-hours: a RIGHT JOIN), and
--- DuckDB keeps the joins as written (engine.run_sql).
+-- DuckDB keeps the joins as written (engine.run_sql). The meter's instances are numbered
+-- (`instances.iid`): the allocation's joins and groups per instance-hour (`alloc_priced`,
+-- `held`, `idle_hours`) key on that number and the hour, not on the instance id's text.
 
 WITH
 instances AS (
   SELECT
     resource_id,
-    MAX(node_gpus) AS gpus,
-    MAX(sku) AS sku,
-    MAX(purchase_option) AS purchase_option
-  FROM alloc
-  WHERE resource_id IS NOT NULL
-  GROUP BY resource_id
+    ROW_NUMBER() OVER (ORDER BY resource_id) AS iid,
+    gpus,
+    sku,
+    purchase_option
+  FROM (
+    SELECT
+      resource_id,
+      MAX(node_gpus) AS gpus,
+      MAX(sku) AS sku,
+      MAX(purchase_option) AS purchase_option
+    FROM alloc
+    WHERE resource_id IS NOT NULL
+    GROUP BY resource_id
+  ) t
 ),
 bill_rows AS (
   SELECT
@@ -141,6 +151,7 @@ bill_gpu_hours AS (
   SELECT
     b.resource_id,
     b.hour_start,
+    i.iid,
     COALESCE(i.sku, b.bill_sku) AS sku,
     b.pricing_rank,
     b.cost,
@@ -148,12 +159,14 @@ bill_gpu_hours AS (
     COALESCE(b.instance_hours * COALESCE(i.gpus, s.gpus), 0) + b.gpu_sku_hours AS gpu_hours
   FROM bill b
   LEFT JOIN instances i ON i.resource_id = b.resource_id
-  LEFT JOIN skus s ON s.sku = COALESCE(i.sku, b.bill_sku)
+  -- the SKU's GPUs only where the meter did not give the instance's
+  LEFT JOIN skus s ON s.sku = CASE WHEN i.gpus IS NULL THEN COALESCE(i.sku, b.bill_sku) END
 ),
 bill_rate AS (
   SELECT
     resource_id,
     hour_start,
+    iid,
     sku,
     pricing_rank,
     gpu_hours,
@@ -179,6 +192,12 @@ instance_rate AS (
   FROM bill_rate
   GROUP BY resource_id
 ),
+-- the instance-hours of the instances the meter saw
+seen_hours AS (
+  SELECT iid, hour_start, pricing_rank, gpu_hours, rate, list_rate
+  FROM bill_rate
+  WHERE iid IS NOT NULL
+),
 alloc_priced AS (
   SELECT
     a.grp,
@@ -192,7 +211,8 @@ alloc_priced AS (
     CASE WHEN COALESCE(br.rate, r.usd_per_gpu_hour) IS NULL
       THEN a.gpu_hours + a.mig_gpu_hours ELSE 0 END AS unpriced_gpu_hours
   FROM alloc a
-  LEFT JOIN bill_rate br ON br.resource_id = a.resource_id AND br.hour_start = a.hour_start
+  LEFT JOIN instances ai ON ai.resource_id = a.resource_id
+  LEFT JOIN seen_hours br ON br.iid = ai.iid AND br.hour_start = a.hour_start
   LEFT JOIN rates r ON r.sku = a.sku AND r.purchase_option = a.purchase_option
   LEFT JOIN od_file odf ON odf.sku = a.sku
   LEFT JOIN od_bill odb ON odb.sku = a.sku
@@ -217,49 +237,58 @@ alloc_by_option AS (
 -- rest (idle GPUs of a partly held on-demand or spot instance, or its hour with nothing held)
 -- is 'unallocated'. Groups of their own, never spread over tenants, so that the groups add up
 -- to the bill's GPU compute of these instances.
-seen_hours AS (
-  SELECT
-    br.resource_id,
-    br.hour_start,
-    br.gpu_hours,
-    br.rate,
-    CASE
-      WHEN i.purchase_option = 'capacity_block' THEN 'capacity_block'
-      WHEN br.pricing_rank = 3 OR i.purchase_option = 'reserved' THEN 'reserved'
-      ELSE i.purchase_option
-    END AS purchase_option
-  FROM bill_rate br
-  JOIN instances i ON i.resource_id = br.resource_id
-),
 held AS (
-  SELECT resource_id, hour_start, SUM(gpu_hours + mig_gpu_hours) AS gpu_hours
-  FROM alloc
-  WHERE resource_id IS NOT NULL
-  GROUP BY resource_id, hour_start
+  SELECT i.iid, a.hour_start, SUM(a.gpu_hours + a.mig_gpu_hours) AS gpu_hours
+  FROM alloc a
+  JOIN instances i ON i.resource_id = a.resource_id
+  GROUP BY i.iid, a.hour_start
 ),
-idle AS (
+idle_hours AS (
   SELECT
-    CASE WHEN s.purchase_option IN ('reserved', 'capacity_block') THEN 'reserved-idle'
-      ELSE 'unallocated' END AS kind,
-    s.resource_id,
+    s.iid,
     s.hour_start,
-    s.purchase_option,
+    s.pricing_rank,
     s.gpu_hours - COALESCE(h.gpu_hours, 0) AS gpu_hours,
     (s.gpu_hours - COALESCE(h.gpu_hours, 0)) * s.rate AS cost
   FROM seen_hours s
-  LEFT JOIN held h ON h.resource_id = s.resource_id AND h.hour_start = s.hour_start
+  LEFT JOIN held h ON h.iid = s.iid AND h.hour_start = s.hour_start
   WHERE s.gpu_hours > COALESCE(h.gpu_hours, 0)
+),
+-- the idle instance-hours named and grouped (after the join: only these need the instance's
+-- id and purchase option)
+idle AS (
+  SELECT
+    CASE WHEN d.purchase_option IN ('reserved', 'capacity_block') THEN 'reserved-idle'
+      ELSE 'unallocated' END AS kind,
+    d.resource_id,
+    d.hour_start,
+    d.purchase_option,
+    d.gpu_hours,
+    d.cost
+  FROM (
+    SELECT
+      i.resource_id,
+      h.hour_start,
+      CASE
+        WHEN i.purchase_option = 'capacity_block' THEN 'capacity_block'
+        WHEN h.pricing_rank = 3 OR i.purchase_option = 'reserved' THEN 'reserved'
+        ELSE i.purchase_option
+      END AS purchase_option,
+      h.gpu_hours,
+      h.cost
+    FROM idle_hours h
+    JOIN instances i ON i.iid = h.iid
+  ) d
 ),
 -- Restart waste and restart overhead parts as one relation, placed and priced once: both
 -- are small (one row per gang, notice and instance), so the union costs the allocation
 -- nothing; kind tells them apart.
 restart_parts AS (
-  SELECT 'waste' AS kind, notice_id, gang_id, grp, purchase_option, sku, hour_start, node,
-    resource_id, gpu_seconds
+  SELECT 'waste' AS kind, grp, purchase_option, sku, hour_start, node, resource_id, gpu_seconds
   FROM waste
   UNION ALL
-  SELECT 'overhead' AS kind, notice_id, gang_id, grp, purchase_option, sku, hour_start, node,
-    resource_id, gpu_seconds
+  SELECT 'overhead' AS kind, grp, purchase_option, sku, hour_start, node, resource_id,
+    gpu_seconds
   FROM overhead
 ),
 restart_hours AS (
@@ -275,8 +304,6 @@ node_instance AS (
 restart_placed AS (
   SELECT
     w.kind,
-    w.notice_id,
-    w.gang_id,
     w.grp,
     w.purchase_option,
     w.sku,
@@ -296,8 +323,6 @@ restart_placed AS (
 restart_priced AS (
   SELECT
     w.kind,
-    w.notice_id,
-    w.gang_id,
     w.grp,
     w.purchase_option,
     w.gpu_seconds / 3600.0 AS gpu_hours,
@@ -373,8 +398,8 @@ parts AS (
     SUM(CASE WHEN kind = 'overhead' THEN gpu_hours ELSE 0 END),
     SUM(CASE WHEN kind = 'overhead' THEN cost ELSE 0 END),
     SUM(CASE WHEN kind = 'waste' AND purchase_option = 'spot' THEN cost ELSE 0 END),
-    COUNT(DISTINCT CASE WHEN kind = 'waste' THEN notice_id END),
-    COUNT(DISTINCT CASE WHEN kind = 'waste' THEN gang_id END),
+    0,
+    0,
     0, 0, 0, 0, 0, 0,
     SUM(CASE WHEN kind = 'waste' THEN unpriced_gpu_hours ELSE 0 END)
   FROM restart_priced
@@ -394,6 +419,35 @@ parts AS (
     SUM(CASE WHEN deadline_met THEN 0 ELSE 1 END),
     0
   FROM gang_outcome
+  GROUP BY grp
+  -- notices and gangs_hit: the restart-waste events' distinct ids, counted from waste itself
+  -- (a COUNT(DISTINCT) beside restart_priced's sums has DuckDB split that aggregate in three
+  -- and fan the priced parts out to each)
+  UNION ALL
+  SELECT
+    grp,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0,
+    0,
+    0, 0, 0, 0, 0,
+    COUNT(*),
+    0,
+    0, 0, 0, 0, 0, 0,
+    0
+  FROM (SELECT DISTINCT grp, notice_id FROM waste WHERE notice_id IS NOT NULL) n
+  GROUP BY grp
+  UNION ALL
+  SELECT
+    grp,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0,
+    0,
+    0, 0, 0, 0, 0,
+    0,
+    COUNT(*),
+    0, 0, 0, 0, 0, 0,
+    0
+  FROM (SELECT DISTINCT grp, gang_id FROM waste WHERE gang_id IS NOT NULL) g
   GROUP BY grp
 ),
 grouped AS (
