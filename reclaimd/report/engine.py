@@ -319,6 +319,11 @@ def _text(kinds: Mapping[str, str], c: str) -> str:
     return f'f."{c}"' if kinds[c] == "text" else f'CAST(f."{c}" AS VARCHAR)'
 
 
+def _key(kinds: Mapping[str, str], c: str) -> str:
+    """A column of ``focus_ids``'s key as the bill's row has it (a missing one is '')."""
+    return f"COALESCE({_text(kinds, c)}, '')"
+
+
 def focus_ids(source: str, kinds: Mapping[str, str]) -> str:
     """The SELECT of ``focus_view``'s instance ids: one row per distinct (ResourceId,
     ProviderName, SubAccountId) of the source, ``raw, provider, sub, resource_id``.
@@ -328,12 +333,9 @@ def focus_ids(source: str, kinds: Mapping[str, str]) -> str:
     project), joined to the name as 'project/name'. An Azure scale-set instance
     (``.../virtualMachineScaleSets/<vmss>/virtualMachines/<n>``, an AKS node) is
     '<vmss>_<n>', its VM name, as the ledger names it. Worked out once per distinct value,
-    not per row.
+    not per row; a bill row finds its id on all three columns (``focus_view``), as the short
+    name of a GCE instance can be in several projects.
     """
-
-    def key(c: str) -> str:
-        return f"COALESCE({_text(kinds, c)}, '')"
-
     rid = (
         'f."ResourceId"' if kinds.get("ResourceId") == "text" else 'CAST(f."ResourceId" AS VARCHAR)'
     )
@@ -349,8 +351,9 @@ def focus_ids(source: str, kinds: Mapping[str, str]) -> str:
         f" THEN COALESCE({project} || '/' || {last}, {last})"
         f" WHEN {scale_set} IS NOT NULL THEN {scale_set} || '_' || {last}"
         f" ELSE {last} END AS resource_id"
-        f" FROM (SELECT DISTINCT {rid} AS raw, {key('ProviderName')} AS provider,"
-        f' {key("SubAccountId")} AS sub FROM {source} f WHERE f."ResourceId" IS NOT NULL) d'
+        f" FROM (SELECT DISTINCT {rid} AS raw, {_key(kinds, 'ProviderName')} AS provider,"
+        f" {_key(kinds, 'SubAccountId')} AS sub"
+        f' FROM {source} f WHERE f."ResourceId" IS NOT NULL) d'
     )
 
 
@@ -394,7 +397,12 @@ def focus_view(
         'f."ResourceId"' if kinds.get("ResourceId") == "text" else 'CAST(f."ResourceId" AS VARCHAR)'
     )
     m = ids if ids is not None else f"({focus_ids(source, kinds)})"
-    inner = f"SELECT {', '.join(fields)} FROM {source} f JOIN {m} m ON m.raw = {rid}"
+    # on all three: a GCE name alone is in every project that has it (two projects' gpu-1)
+    on = (
+        f"m.raw = {rid} AND m.provider = {_key(kinds, 'ProviderName')}"
+        f" AND m.sub = {_key(kinds, 'SubAccountId')}"
+    )
+    inner = f"SELECT {', '.join(fields)} FROM {source} f JOIN {m} m ON {on}"
     where = []
     if window.since is not None:
         where.append(f"ChargePeriodStart >= {_literal(window.since)}")

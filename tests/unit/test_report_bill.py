@@ -434,6 +434,42 @@ def test_an_hour_partly_covered_by_a_commitment_is_committed(tmp_path: Path) -> 
     assert round(g["team-a"]["spot_net_savings"], 2) == 58.32
 
 
+def test_two_projects_short_instance_names_stay_apart(tmp_path: Path) -> None:
+    # Both projects bill their instance as the short ResourceId "gpu-1" (the project only in
+    # SubAccountId): proj-a's spot hour $24 + $6.40 + $1.60 = $32 over 8 GPU-h -> $4;
+    # proj-b's on-demand hour $64 + $14 + $2 = $80 over 8 GPU-h -> $10. team-c holds 8 on
+    # proj-a's, team-d 6 on proj-b's (2 idle). Matched on the name alone, each bill row
+    # counted for both instances: $112 over 16 GPU-h, $7 each, and both hours Dynamic.
+    rows = [
+        gce("gpu-1", "proj-a", "Nvidia H100 80GB GPU", (8, "hour"), 24.00, **SPOT),
+        gce("gpu-1", "proj-a", "A3 Instance Core", (208, "hour"), 6.40, **SPOT),
+        gce("gpu-1", "proj-a", "A3 Instance Ram", (1872, "gibibyte hour"), 1.60, **SPOT),
+        gce("gpu-1", "proj-b", "Nvidia H100 80GB GPU", (8, "hour"), 64.00),
+        gce("gpu-1", "proj-b", "A3 Instance Core", (208, "hour"), 14.00),
+        gce("gpu-1", "proj-b", "A3 Instance Ram", (1872, "gibibyte hour"), 2.00),
+    ]
+    events = [
+        alloc("team-c", "g-a", "gpu-1", 8, "spot", SubAccountId="proj-a", **A3),
+        alloc("team-d", "g-b", "gpu-1", 6, "on_demand", SubAccountId="proj-b", **A3),
+    ]
+    files = {
+        "ledger": write_jsonl(tmp_path / "projects.jsonl", events),
+        "focus": write_csv(tmp_path / "projects.csv", rows),
+    }
+    g = report(files)
+    assert set(g) == {"team-c", "team-d", "unallocated"}
+    keys = ("allocated_cost", "cost_spot", "cost_on_demand")
+    assert cents(g["team-c"], *keys) == (32.00, 32.00, 0.00)  # 8 x $4
+    assert cents(g["team-d"], *keys) == (60.00, 0.00, 60.00)  # 6 x $10
+    # proj-b's 2 idle GPU-h x $10; proj-a's instance is all held
+    un = g["unallocated"]
+    assert (un["unallocated_gpu_hours"], round(un["unallocated_cost"], 2)) == (2, 20.00)
+    # on-demand a3 from proj-b's Standard hour, $10: spot saved 8 x (10 - 4) = $48
+    assert round(g["team-c"]["spot_net_savings"], 2) == 48.00
+    # the groups add up to the two hours' compute: 32 + 80 = $112
+    assert round(sum(x["effective_cost"] for x in g.values()), 2) == 112.00
+
+
 def test_by_purchase_option_keeps_reserved_idle_apart(bill: dict[str, Path]) -> None:
     g = report(bill, by="purchase_option")
     assert round(g["reserved"]["cost_reserved"], 2) == 24.00
