@@ -319,41 +319,46 @@ def _text(kinds: Mapping[str, str], c: str) -> str:
     return f'f."{c}"' if kinds[c] == "text" else f'CAST(f."{c}" AS VARCHAR)'
 
 
-def _key(kinds: Mapping[str, str], c: str) -> str:
-    """A column of ``focus_ids``'s key as the bill's row has it (a missing one is '')."""
-    return f"COALESCE({_text(kinds, c)}, '')"
-
-
 def focus_ids(source: str, kinds: Mapping[str, str]) -> str:
-    """The SELECT of ``focus_view``'s instance ids: one row per distinct (ResourceId,
-    ProviderName, SubAccountId) of the source, ``raw, provider, sub, resource_id``.
+    """The SELECT of ``focus_view``'s instance ids: one row per distinct ResourceId of the
+    source, ``raw, name, project_name``.
 
-    The instance id is the last '/' or ':' segment; GCE names an instance within its
-    project: the project of the resource name, else the row's SubAccountId (FOCUS: the
-    project), joined to the name as 'project/name'. An Azure scale-set instance
+    The instance id is the last '/' or ':' segment (``name``); an Azure scale-set instance
     (``.../virtualMachineScaleSets/<vmss>/virtualMachines/<n>``, an AKS node) is
-    '<vmss>_<n>', its VM name, as the ledger names it. Worked out once per distinct value,
-    not per row; a bill row finds its id on all three columns (``focus_view``), as the short
-    name of a GCE instance can be in several projects.
+    '<vmss>_<n>', its VM name, as the ledger names it. GCE names an instance within its
+    project: ``project_name`` is 'project/name' where the resource name says its project
+    ('.../projects/<p>/...'), else NULL, and ``focus_view`` takes the row's SubAccountId
+    (FOCUS: the project) for it. Worked out once per distinct value, not per row; keyed on
+    the ResourceId alone (a DISTINCT of one column: a fifth of the three columns' time), as
+    the row's own ProviderName and SubAccountId decide the rest.
     """
     rid = (
         'f."ResourceId"' if kinds.get("ResourceId") == "text" else 'CAST(f."ResourceId" AS VARCHAR)'
     )
-    last = "regexp_extract(raw, '[^/:]+$')"
-    project = "COALESCE(NULLIF(regexp_extract(raw, 'projects/([^/]+)/', 1), ''), NULLIF(sub, ''))"
+    project = "NULLIF(regexp_extract(raw, 'projects/([^/]+)/', 1), '')"
     # No match is '' in DuckDB and NULL in Trino: NULLIF makes both NULL.
     scale_set = (
         "NULLIF(regexp_extract(raw,"
         " '(?i)/virtualMachineScaleSets/([^/]+)/virtualMachines/[^/]+$', 1), '')"
     )
+    last = "regexp_extract(raw, '[^/:]+$')"
     return (
-        "SELECT raw, provider, sub, CASE WHEN LOWER(provider) LIKE 'google%'"
-        f" THEN COALESCE({project} || '/' || {last}, {last})"
-        f" WHEN {scale_set} IS NOT NULL THEN {scale_set} || '_' || {last}"
-        f" ELSE {last} END AS resource_id"
-        f" FROM (SELECT DISTINCT {rid} AS raw, {_key(kinds, 'ProviderName')} AS provider,"
-        f" {_key(kinds, 'SubAccountId')} AS sub"
-        f' FROM {source} f WHERE f."ResourceId" IS NOT NULL) d'
+        "SELECT raw, name, project || '/' || name AS project_name"
+        f" FROM (SELECT raw, COALESCE({scale_set} || '_' || {last}, {last}) AS name,"
+        f" {project} AS project"
+        f' FROM (SELECT DISTINCT {rid} AS raw FROM {source} f WHERE f."ResourceId" IS NOT NULL)'
+        " d) n"
+    )
+
+
+def _instance_id(kinds: Mapping[str, str]) -> str:
+    """A bill row's instance id (``focus_ids``'s header): the name; a Google row's within its
+    project, that of the resource name, else the row's SubAccountId (a short name such as
+    'gpu-1' is in every project that has one)."""
+    sub = f"NULLIF({_text(kinds, 'SubAccountId')}, '')"
+    return (
+        f"CASE WHEN LOWER({_text(kinds, 'ProviderName')}) LIKE 'google%'"
+        f" THEN COALESCE(m.project_name, {sub} || '/' || m.name, m.name) ELSE m.name END"
     )
 
 
@@ -389,7 +394,7 @@ def focus_view(
         meter = f"COALESCE({meter}, {text('x_SkuDescription')})"
     fields = [
         f"{start} AS ChargePeriodStart",
-        "m.resource_id AS ResourceId",
+        f"{_instance_id(kinds)} AS ResourceId",
         *(f"{meter if c == 'SkuMeter' else text(c)} AS {c}" for c in FOCUS_TEXT),
         *(f"{number(c)} AS {c}" for c in FOCUS_NUMERIC),
     ]
@@ -397,12 +402,7 @@ def focus_view(
         'f."ResourceId"' if kinds.get("ResourceId") == "text" else 'CAST(f."ResourceId" AS VARCHAR)'
     )
     m = ids if ids is not None else f"({focus_ids(source, kinds)})"
-    # on all three: a GCE name alone is in every project that has it (two projects' gpu-1)
-    on = (
-        f"m.raw = {rid} AND m.provider = {_key(kinds, 'ProviderName')}"
-        f" AND m.sub = {_key(kinds, 'SubAccountId')}"
-    )
-    inner = f"SELECT {', '.join(fields)} FROM {source} f JOIN {m} m ON {on}"
+    inner = f"SELECT {', '.join(fields)} FROM {source} f JOIN {m} m ON m.raw = {rid}"
     where = []
     if window.since is not None:
         where.append(f"ChargePeriodStart >= {_literal(window.since)}")
