@@ -291,7 +291,10 @@ def test_focus_ids_name_each_clouds_instance_as_the_ledger_does() -> None:
         ) AS t(ProviderName, SubAccountId, ResourceId)"""
     )
     kinds = {"ResourceId": "text", "ProviderName": "text", "SubAccountId": "text"}
-    rows = con.execute(f"SELECT resource_id FROM ({engine.focus_ids('f', kinds)}) d").fetchall()
+    ids = engine.focus_ids("f", kinds)
+    rows = con.execute(
+        f"SELECT {engine._instance_id(kinds)} FROM f JOIN ({ids}) m ON m.raw = f.ResourceId"
+    ).fetchall()
     assert sorted(r[0] for r in rows) == [
         "aks-spotgpu-12345678-vmss_3",
         "gpu-vm-7",
