@@ -51,6 +51,7 @@ from types import MappingProxyType
 from typing import Any
 
 from reclaimd.model import (
+    Facts,
     Ignored,
     Notice,
     NoticeKind,
@@ -63,12 +64,6 @@ from reclaimd.model import (
     digest,
     rfc3339,
     stable_id,
-)
-from reclaimd.sources import (
-    AZURE_PROVIDER_PREFIX,
-    AZURE_VM_ID,
-    AzureEventFacts,
-    AzureVmFacts,
 )
 
 from . import ids
@@ -90,8 +85,9 @@ from .ids import Grammar
 
 # --- Azure identifiers ----------------------------------------------------------------------
 # VM and scale-set instance names, resource IDs, ``azure://`` provider IDs: this source's own
-# (``ids.Grammar``s like the shared ones in ``ids.py``); the registry's providerID mapping for
-# Azure nodes is ``provider_id`` below (``reclaimd.sources``).
+# (``ids.Grammar``s like the shared ones in ``ids.py``). The resource ID's shape, the
+# ``azure://`` prefix and the registry's providerID mapping for Azure nodes are in ``ids.py``
+# (``ids.AZURE_VM_ID``, ``ids.azure_instance``).
 #
 # - subscription ids: a GUID;
 # - resource group names: 1-90 of ``[-\\w.()]``, not ending in ``.`` (Azure also allows
@@ -147,9 +143,9 @@ LOCATION = _grammar("an Azure region name", r"[a-z][a-z0-9]{1,39}", 40)
 ZONE = _grammar("an Azure availability zone", r"[1-9]", 1)
 PRIORITIES = ("Regular", "Spot", "Low")  # IMDS compute.priority ("Low": legacy low priority)
 
-_ID = AZURE_VM_ID  # the shape; each part is checked below
+_ID = ids.AZURE_VM_ID  # the shape; each part is checked below
 _MAX_ID = 512
-PROVIDER_PREFIX = AZURE_PROVIDER_PREFIX
+PROVIDER_PREFIX = ids.AZURE_PROVIDER_PREFIX
 
 
 @dataclass(frozen=True)
@@ -245,6 +241,38 @@ def is_provider_id(value: str) -> bool:
     except ParseError:
         return False
     return True
+
+
+# --- this source's facts (its registry entry's ``facts``) -------------------------------------
+
+
+@dataclass(frozen=True)
+class AzureVmFacts(Facts):
+    """The Azure VM a Scheduled Events notice is for, beyond its ``Placement``: its ARM
+    resource's parts and its priority (IMDS ``compute.priority``: Regular, Spot or Low)."""
+
+    vm_name: str = ""
+    subscription: str = ""
+    resource_group: str = ""
+    scale_set: str = ""
+    scale_set_instance: str = ""
+    priority: str = ""
+
+
+@dataclass(frozen=True)
+class AzureEventFacts(Facts):
+    """The Scheduled Event a notice came from: what approving it after the drain takes
+    (``event_id`` when ``approvable``), and what the document said of it."""
+
+    event_id: str = ""
+    event_type: str = ""
+    event_status: str = ""
+    event_source: str = ""
+    not_before: str = ""
+    duration_s: str = ""
+    description: str = ""
+    resources: str = ""  # how many VMs the event lists
+    approvable: str = ""  # "true": Scheduled, and this VM its only resource
 
 
 # --- the parser -------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from datetime import datetime
 from types import MappingProxyType
 
 from reclaimd.model import (
+    Facts,
     Ignored,
     Notice,
     NoticeKind,
@@ -38,7 +39,6 @@ from reclaimd.model import (
     digest,
     stable_id,
 )
-from reclaimd.sources import AsgLifecycleFacts
 
 from . import ids
 from .fields import (
@@ -71,6 +71,18 @@ WINDOWS: Mapping[str, float] = {"ec2_spot_s": 120.0, "ec2_scheduled_s": 120.0}
 _DEPARTING_STATES = frozenset({"shutting-down", "stopping", "stopped", "terminated"})
 _TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 _TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
+
+
+@dataclass(frozen=True)
+class AsgLifecycleFacts(Facts):
+    """An Auto Scaling termination lifecycle action a notice came from (EventBridge or
+    straight to SQS): what completing it after the drain takes. This source's own facts (its
+    registry entry's ``facts``)."""
+
+    asg_name: str = ""
+    lifecycle_hook_name: str = ""
+    lifecycle_action_token: str = ""
+    lifecycle_transition: str = ""
 
 
 @dataclass(frozen=True)

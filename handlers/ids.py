@@ -21,6 +21,9 @@ counted), rather than reach the cluster. The grammars are the providers' own:
 - generic notices (the Kafka topic): provider IDs (a scheme, then plain name segments: no
   ``..``, no query), instance ids of either cloud, CloudEvents sources (printable ASCII) and
   W3C ``traceparent`` values; EC2 instance types (``p5.48xlarge``) in the IMDS envelope.
+- Azure VM resource IDs, either shape, and a node's ``azure://`` providerID: the shape here
+  (``AZURE_VM_ID``), each part's grammar in the Azure handler (``azure_scheduled.py``);
+  ``azure_instance`` is the registry's providerID -> VM name mapping for Azure nodes.
 
 Every grammar checks the length before it runs its pattern: a 10 MB identifier is refused
 by one comparison, and no pattern ever sees more than a few hundred characters.
@@ -107,6 +110,20 @@ TRACEPARENT = _grammar(
     "a W3C traceparent", r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", 55
 )
 
+# An Azure VM's ARM resource ID, either shape (ARM matches segment names case-insensitively):
+# a Uniform scale-set instance (AKS node pools) or a plain, availability-set or Flexible VM.
+# The handler checks each part against its grammar; the providerID mapping needs the shape.
+# Not a ``Grammar``: a shape with named parts. The handler bounds a payload's id before
+# matching it; ``azure_instance`` reads a node's providerID, not a payload.
+AZURE_VM_ID = re.compile(
+    r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)"
+    r"/providers/Microsoft\.Compute/"
+    r"(?:virtualMachineScaleSets/(?P<vmss>[^/]+)/virtualMachines/(?P<n>[^/]+)"
+    r"|virtualMachines/(?P<vm>[^/]+))",
+    re.ASCII | re.IGNORECASE,
+)
+AZURE_PROVIDER_PREFIX = "azure://"
+
 
 def gce_instance_id(value: str, name: str) -> str:
     """A numeric GCE instance id: decimal digits that fit an unsigned 64-bit integer."""
@@ -122,3 +139,15 @@ def aws_zone(value: str, name: str, region: str = "") -> str:
     if region and not value.startswith(region):
         raise ParseError(f"{name}: zone {_show(value)} is not in region {_show(region)}")
     return value
+
+
+def azure_instance(provider_id: str) -> str | None:
+    """An AKS node's ``azure://`` providerID -> its VM name as IMDS and Scheduled Events show
+    it (``<vmss>_<n>`` in a Uniform scale set); "" for one of no VM shape; None for another
+    cloud's."""
+    if not provider_id.startswith(AZURE_PROVIDER_PREFIX):
+        return None
+    match = AZURE_VM_ID.fullmatch(provider_id.removeprefix(AZURE_PROVIDER_PREFIX))
+    if match is None:
+        return ""
+    return match["vm"] or f"{match['vmss']}_{match['n']}"

@@ -160,8 +160,8 @@ class Facts:
     On the wire (``Notice.attributes``: a claim stores it, a Kafka notice carries it) each
     field is the attribute of its name, left out when empty. A handler writes a kind of facts
     with ``attributes()``; a later step reads it with ``of(notice)``, never by a string key.
-    The facts every source may know are here; a source's own are its registry entry's
-    (``reclaimd.sources``).
+    The facts every source may know are here; a source's own are its handler module's,
+    listed on its registry entry (``reclaimd.sources``).
     """
 
     @classmethod

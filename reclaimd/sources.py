@@ -12,24 +12,34 @@ chart's source list and ``nodeAgent.source`` enum (deploy/helm/gen_sources.py) a
 derived from ``REGISTRY``.
 
 Its windows (the deadlines its notices get by default) are its handler's ``WINDOWS``, which
-``Settings.windows`` offers by name. Adding a source is one handler module, one transport
-module and one entry here (its settings model, and its own facts if a later step reads any,
-next to it); tests/unit/test_source_identity.py proves that no other product file names one.
+``Settings.windows`` offers by name; its own facts, if a later step reads any, are defined in
+its handler module (what writes them) and listed on its entry, and its cloud's providerID
+grammar is in ``handlers/ids.py``. This module imports handlers; no handler imports it
+(handlers import only ``reclaimd.model``). Adding a source is one handler module, one
+transport module and one entry here (its settings model next to it);
+tests/unit/test_source_identity.py proves that no other product file names one.
 Transports are imported by name, only when their source is enabled (``reclaimd.sourcing``):
 this module imports none, and is light enough for tracing and the ledger to read.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import Field, model_validator
 
+from handlers.azure_scheduled import AzureEventFacts, AzureVmFacts
+from handlers.ec2_spot import AsgLifecycleFacts
+from handlers.ids import azure_instance
 from reclaimd.model import Facts, Placement
 from reclaimd.strict import Strict
+
+# Each source's own facts are its handler's, next to what writes them; a transport reads its
+# source's here, re-exported, as a transport imports no handler module (pyproject.toml's
+# contract "Transports reach parsers only through the handlers registry").
+__all__ = ["AsgLifecycleFacts", "AzureEventFacts", "AzureVmFacts"]
 
 # --- each source's settings -----------------------------------------------------------------
 
@@ -170,73 +180,6 @@ class KafkaNoticeSettings(SourceSettings):
         return self.topic
 
 
-# --- each source's own facts ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AsgLifecycleFacts(Facts):
-    """An Auto Scaling termination lifecycle action a notice came from (EventBridge or
-    straight to SQS): what completing it after the drain takes."""
-
-    asg_name: str = ""
-    lifecycle_hook_name: str = ""
-    lifecycle_action_token: str = ""
-    lifecycle_transition: str = ""
-
-
-@dataclass(frozen=True)
-class AzureVmFacts(Facts):
-    """The Azure VM a Scheduled Events notice is for, beyond its ``Placement``: its ARM
-    resource's parts and its priority (IMDS ``compute.priority``: Regular, Spot or Low)."""
-
-    vm_name: str = ""
-    subscription: str = ""
-    resource_group: str = ""
-    scale_set: str = ""
-    scale_set_instance: str = ""
-    priority: str = ""
-
-
-@dataclass(frozen=True)
-class AzureEventFacts(Facts):
-    """The Scheduled Event a notice came from: what approving it after the drain takes
-    (``event_id`` when ``approvable``), and what the document said of it."""
-
-    event_id: str = ""
-    event_type: str = ""
-    event_status: str = ""
-    event_source: str = ""
-    not_before: str = ""
-    duration_s: str = ""
-    description: str = ""
-    resources: str = ""  # how many VMs the event lists
-    approvable: str = ""  # "true": Scheduled, and this VM its only resource
-
-
-# An Azure VM's ARM resource ID, either shape (ARM matches segment names case-insensitively):
-# a Uniform scale-set instance (AKS node pools) or a plain, availability-set or Flexible VM.
-# The handler checks each part against its grammar; the providerID mapping needs the shape.
-AZURE_VM_ID = re.compile(
-    r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)"
-    r"/providers/Microsoft\.Compute/"
-    r"(?:virtualMachineScaleSets/(?P<vmss>[^/]+)/virtualMachines/(?P<n>[^/]+)"
-    r"|virtualMachines/(?P<vm>[^/]+))",
-    re.ASCII | re.IGNORECASE,
-)
-AZURE_PROVIDER_PREFIX = "azure://"
-
-
-def _azure_instance(provider_id: str) -> str | None:
-    """An AKS node's ``azure://`` providerID -> its VM name as IMDS and Scheduled Events show
-    it (``<vmss>_<n>`` in a Uniform scale set); "" for one of no VM shape."""
-    if not provider_id.startswith(AZURE_PROVIDER_PREFIX):
-        return None
-    match = AZURE_VM_ID.fullmatch(provider_id.removeprefix(AZURE_PROVIDER_PREFIX))
-    if match is None:
-        return ""
-    return match["vm"] or f"{match['vmss']}_{match['n']}"
-
-
 # --- the entry ------------------------------------------------------------------------------
 
 
@@ -289,8 +232,9 @@ class Entry(Generic[S]):
     # Its settings have ``slots``, one per replica by default in the chart (each replica
     # consumes one slot).
     slotted: bool = False
-    # The facts of its own its handler writes and a later step reads (``Facts``); what any
-    # source may know (``Placement``, ``TraceContext``) is the model's.
+    # The facts of its own its handler writes and a later step reads (``Facts``, defined in
+    # its handler module); what any source may know (``Placement``, ``TraceContext``) is the
+    # model's.
     facts: tuple[type[Facts], ...] = ()
     # A providerID of this source's cloud -> the instance it names (None: not this cloud's).
     # Unset: the last path segment of any ``scheme://...`` (``instance_of``).
@@ -337,7 +281,7 @@ REGISTRY: tuple[Entry[Any], ...] = (
         "azure_scheduled", "azure-scheduled", AzureScheduledSettings,
         Origin("azure.scheduled.", "azure", "azure_vm", transport="azure_scheduled"),
         after_drain="azure_scheduled", agent="azure-scheduled", agent_node_name=True,
-        facts=(AzureVmFacts, AzureEventFacts), instance_of=_azure_instance,
+        facts=(AzureVmFacts, AzureEventFacts), instance_of=azure_instance,
     ),
     Entry(
         "kueue", "kueue", KueueSettings,
