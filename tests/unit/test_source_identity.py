@@ -6,6 +6,9 @@ The proof lists, for each source, the product files whose code names it: its nam
 settings section, task and metrics label), its parser's name and the ``Notice.source`` values
 under its origin prefix. Code means identifiers and string literals; docstrings and comments
 are documentation and may name anything.
+
+The direction of the imports is proven too: the registry imports handlers (their facts, their
+providerID grammars), and no handler imports the registry or any reclaimd module but the model.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import pytest
 
 import handlers
+from handlers.ec2_spot import AsgLifecycleFacts
 from reclaimd import config, sources
 from reclaimd.model import (
     Cause,
@@ -37,9 +41,10 @@ from reclaimd.model import (
     frozen_map,
     utcnow,
 )
-from reclaimd.sources import AsgLifecycleFacts, Entry, Origin, SourceSettings
+from reclaimd.sources import Entry, Origin, SourceSettings
 
 REPO = Path(__file__).resolve().parents[2]
+HANDLERS = REPO / "handlers"
 CHART = REPO / "deploy" / "helm" / "reclaimd"
 PRODUCT = ("reclaimd", "handlers")
 API_GROUP = re.compile(r"[\w.-]*\.x-k8s\.io")
@@ -234,6 +239,59 @@ def test_the_charts_source_files_are_the_registrys() -> None:
 
 def test_every_handler_has_a_source_and_every_source_a_handler() -> None:
     assert sorted(e.parser for e in sources.REGISTRY) == sorted(handlers.PARSERS)
+
+
+# --- handlers import only the model -----------------------------------------------------------
+
+
+def reclaimd_imports(path: Path) -> set[str]:
+    """The reclaimd modules a module's import statements name, lazy ones in functions too
+    (``from reclaimd import sources`` names ``reclaimd.sources``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        match node:
+            case ast.Import(names=aliases):
+                found |= {alias.name for alias in aliases}
+            case ast.ImportFrom(module="reclaimd", level=0, names=aliases):
+                found |= {f"reclaimd.{alias.name}" for alias in aliases}
+            case ast.ImportFrom(module=str(module), level=0):
+                found.add(module)
+    return {m for m in found if m == "reclaimd" or m.startswith("reclaimd.")}
+
+
+def beyond_the_model(path: Path) -> set[str]:
+    return {
+        m
+        for m in reclaimd_imports(path)
+        if m != "reclaimd.model" and not m.startswith("reclaimd.model.")
+    }
+
+
+def test_handlers_import_no_reclaimd_module_but_the_model() -> None:
+    """The registry imports handlers; a handler importing it back (or any other reclaimd
+    module) makes a parser depend on what is built from parsers."""
+    found = {rel(p): beyond_the_model(p) for p in sorted(HANDLERS.rglob("*.py"))}
+    assert len(found) > 4  # the scan sees the package: its shared modules, one per source
+    assert {path: mods for path, mods in found.items() if mods} == {}
+
+
+def test_the_import_scan_sees_a_back_import(tmp_path: Path) -> None:
+    stray = tmp_path / "stray.py"
+    stray.write_text(
+        "from reclaimd.model import Facts\n"
+        "from reclaimd.sources import AsgLifecycleFacts\n"
+        "from . import ids\n"
+        "def f():\n"
+        "    from reclaimd import model, sources\n"
+        "    import reclaimd.config\n"
+    )
+    assert beyond_the_model(stray) == {"reclaimd.sources", "reclaimd.config"}
+
+
+@pytest.mark.parametrize("entry", sources.REGISTRY, ids=lambda e: e.name)
+def test_a_sources_own_facts_are_its_handlers(entry: Entry[Any]) -> None:
+    handler = handlers.PARSERS[entry.parser].__module__
+    assert {kind.__module__ for kind in entry.facts} <= {handler}
 
 
 # --- a seventh source, as one entry -----------------------------------------------------------
