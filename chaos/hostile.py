@@ -1,15 +1,16 @@
 """Seeded hostile payloads for every source: what ``make bench-fuzz`` sends and a unit test parses.
 
-Each payload starts from a real shape (the public samples in shared/fixtures, trimmed) and is
-broken one way: truncated JSON, a huge body, deep nesting, a value of the wrong type, control
-and bidi characters, lone surrogates, identifiers that break their provider's grammar, path
-traversal, SSRF-looking URLs, duplicate keys, NaN and 400-digit numbers, invalid UTF-8, a key
-dropped or added. Some survive as well-formed notices for instances that do not exist (or are
-long expired): those must be counted and acked like the rest, never acted on.
+Each payload starts from a real shape (the public samples in shared/fixtures and, for Azure,
+tests/fixtures/azure, trimmed) and is broken one way: truncated JSON, a huge body, deep nesting,
+a value of the wrong type, control and bidi characters, lone surrogates, identifiers that break
+their provider's grammar, path traversal, SSRF-looking URLs, duplicate keys, NaN and 400-digit
+numbers, invalid UTF-8, a key dropped or added. Some survive as well-formed notices for
+instances that do not exist (or are long expired): those must be counted and acked like the
+rest, never acted on.
 
 Pure and deterministic: the same ``random.Random`` seed gives the same bytes. Identifiers in the
-base shapes are well-formed but name nothing in any cluster (``i-0f0f...``, ``fuzz-vm-0``),
-so a payload that parses cleanly can only be an unknown target.
+base shapes are well-formed but name nothing in any cluster (``i-0f0f...``, ``fuzz-vm-0``,
+``fuzz-vmss_0``), so a payload that parses cleanly can only be an unknown target.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-SOURCES = ("ec2", "gke", "kafka", "kueue", "imds", "gce-metadata")
+SOURCES = ("ec2", "gke", "kafka", "kueue", "imds", "gce-metadata", "azure-scheduled")
 HUGE_BYTES = 200_000  # under SQS's 256 KiB, Kafka's 1 MiB and Pub/Sub's 10 MB
 
 # Values that must never steer reclaimd, whatever field they land in.
@@ -163,6 +164,105 @@ _METADATA = {
     "etag": "0f0f0f0f",
 }
 
+# Azure Scheduled Events (api-version 2020-07-01): the documented example documents' shapes
+# (tests/fixtures/azure/), their events aimed at a scale-set instance that names nothing.
+AZURE_VM = "fuzz-vmss_0"
+_AZURE_OTHERS = ["fuzz-vmss_1", "fuzz-vmss_2"]  # the placement group's other instances
+_AZURE_FREEZE: dict[str, Any] = {
+    "EventId": "C7061BAC-AFDC-4513-B24B-AA5F13A16123",
+    "EventStatus": "Scheduled",
+    "EventType": "Freeze",
+    "ResourceType": "VirtualMachine",
+    "Resources": [AZURE_VM, *_AZURE_OTHERS],
+    "NotBefore": "Tue, 16 Sep 2025 12:15:00 GMT",
+    "Description": "Virtual machine is being paused because of a memory-preserving Live "
+    "Migration operation.",
+    "EventSource": "Platform",
+    "DurationInSeconds": 5,
+}
+_AZURE_DOCUMENTS: tuple[dict[str, Any], ...] = (
+    {  # a Spot eviction (AKS), beside a Freeze for two other instances of the group
+        "DocumentIncarnation": 7,
+        "Events": [
+            {
+                "EventId": "5DD55B64-45AD-49D3-BBC9-F57D4EA97BD7",
+                "EventStatus": "Scheduled",
+                "EventType": "Preempt",
+                "ResourceType": "VirtualMachine",
+                "Resources": [AZURE_VM],
+                "NotBefore": "Tue, 16 Sep 2025 12:00:30 GMT",
+                "Description": "",
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+            },
+            {**_AZURE_FREEZE, "Resources": list(_AZURE_OTHERS)},
+        ],
+    },
+    {  # a scale-set delete with terminate notification: only the fields its docs page shows
+        "DocumentIncarnation": 4,
+        "Events": [
+            {
+                "EventId": "f020ba2e-3bc0-4c40-a10b-86575a9eabd5",
+                "EventType": "Terminate",
+                "ResourceType": "VirtualMachine",
+                "Resources": [AZURE_VM],
+                "EventStatus": "Scheduled",
+                "NotBefore": "Tue, 16 Sep 2025 12:05:00 GMT",
+            }
+        ],
+    },
+    {  # a user-initiated Reboot
+        "DocumentIncarnation": 2,
+        "Events": [
+            {
+                "EventId": "4CAEA225-A741-474D-A72E-428C86FCD853",
+                "EventStatus": "Scheduled",
+                "EventType": "Reboot",
+                "ResourceType": "VirtualMachine",
+                "Resources": [AZURE_VM],
+                "NotBefore": "Tue, 16 Sep 2025 12:15:00 GMT",
+                "Description": "",
+                "EventSource": "User",
+                "DurationInSeconds": -1,
+            }
+        ],
+    },
+    {  # a platform Redeploy of two instances (one event, several resources: not approvable)
+        "DocumentIncarnation": 5,
+        "Events": [
+            {
+                "EventId": "602d9444-d2cd-49c7-8624-8643e7171297",
+                "EventStatus": "Scheduled",
+                "EventType": "Redeploy",
+                "ResourceType": "VirtualMachine",
+                "Resources": [AZURE_VM, _AZURE_OTHERS[0]],
+                "NotBefore": "Tue, 16 Sep 2025 12:10:00 GMT",
+                "Description": "Host server is undergoing maintenance.",
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+            }
+        ],
+    },
+    {"DocumentIncarnation": 2, "Events": [_AZURE_FREEZE]},  # a live migration's pause
+    {  # the same Freeze once started: NotBefore blank
+        "DocumentIncarnation": 3,
+        "Events": [{**copy.deepcopy(_AZURE_FREEZE), "EventStatus": "Started", "NotBefore": ""}],
+    },
+    {"DocumentIncarnation": 1, "Events": []},  # nothing scheduled
+)
+# The per-node poller's envelope: this VM's compute metadata around the document.
+_AZURE_ENVELOPE = {
+    "vm_name": AZURE_VM,
+    "resource_id": "/subscriptions/0f0f0f0f-0000-4000-8000-00000000f0f0/resourceGroups/"
+    "MC_fuzz-rg_fuzz-aks_eastus/providers/Microsoft.Compute/virtualMachineScaleSets/fuzz-vmss/"
+    "virtualMachines/0",
+    "node_name": "fuzz-vmss000000",
+    "vm_size": "Standard_ND96isr_H100_v5",
+    "priority": "Spot",
+    "location": "eastus",
+    "zone": "1",
+}
+
 
 def _pubsub(entry: Any) -> dict[str, Any]:
     data = base64.b64encode(json.dumps(entry).encode()).decode()
@@ -178,6 +278,7 @@ def bases(source: str) -> list[Any]:
         "kueue": [_WORKLOAD, {"type": "MODIFIED", "object": _WORKLOAD}],
         "imds": [_IMDS, {**_IMDS, "path": "events/maintenance/scheduled", "body": "[]"}],
         "gce-metadata": [_METADATA],
+        "azure-scheduled": [{**_AZURE_ENVELOPE, "document": d} for d in _AZURE_DOCUMENTS],
     }
     return copy.deepcopy(shapes[source])
 
@@ -349,6 +450,10 @@ def message(source: str, rng: random.Random) -> bytes:
         inner = mutate(rng, copy.deepcopy(_LOG_ENTRY))
         doc["message"]["data"] = base64.b64encode(inner).decode()
         return _dumps(doc)
+    # The Azure poller sends the document as the text it read: its hostility is there.
+    if source == "azure-scheduled" and rng.random() < 0.5:
+        doc["document"] = _text(mutate(rng, doc["document"]))
+        return _dumps(doc)
     return mutate(rng, doc)
 
 
@@ -385,7 +490,24 @@ def imds_body(path: str, rng: random.Random) -> str:
         good = {"noticeTime": "2025-09-16T11:58:00Z"}
     else:
         good = {"action": "terminate", "time": "2025-09-16T12:00:00Z"}
-    return rng.choice(MUTATIONS)(rng, good).decode("utf-8", errors="replace")
+    return _text(rng.choice(MUTATIONS)(rng, good))
+
+
+def _text(raw: bytes) -> str:
+    """``raw`` as an HTTP client reads a UTF-8 body (invalid bytes replaced)."""
+    return raw.decode("utf-8", errors="replace")
+
+
+def scheduled_events_body(rng: random.Random, incarnation: int | None = None) -> str:
+    """A hostile Scheduled Events document (``GET /metadata/scheduledevents``), from one of the
+    documented shapes. Its events name ``AZURE_VM`` and its neighbours, not the VM a stand-in
+    serves it to: what survives parsing is a document of other VMs' events (``Ignored``).
+    ``incarnation`` sets ``DocumentIncarnation`` before the mutation: the poller hands over a
+    document only when that changes, so a server gives each answer its own."""
+    doc = copy.deepcopy(rng.choice(_AZURE_DOCUMENTS))
+    if incarnation is not None:
+        doc["DocumentIncarnation"] = incarnation
+    return _text(rng.choice(MUTATIONS)(rng, doc))
 
 
 def metadata_value(rng: random.Random) -> str:
