@@ -1,13 +1,14 @@
 """``make bench-fuzz``: hostile input on every transport of one real ``reclaimd run``.
 
 One daemon runs every source at once against the local stack: SQS (moto), Pub/Sub (the
-emulator), the Kafka notices topic, Kueue Workloads on the apiserver, and EC2 IMDS and the
-GCE metadata server, both served by a small aiohttp server this bench starts (the daemon's
-``imds.url`` and ``gce_metadata.url`` point at it). Per transport the bench sends
-``--per-transport`` hostile messages from ``chaos.hostile`` (seeded: truncated JSON, huge
-bodies, deep nesting, wrong types, control and bidi characters, grammar-breaking identifiers,
-path traversal, SSRF-looking URLs, duplicate keys, ...), with a few real notices mixed in,
-each aimed at a kwok node of its own (``--nodes``, created for the run, deleted after).
+emulator), the Kafka notices topic, Kueue Workloads on the apiserver, and EC2 IMDS, the GCE
+metadata server and Azure Scheduled Events, all three served by a small aiohttp server this
+bench starts (the daemon's ``imds.url``, ``gce_metadata.url`` and ``azure_scheduled.url`` point
+at it). Per transport the bench sends ``--per-transport`` hostile messages from
+``chaos.hostile`` (seeded: truncated JSON, huge bodies, deep nesting, wrong types, control and
+bidi characters, grammar-breaking identifiers, path traversal, SSRF-looking URLs, duplicate
+keys, ...), with a few real notices mixed in, each aimed at a kwok node of its own
+(``--nodes``, created for the run, deleted after).
 
 Reported per transport: messages sent, what the daemon counted (received, notices, ignored,
 parse errors, acked), what is left on the transport (SQS messages, Pub/Sub messages, Kafka
@@ -31,20 +32,33 @@ import random
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import handlers
 from chaos import hostile
 from chaos.ports import free_port as _free_port
 from reclaimd.model import rfc3339, utcnow
 
+if TYPE_CHECKING:
+    from chaos.azure_metadata_server import Compute
+    from chaos.fleet import NodeSpec
+
 OUT = Path("out") / "bench-fuzz.json"
-TRANSPORTS = ("sqs", "pubsub", "kafka_notices", "kueue", "imds", "gce_metadata")
-REAL = {"sqs": 4, "pubsub": 4, "kafka_notices": 4, "kueue": 2, "imds": 1, "gce_metadata": 1}
+TRANSPORTS = ("sqs", "pubsub", "kafka_notices", "kueue", "imds", "gce_metadata", "azure_scheduled")
+REAL = {
+    "sqs": 4,
+    "pubsub": 4,
+    "kafka_notices": 4,
+    "kueue": 2,
+    "imds": 1,
+    "gce_metadata": 1,
+    "azure_scheduled": 1,
+}
 ACKED_TRANSPORTS = ("sqs", "pubsub", "kafka_notices")  # the ones with an ack to check
 FLAT_TOLERANCE = 0.10
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
@@ -54,6 +68,10 @@ MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 GCE_PROJECT = "reclaimd-local"
 GCE_ZONE = "us-central1-a"
 AWS_ZONE = "us-east-2a"
+AZURE_PROJECT = "reclaimd-fuzz"  # names the AKS node resource group (fleet.azure_resource_group)
+AZURE_LOCATION, AZURE_ZONE = "eastus", "1"  # the node's zone label: eastus-1, as AKS writes it
+AZURE_SKU = "Standard_ND96isr_H100_v5"
+MIN_NODES = sum(v for k, v in REAL.items() if k != "kueue")  # one node per real node notice
 
 
 def progress(text: str) -> None:
@@ -86,8 +104,65 @@ class RealNotice:
 
 
 @dataclass
+class ScheduledEvents:
+    """What the Azure route answers ``GET /metadata/scheduledevents``, one document per GET.
+
+    The poller hands a document over only when its version (``DocumentIncarnation``, else its
+    digest: ``reclaimd.transports.azure_scheduled.version_of``) differs from the last one it
+    read, so every answer's version differs from the one before: each hostile answer is a
+    message the daemon must count. In turn: the real document while ``real`` is set (counted
+    once, as one message, however often it is read), a hostile one while ``budget`` lasts,
+    else a document with no events (an idle IMDS's, counted as neither)."""
+
+    rng: random.Random = field(default_factory=random.Random)
+    tally: Tally = field(default_factory=Tally)
+    budget: int = 0  # hostile answers left to give
+    real: str = ""  # the real document, served on every GET while set
+    real_reads: int = 0  # GETs answered with it
+    incarnation: int = 1  # the last DocumentIncarnation given out
+    last: str = ""  # the version of the last answer
+    idle: str = ""
+    approvals: int = 0  # StartRequests POSTed (the daemon approving the drained event)
+
+    def next_incarnation(self) -> int:
+        self.incarnation += 1
+        return self.incarnation
+
+    def answer(self) -> str:
+        from reclaimd.transports.azure_scheduled import version_of
+
+        if self.real:
+            body, version = self.real, version_of(self.real)
+            self.real_reads += 1
+            if version != self.last:
+                self.tally.real += 1
+            self.idle = ""
+        elif self.budget > 0:
+            body, version = self._hostile(version_of)
+            self.budget -= 1
+            self.tally.hostile += 1
+            self.idle = ""
+        else:
+            if not self.idle:  # after another document: a new incarnation, read once
+                self.idle = json.dumps(
+                    {"DocumentIncarnation": self.next_incarnation(), "Events": []}
+                )
+            body, version = self.idle, version_of(self.idle)
+        self.last = version
+        return body
+
+    def _hostile(self, version_of: Callable[[str], str]) -> tuple[str, str]:
+        for _ in range(100):
+            body = hostile.scheduled_events_body(self.rng, self.next_incarnation())
+            version = version_of(body)
+            if version != self.last:
+                return body, version
+        raise RuntimeError("no hostile document of a new version in 100 draws")
+
+
+@dataclass
 class MetadataState:
-    """What the IMDS and GCE metadata routes answer; each phase switches its own on."""
+    """What the IMDS, GCE metadata and Azure routes answer; each phase switches its own on."""
 
     imds_identity: dict[str, str]
     gce_identity: dict[str, str]
@@ -101,6 +176,11 @@ class MetadataState:
     )
     gce_active: asyncio.Event = field(default_factory=asyncio.Event)
     etag: int = 0
+    azure_compute: dict[str, Any] = field(default_factory=dict)  # /metadata/instance/compute
+    azure: ScheduledEvents = field(default_factory=ScheduledEvents)
+
+    def __post_init__(self) -> None:
+        self.served["azure_scheduled"] = self.azure.tally
 
 
 def metadata_app(state: MetadataState) -> Any:
@@ -150,11 +230,62 @@ def metadata_app(state: MetadataState) -> Any:
             text=hostile.metadata_value(state.rng), headers={**headers, "ETag": etag}
         )
 
+    async def azure_events(_request: web.Request) -> web.Response:
+        return web.Response(text=state.azure.answer(), content_type="application/json")
+
+    async def azure_approve(request: web.Request) -> web.Response:
+        await request.read()
+        state.azure.approvals += 1
+        return web.Response(status=200)
+
+    async def compute(_request: web.Request) -> web.Response:
+        return web.json_response(state.azure_compute)
+
     app = web.Application(client_max_size=1024**2)
     app.router.add_put("/latest/api/token", token)
     app.router.add_get("/latest/meta-data/{path:.*}", imds)
     app.router.add_get("/computeMetadata/v1/{path:.*}", gce)
+    app.router.add_get("/metadata/scheduledevents", azure_events)
+    app.router.add_post("/metadata/scheduledevents", azure_approve)
+    app.router.add_get("/metadata/instance/compute", compute)
     return app
+
+
+def azure_compute(node: NodeSpec) -> Compute:
+    """The compute metadata of an AKS instance whose providerID is ``node``'s (its VM name
+    ``<scale set>_<n>``, its resource group named after ``node.project``)."""
+    from chaos import fleet
+    from chaos.azure_metadata_server import Compute
+
+    scale_set, instance = node.instance_id.rsplit("_", 1)
+    return Compute(
+        subscription=fleet.AZURE_SUBSCRIPTION,
+        resource_group=fleet.azure_resource_group(node.project),
+        scale_set=scale_set,
+        instance=instance,
+        vm_size=node.sku,
+        priority="Spot",
+        location=AZURE_LOCATION,
+        zone=AZURE_ZONE,
+    )
+
+
+def preempt_document(vm_name: str, incarnation: int, not_before_s: float) -> str:
+    """A Scheduled Events document holding one Spot eviction of ``vm_name``, as IMDS sends it."""
+    from chaos.azure_metadata_server import rfc1123
+
+    event = {
+        "EventId": str(uuid.uuid4()).upper(),
+        "EventStatus": "Scheduled",
+        "EventType": "Preempt",
+        "ResourceType": "VirtualMachine",
+        "Resources": [vm_name],
+        "NotBefore": rfc1123(utcnow() + timedelta(seconds=not_before_s)),
+        "Description": "",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
+    return json.dumps({"DocumentIncarnation": incarnation, "Events": [event]})
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -182,11 +313,15 @@ class FuzzRun:
 
     # -- fleet --
 
-    def _fleet(self) -> tuple[list[Any], list[Any]]:
+    def _fleet(self) -> tuple[list[Any], list[Any], list[Any]]:
         from chaos import fleet
+        from chaos.scenario import azure_vm_name
 
         n_gce = max(REAL["pubsub"] + REAL["gce_metadata"], self.args.nodes // 3)
-        n_aws = max(REAL["sqs"] + REAL["kafka_notices"] + REAL["imds"], self.args.nodes - n_gce)
+        n_azure = REAL["azure_scheduled"]
+        n_aws = max(
+            REAL["sqs"] + REAL["kafka_notices"] + REAL["imds"], self.args.nodes - n_gce - n_azure
+        )
         aws = [
             fleet.NodeSpec(f"fz-{self.run}-a{i}", _instance_id(self.run, f"a{i}"), zone=AWS_ZONE)
             for i in range(n_aws)
@@ -202,7 +337,18 @@ class FuzzRun:
             )
             for i in range(n_gce)
         ]
-        return aws, gce
+        azure = [
+            fleet.NodeSpec(
+                f"fz-{self.run}-z{i}",
+                azure_vm_name(self.run, "fuzz", i),
+                zone=f"{AZURE_LOCATION}-{AZURE_ZONE}",
+                sku=AZURE_SKU,
+                cloud="azure",
+                project=AZURE_PROJECT,
+            )
+            for i in range(n_azure)
+        ]
+        return aws, gce, azure
 
     async def _own_moto(self) -> str:
         """A moto of this bench's own for SQS: the shared one is slow with everything it ever
@@ -240,14 +386,14 @@ class FuzzRun:
             with contextlib.suppress(Exception):  # the harness's queue on the shared moto
                 await asyncio.to_thread(h.sqs.delete_queue, QueueUrl=h.queue_url)
             self.moto_url = await self._own_moto()
-            aws, gce = self._fleet()
-            progress(f"run {self.run}: {len(aws) + len(gce)} kwok nodes")
-            await h.add_nodes([*aws, *gce])
-            self.aws, self.gce = aws, gce
+            aws, gce, azure = self._fleet()
+            progress(f"run {self.run}: {len(aws) + len(gce) + len(azure)} kwok nodes")
+            await h.add_nodes([*aws, *gce, *azure])
+            self.aws, self.gce, self.azure = aws, gce, azure
             await h.create_topics({self.notices_topic: 1})
             self.channel = inject.PubSubChannel(self.stack["PUBSUB_PROJECT_ID"], f"fuzz-{self.run}")
             await asyncio.to_thread(self.channel.create, ack_deadline_s=10)
-            imds_node, gce_node = aws[-1], gce[-1]
+            imds_node, gce_node, azure_node = aws[-1], gce[-1], azure[-1]
             self.state = MetadataState(
                 imds_identity={
                     "instance-id": imds_node.instance_id,
@@ -261,13 +407,17 @@ class FuzzRun:
                     "project/project-id": gce_node.project,
                 },
                 rng=random.Random(f"{self.args.seed}/metadata"),
+                azure_compute=azure_compute(azure_node).to_json(),
+                azure=ScheduledEvents(random.Random(f"{self.args.seed}/azure")),
             )
             runner = web.AppRunner(metadata_app(self.state), access_log=None)
             await runner.setup()
             port = _free_port()
             await web.TCPSite(runner, "127.0.0.1", port).start()
             try:
-                return await self._with_daemon(f"http://127.0.0.1:{port}", imds_node, gce_node)
+                return await self._with_daemon(
+                    f"http://127.0.0.1:{port}", imds_node, gce_node, azure_node
+                )
             finally:
                 await runner.cleanup()
                 await asyncio.to_thread(self.channel.delete)
@@ -277,7 +427,7 @@ class FuzzRun:
                     await self.moto.wait()
 
     async def _with_daemon(
-        self, metadata_url: str, imds_node: Any, gce_node: Any
+        self, metadata_url: str, imds_node: Any, gce_node: Any, azure_node: Any
     ) -> dict[str, Any]:
         h = self.h
         self.metrics_port = _free_port()
@@ -308,6 +458,12 @@ class FuzzRun:
                 "node_name": gce_node.name,
                 "timeout_s": 5,
             },
+            azure_scheduled={
+                "enabled": True,
+                "url": metadata_url,
+                "node_name": azure_node.name,
+                "poll_interval_s": 0.01,
+            },
             checkpoint={"allowed_hosts": ["127.0.0.1"]},
             metrics_port=self.metrics_port,
         )
@@ -323,6 +479,7 @@ class FuzzRun:
             ("kueue", self._kueue),
             ("imds", lambda: self._imds(imds_node)),
             ("gce_metadata", lambda: self._gce(gce_node)),
+            ("azure_scheduled", lambda: self._azure(azure_node)),
         ]
         timings: dict[str, float] = {}
         self.windows: dict[str, tuple[float, float]] = {}  # phase -> (start, end) since start
@@ -652,6 +809,42 @@ class FuzzRun:
         state.gce_active.clear()
         self.sent["gce_metadata"] = state.served["gce_metadata"]
 
+    async def _azure(self, node: Any) -> None:
+        """Hostile documents, then a real Preempt of the node's VM, read until its notice is
+        claimed (at least three reads: one notice, then the same document again, as IMDS keeps
+        serving it) or its NotBefore passes, then hostile documents again."""
+        from chaos.azure_metadata_server import MIN_NOTICE_S
+        from reclaimd.transports import azure_scheduled as transport
+
+        state = self.state
+        assert state is not None
+        events = state.azure
+        n = self.args.per_transport
+        half = n // 2
+        events.budget = half
+        await self._until(lambda: events.budget <= 0, "azure first half")
+        notice_s = MIN_NOTICE_S["Preempt"]  # a Spot eviction's notice: 30 s
+        identity = transport.Identity.from_compute(state.azure_compute)
+        document = preempt_document(identity.vm_name, events.next_incarnation(), notice_s)
+        envelope = transport.envelope(identity, document, node.name)  # as the daemon reads it
+        self._expect("azure_scheduled", "azure-scheduled", json.dumps(envelope).encode(), node.name)
+        real = self.reals[-1]
+        until = time.monotonic() + notice_s
+        events.real = document
+        try:
+            await self._until(
+                lambda: (
+                    (events.real_reads >= 3 and real.claimed_after_s is not None)
+                    or time.monotonic() > until
+                ),
+                "azure real notice",
+            )
+        finally:
+            events.real = ""
+        events.budget = n - half
+        await self._until(lambda: events.budget <= 0, "azure second half")
+        self.sent["azure_scheduled"] = state.served["azure_scheduled"]
+
     async def _until(self, done: Callable[[], bool], what: str, timeout_s: float = 900) -> None:
         end = time.monotonic() + timeout_s
         last = 0.0
@@ -877,6 +1070,8 @@ class FuzzRun:
             # A watch is not a queue: writes close together may reach it as one event (and it
             # also sees Kueue's and reclaimd's own writes), so only its sum is checked.
             row["all_counted"] = consistent and (t == "kueue" or row["received"] >= messages)
+            if t == "azure_scheduled" and self.state is not None:  # for the record, not judged
+                row["start_requests"] = self.state.azure.approvals
             if t == "kafka_notices":  # a consumer group commits offsets, not messages
                 row["all_acked"] = left.get(t) == 0
             elif t in ACKED_TRANSPORTS:
@@ -908,7 +1103,7 @@ class FuzzRun:
             "run_id": self.run,
             "seed": self.args.seed,
             "per_transport_target": self.args.per_transport,
-            "nodes": len(self.aws) + len(self.gce),
+            "nodes": len(self.aws) + len(self.gce) + len(self.azure),
             "transports": per,
             "process": {
                 "crashed_exit": self.crashed,
@@ -958,7 +1153,7 @@ def _flat(rss: list[float]) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     cols = (
-        ("transport", 14),
+        ("transport", 16),
         ("hostile", 8),
         ("real", 5),
         ("refused", 8),
@@ -1026,8 +1221,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    if args.per_transport < 10 or args.nodes < 14:
-        print("bench_fuzz: --per-transport must be >= 10 and --nodes >= 14", file=sys.stderr)
+    if args.per_transport < 10 or args.nodes < MIN_NODES:
+        print(
+            f"bench_fuzz: --per-transport must be >= 10 and --nodes >= {MIN_NODES}",
+            file=sys.stderr,
+        )
         return 2
     from chaos.stack import StackNotRunning
 
