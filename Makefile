@@ -102,10 +102,10 @@ image-chaos: venv deploy-tools
 bench-uploads: venv
 	$(BIN)/python -m chaos.bench_uploads $(BENCH_UPLOADS_ARGS)
 
-# 10,000 hostile messages per transport (SQS, Pub/Sub, Kafka notices, Kueue Workloads, IMDS and
-# GCE metadata answers) with real notices mixed in, against one `reclaimd run`: crashes, every
-# message counted and acked, RSS over time, every real notice claimed. out/bench-fuzz.json and a
-# table. BENCH_FUZZ_ARGS="--per-transport 500" for a quick run.
+# 10,000 hostile messages per transport (SQS, Pub/Sub, Kafka notices, Kueue Workloads, IMDS, GCE
+# metadata and Azure Scheduled Events answers) with real notices mixed in, against one
+# `reclaimd run`: crashes, every message counted and acked, RSS over time, every real notice
+# claimed. out/bench-fuzz.json and a table. BENCH_FUZZ_ARGS="--per-transport 500" for a quick run.
 .PHONY: bench-fuzz
 bench-fuzz: stack-up
 	$(BIN)/python -m chaos.bench_fuzz $(BENCH_FUZZ_ARGS)
