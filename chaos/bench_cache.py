@@ -423,9 +423,9 @@ async def run_all(
 
 @contextlib.asynccontextmanager
 async def admin_api(kubeconfig: str, pool: int) -> AsyncIterator[Any]:
-    from reclaimd.cluster import client
+    from chaos.kube import rig_client
 
-    api = await client.build_api_client(kubeconfig, pool_size=pool)
+    api = await rig_client(kubeconfig, pool_size=pool)
     try:
         yield api
     finally:

@@ -559,9 +559,9 @@ class Bench:
 
         from chaos import fleet, kube
         from chaos.harness import RBAC
-        from reclaimd.cluster.client import build_api_client
+        from chaos.kube import rig_client
 
-        api = await build_api_client(self.stack.kubeconfig)
+        api = await rig_client(self.stack.kubeconfig)
         try:
             await self._delete_flow_schemas(api)
             # Nodes an interrupted bench left behind (their names could come round again).
@@ -631,9 +631,9 @@ class Bench:
                 await custom.delete_cluster_custom_object(g, v, r, item["metadata"]["name"])
 
     async def teardown_identities(self) -> None:
-        from reclaimd.cluster.client import build_api_client
+        from chaos.kube import rig_client
 
-        api = await build_api_client(self.stack.kubeconfig)
+        api = await rig_client(self.stack.kubeconfig)
         try:
             await self._delete_flow_schemas(api)
         finally:

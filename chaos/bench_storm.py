@@ -29,7 +29,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from chaos import stack as stackenv
 from chaos.bench import percentile
@@ -44,14 +44,13 @@ CALIBRATION_LABEL = "reclaimd.io/bench"
 async def calibrate(
     stack: stackenv.StackEnv, *, nodes: int, concurrencies: list[int], seconds: float
 ) -> dict[str, Any]:
-    """Node PATCHes per second at each concurrency, from one client."""
-    from kubernetes_asyncio import client as k8s
-
+    """Node PATCHes per second at each concurrency, from one client: the daemon's own
+    (``ApiServer``), so the limit is the API server's, not a client's."""
+    from reclaimd.cluster import apiserver
     from reclaimd.cluster.client import build_api_client
 
     run = uuid.uuid4().hex[:6]
     api = await build_api_client(stack.kubeconfig, pool_size=max(concurrencies))
-    core = k8s.CoreV1Api(api)
     names = [f"calib-{run}-{i}" for i in range(nodes)]
     try:
         gate = asyncio.Semaphore(64)
@@ -62,10 +61,10 @@ async def calibrate(
                     "metadata": {"name": name, "labels": {CALIBRATION_LABEL: "calibrate"}},
                     "spec": {"unschedulable": True},
                 }
-                await core.create_node(cast(Any, body))
+                await api.post(apiserver.node(), body)
 
         await asyncio.gather(*(make(n) for n in names))
-        rows = [await _patch_rate(core, names, c, seconds) for c in concurrencies]
+        rows = [await _patch_rate(api, names, c, seconds) for c in concurrencies]
         best = max(rows, key=lambda r: r["writes_per_s"])
         return {"node_patch": rows, "max_writes_per_s": best["writes_per_s"], "best": best}
     finally:
@@ -74,15 +73,15 @@ async def calibrate(
         async def drop(name: str) -> None:
             async with gate:
                 with contextlib.suppress(Exception):
-                    await core.delete_node(name)
+                    await api.delete(apiserver.node(name))
 
         await asyncio.gather(*(drop(n) for n in names))
         await api.close()
 
 
-async def _patch_rate(core: Any, names: list[str], c: int, seconds: float) -> dict[str, Any]:
+async def _patch_rate(api: Any, names: list[str], c: int, seconds: float) -> dict[str, Any]:
     """``c`` writers PATCH the nodes round-robin for ``seconds``: completed writes per second."""
-    from reclaimd.cluster.claims import MERGE_PATCH
+    from reclaimd.cluster import apiserver
 
     done = errors = 0
     stop_at = time.monotonic() + seconds
@@ -93,7 +92,7 @@ async def _patch_rate(core: Any, names: list[str], c: int, seconds: float) -> di
         while time.monotonic() < stop_at:
             body = {"metadata": {"annotations": {"reclaimd.io/calibrate": str(i)}}}
             try:
-                await core.patch_node(names[i % len(names)], body, **MERGE_PATCH)
+                await api.patch(apiserver.node(names[i % len(names)]), body)
                 done += 1
             except Exception:
                 errors += 1

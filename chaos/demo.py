@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from reclaimd import cli, meter, postmortem
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import CacheSettings, ClusterCache
+from reclaimd.cluster.client import build_api_client
 from reclaimd.ledger import LabelPolicy
 from reclaimd.model import utcnow
 
@@ -53,15 +55,17 @@ class Mine:
 class Metered:
     """An allocation meter on the demo's namespace, looking every second."""
 
-    def __init__(self, cache: ClusterCache, m: meter.Meter, rows: Rows) -> None:
-        self.cache, self.meter, self.rows = cache, m, rows
+    def __init__(
+        self, api: ApiServer, cache: ClusterCache, m: meter.Meter, rows: Rows
+    ) -> None:
+        self.api, self.cache, self.meter, self.rows = api, cache, m, rows
         self.task = asyncio.create_task(self._looking(), name="demo-meter")
 
     @classmethod
     async def start(cls, h: Harness) -> Metered:
-        assert h.api is not None
+        api = await build_api_client(h.stack.kubeconfig)
         cache = ClusterCache(
-            h.api, settings=CacheSettings(namespaces=(h.namespace,), watch_workloads=False)
+            api, settings=CacheSettings(namespaces=(h.namespace,), watch_workloads=False)
         )
         rows = Rows()
         m = meter.Meter(
@@ -70,7 +74,7 @@ class Metered:
         )  # fmt: skip
         await cache.start()
         await cache.wait_synced(20)
-        return cls(cache, m, rows)
+        return cls(api, cache, m, rows)
 
     async def _looking(self) -> None:
         while True:
@@ -83,6 +87,7 @@ class Metered:
             await self.task
         await self.meter.tick()
         await self.cache.stop()
+        await self.api.close()
 
 
 def cost_picture(stack_dir: Path, rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from reclaimd.cluster.client import build_api_client
+from chaos.kube import rig_client
 from reclaimd.model import utcnow
 
 from . import drill_judge, fleet, report
@@ -133,7 +133,7 @@ class GameDay:
 
     async def run(self) -> report.Verdict | str:
         """The verdict; with ``--dry-run``, the bound plan as text."""
-        api = await build_api_client(self.o.kubeconfig)
+        api = await rig_client(self.o.kubeconfig)
         try:
             release = await discover(
                 api, self.o.release, self.o.release_namespace, self.o.overrides

@@ -23,7 +23,6 @@ from kubernetes_asyncio.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 import handlers
-from reclaimd.cluster.client import build_api_client
 from reclaimd.ledger import SCHEMA as LEDGER_SCHEMA
 from reclaimd.model import Notice, utcnow
 
@@ -67,7 +66,7 @@ class Harness:
         self.api: k8s.ApiClient | None = None
 
     async def __aenter__(self) -> Harness:
-        self.api = await build_api_client(self.stack.kubeconfig)
+        self.api = await kube.rig_client(self.stack.kubeconfig)
         await kube.apply_file(self.api, RBAC)
         await fleet.ensure_namespace(self.api, self.namespace)
         self.create_queue()
@@ -269,7 +268,7 @@ class Harness:
     @staticmethod
     async def _until_it_can_read(kubeconfig: Path, timeout_s: float = 20) -> None:
         """A new binding takes a moment to reach the authorizer's cache."""
-        api = await build_api_client(str(kubeconfig))
+        api = await kube.rig_client(str(kubeconfig))
         try:
             end = asyncio.get_running_loop().time() + timeout_s
             while True:

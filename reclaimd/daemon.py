@@ -37,6 +37,7 @@ from reclaimd.cluster import (
     client,
     ratelimit,
 )
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.config import Settings
 from reclaimd.pipeline import Report
 from reclaimd.sources import enabled
@@ -225,7 +226,7 @@ class Daemon:
             with contextlib.suppress(client.KubeError):
                 await parts.holders.release()
 
-    def _sources(self, parts: Parts, api: Any) -> dict[str, registry.Source]:
+    def _sources(self, parts: Parts, api: ApiServer) -> dict[str, registry.Source]:
         """One transport per enabled entry of the source registry (``reclaimd.sources``)."""
         wiring = registry.Wiring(
             self.settings,

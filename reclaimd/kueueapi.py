@@ -3,7 +3,7 @@
 v1beta2 is Kueue's storage version since 0.15 (no conversion on the server), v1beta1 the one
 older installs serve. The Kueue source, the cluster cache and the claim store must all speak
 the version the cluster serves: a Kueue that serves only v1beta1 would otherwise admit
-notices whose claims then fail. ``shared(api)`` hands every user of one ApiClient the same
+notices whose claims then fail. ``shared(api)`` hands every user of one ApiServer the same
 ``WorkloadVersion``, so the discovery is one request per process, not one per part.
 """
 
@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kubernetes_asyncio import client as k8s
-
 from reclaimd.cluster import client
+from reclaimd.cluster.apiserver import ApiServer
 
 GROUP = "kueue.x-k8s.io"
 PLURAL = "workloads"
@@ -29,15 +28,20 @@ def pick_version(served: Iterable[str]) -> str | None:
     return next((v for v in PREFERRED_VERSIONS if v in versions), None)
 
 
-async def served_versions(api: k8s.ApiClient, group: str = GROUP) -> list[str]:
-    """The versions the API server serves for ``group`` (discovery; empty if none).
+async def served_versions(api: ApiServer, group: str = GROUP) -> list[str]:
+    """The versions the API server serves for ``group`` (discovery of ``/apis``, an
+    APIGroupList; empty if none).
 
     Raises ``client.KubeError`` (with ``retriable``) when discovery itself fails."""
     with client.kube_errors(f"discover {group}"):
-        groups = await k8s.ApisApi(api).get_api_versions()
-    for g in groups.groups or ():
-        if g.name == group:
-            return [v.version for v in g.versions or ()]
+        groups = await api.get("/apis")
+    for g in groups.get("groups") or ():
+        if isinstance(g, Mapping) and g.get("name") == group:
+            return [
+                str(v.get("version"))
+                for v in g.get("versions") or ()
+                if isinstance(v, Mapping) and v.get("version")
+            ]
     return []
 
 
@@ -49,7 +53,7 @@ class WorkloadVersion:
     changed under us, the next ``get()`` discovers again.
     """
 
-    def __init__(self, api: k8s.ApiClient) -> None:
+    def __init__(self, api: ApiServer) -> None:
         self._api = api
         self._version = ""
         self._lock = asyncio.Lock()  # one discovery at a time, however many parts ask
@@ -74,7 +78,7 @@ class WorkloadVersion:
 _SHARED: weakref.WeakKeyDictionary[Any, WorkloadVersion] = weakref.WeakKeyDictionary()
 
 
-def shared(api: k8s.ApiClient) -> WorkloadVersion:
+def shared(api: ApiServer) -> WorkloadVersion:
     """The one ``WorkloadVersion`` of ``api``: every part asking with the same client gets it."""
     found = _SHARED.get(api)
     if found is None:
@@ -82,7 +86,7 @@ def shared(api: k8s.ApiClient) -> WorkloadVersion:
     return found
 
 
-async def version_or(api: k8s.ApiClient, fallback: str) -> str:
+async def version_or(api: ApiServer, fallback: str) -> str:
     """The served version (one shared discovery per client), else ``fallback``: Kueue not
     served, or discovery failing. A caller's Workload call then fails as it would have, and
     the next call asks again."""

@@ -43,7 +43,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from reclaimd import skus
 from reclaimd.ledger import (
@@ -55,6 +55,9 @@ from reclaimd.ledger import (
     pricing_category,
 )
 from reclaimd.model import rfc3339, stable_id, utcnow
+
+if TYPE_CHECKING:
+    from reclaimd.cluster.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -377,19 +380,17 @@ class LeaseHourLock:
     """One Lease per hour; whoever created it meters that hour."""
 
     def __init__(
-        self, api_client: Any, namespace: str, holder: str, cluster: str, *, limiter: Any = None
+        self, api: ApiServer, namespace: str, holder: str, cluster: str, *, limiter: Any = None
     ) -> None:
-        from kubernetes_asyncio import client as k8s
-
         from reclaimd.cluster.ratelimit import RateLimiter
 
-        self._coord = k8s.CoordinationV1Api(api_client)
+        self._api = api
         self.namespace, self.holder, self.cluster = namespace, holder[:128], cluster
         # The one call point (its retries); a meter's own budget when none is shared.
         self._limiter: RateLimiter = limiter or RateLimiter()
 
     async def acquire(self, hour: datetime) -> bool:
-        from reclaimd.cluster import client
+        from reclaimd.cluster import apiserver, client, objects
 
         name = lease_name(self.cluster, hour)
         body = {
@@ -401,16 +402,16 @@ class LeaseHourLock:
             await self._limiter.call(
                 f"create lease/{name}",
                 None,
-                lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+                lambda: self._api.post(apiserver.lease(self.namespace), body),
             )
             return True
         except client.Conflict:
             lease = await self._limiter.read(
                 f"read lease/{name}",
                 None,
-                lambda: self._coord.read_namespaced_lease(name, self.namespace),
+                lambda: self._api.get(apiserver.lease(self.namespace, name)),
             )
-            return bool(lease.spec and lease.spec.holder_identity == self.holder)
+            return bool(objects.spec(lease).get("holderIdentity") == self.holder)
 
 
 class CacheFleet:

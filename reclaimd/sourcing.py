@@ -20,6 +20,7 @@ from reclaimd.afterdrain import AfterDrain, AfterDrains, NoAfterDrain
 from reclaimd.sources import Entry, enabled
 
 if TYPE_CHECKING:
+    from reclaimd.cluster.apiserver import ApiServer
     from reclaimd.config import Settings
     from reclaimd.model import Windows
     from reclaimd.transports import Admit, Counters
@@ -41,7 +42,7 @@ class Wiring:
     settings: Settings
     admit: Admit
     windows: Windows
-    api: Any = None  # the Kubernetes ApiClient (Kueue watches Workloads through it)
+    api: ApiServer | None = None  # the API server (Kueue watches Workloads through it)
     limiter: Any = None  # the write budget (Pub/Sub slot Leases are written through it)
     dead: Callable[[str], bool] | None = None  # a holder the peer probe found dead
 

@@ -45,6 +45,7 @@ from reclaimd.cluster import (
     ratelimit,
     watch,
 )
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.config import Settings, UnknownTarget
 from reclaimd.intake import Admission, Admitted, Intake
 from reclaimd.model import Notice, utcnow
@@ -76,7 +77,7 @@ class Parts:
 
 def wire(
     s: Settings,
-    api: Any,
+    api: ApiServer,
     provider: Any,
     session: aiohttp.ClientSession,
     on_report: Callable[[Report], None] | None = None,
@@ -298,7 +299,11 @@ def wire(
 
 
 def _ledger_log(
-    s: Settings, api: Any, topic: str, limiter: ratelimit.RateLimiter, alive: holders.HolderLeases
+    s: Settings,
+    api: ApiServer,
+    topic: str,
+    limiter: ratelimit.RateLimiter,
+    alive: holders.HolderLeases,
 ) -> dict[str, Any]:
     """What a ledger writer needs so that its unsent events survive this replica and its
     disk: a record in the cluster for each, adopted by a peer when this holder is gone."""
@@ -313,7 +318,7 @@ def _ledger_log(
 
 def _meter(
     s: Settings,
-    api: Any,
+    api: ApiServer,
     *,
     view: cache.ClusterCache,
     policy: ledger.LabelPolicy,

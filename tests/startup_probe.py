@@ -22,8 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# The client libraries a replica should load only for what it runs (aiokafka, for the
-# ledger, and kubernetes_asyncio, for the cluster, are always needed).
+# The client libraries a replica should load only for what it runs (aiokafka, for the ledger,
+# is always needed; kubernetes_asyncio never is: reclaimd.cluster.apiserver speaks to the API
+# server).
 HEAVY = (
     "boto3",
     "botocore",
@@ -38,6 +39,7 @@ HEAVY = (
     "reclaimd.objectstore",
     "aiokafka",
     "kubernetes_asyncio",
+    "reclaimd.cluster.apiserver",
 )
 
 CLOSED = "127.0.0.1:9"  # discard: nothing is dialled before the seam anyway

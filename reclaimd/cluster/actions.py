@@ -31,17 +31,14 @@ import contextlib
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
-from kubernetes_asyncio import client as k8s
-
-from reclaimd.cluster import client, taints
-from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster import apiserver, client, objects, taints
+from reclaimd.cluster.apiserver import ApiServer, JsonObject
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.config import EvictionPolicy
 from reclaimd.model import Member, Notice, utcnow
@@ -94,7 +91,7 @@ class ActionSettings:
 class ClusterActions:
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api_client: ApiServer,
         *,
         limiter: RateLimiter,
         settings: ActionSettings = ActionSettings(),
@@ -109,7 +106,7 @@ class ClusterActions:
         ``gone_at``: when the cache saw a pod (by uid) leave (``ClusterCache.pod_gone_at``).
         ``only_its_gang``: whether every PDB covering a pod guards only its gang's pods
         (``ClusterCache.pdbs_guard_only_its_gang``); without it, none is taken to."""
-        self._core = k8s.CoreV1Api(api_client)
+        self._api = api_client
         self._limiter = limiter
         self._settings = settings
         self._pod_exists = pod_exists
@@ -127,28 +124,33 @@ class ClusterActions:
         callers that hold no claim."""
         what = f"cordon node/{node}"
 
-        async def change(current: Any) -> None:
+        async def change(current: objects.Obj) -> None:
+            now = objects.spec(current)
             spec = taints.cordon_spec(
-                bool(current.spec.unschedulable),
-                [t.to_dict() for t in current.spec.taints or ()],
+                bool(now.get("unschedulable")),
+                [t for t in now.get("taints") or () if isinstance(t, Mapping)],
                 notice.kind.value,
             )
             if spec is None:
                 return
             body = {
-                "metadata": {"resourceVersion": current.metadata.resource_version},
+                "metadata": {"resourceVersion": objects.meta(current).get("resourceVersion")},
                 "spec": spec,
             }
             await self._limiter.call(
                 what,
                 notice.deadline,
-                functools.partial(self._core.patch_node, node, body, **MERGE_PATCH),
+                functools.partial(self._api.patch, apiserver.node(node), body),
             )
             log.info("%s: cordoned, tainted %s=%s", what, taints.TAINT_KEY, notice.kind.value)
 
         try:
             await self._limiter.update(
-                what, notice.deadline, lambda: self._core.read_node(node), change, conflicts=20
+                what,
+                notice.deadline,
+                lambda: self._api.get(apiserver.node(node)),
+                change,
+                conflicts=20,
             )
         except client.NotFound:
             log.info("%s: node is gone, nothing to cordon", what)
@@ -180,9 +182,7 @@ class ClusterActions:
                     await self._limiter.call(
                         what,
                         deadline,
-                        lambda: self._core.create_namespaced_pod_eviction(
-                            member.name, member.namespace, _eviction(member)
-                        ),
+                        lambda: self._api.post(_eviction_path(member), _eviction(member)),
                         retry_until=give_up,
                     )
                     return EvictResult.EVICTED
@@ -257,13 +257,12 @@ class ClusterActions:
             await self._limiter.call(
                 what,
                 due,
-                lambda: self._core.delete_namespaced_pod(
-                    member.name,
-                    member.namespace,
-                    grace_period_seconds=grace,
-                    body=k8s.V1DeleteOptions(
-                        grace_period_seconds=grace, preconditions=_preconditions(member)
-                    ),
+                # The grace in the query too, as the generated client sent it.
+                lambda: self._api.request(
+                    "DELETE",
+                    apiserver.pod(member.namespace, member.name),
+                    params={"gracePeriodSeconds": grace},
+                    body={"gracePeriodSeconds": grace, **_preconditions(member)},
                 ),
                 retry_until=deadline,
             )
@@ -301,11 +300,11 @@ class ClusterActions:
             pod = await self._limiter.read(
                 f"read pod/{member.namespace}/{member.name}",
                 None,
-                lambda: self._core.read_namespaced_pod(member.name, member.namespace),
+                lambda: self._api.get(apiserver.pod(member.namespace, member.name)),
             )
         except client.NotFound:
             return False
-        return not member.uid or pod.metadata.uid == member.uid
+        return not member.uid or objects.uid(pod) == member.uid
 
 
 async def _until_set(event: asyncio.Event | None, timeout_s: float) -> bool:
@@ -319,12 +318,20 @@ async def _until_set(event: asyncio.Event | None, timeout_s: float) -> bool:
     return event.is_set()
 
 
-def _preconditions(member: Member) -> k8s.V1Preconditions | None:
-    return k8s.V1Preconditions(uid=member.uid) if member.uid else None
+def _preconditions(member: Member) -> JsonObject:
+    """DeleteOptions' uid precondition, when the pod's uid is known (else none)."""
+    return {"preconditions": {"uid": member.uid}} if member.uid else {}
 
 
-def _eviction(member: Member) -> k8s.V1Eviction:
-    return k8s.V1Eviction(
-        metadata=k8s.V1ObjectMeta(name=member.name, namespace=member.namespace),
-        delete_options=k8s.V1DeleteOptions(preconditions=_preconditions(member)),
-    )
+def _eviction_path(member: Member) -> str:
+    return apiserver.core("pods", member.name, member.namespace) + "/eviction"
+
+
+def _eviction(member: Member) -> JsonObject:
+    """The Eviction of ``member``, with its uid as a precondition when known."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": member.name, "namespace": member.namespace},
+        "deleteOptions": _preconditions(member),
+    }

@@ -35,12 +35,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client as k8s
-
 from reclaimd import kueueapi, logs
 from reclaimd.annotations import UrlPolicy
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import client, gangs, podsnapshot
+from reclaimd.cluster import apiserver, client, gangs, podsnapshot
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.pdbs import PdbIndex
 from reclaimd.cluster.watch import (
     Changed,
@@ -86,6 +85,9 @@ KEPT_ANNOTATION_PREFIXES = (
     "training.kubeflow.org/",
     "batch.kubernetes.io/",
 )
+
+
+PDB_API = "policy/v1"
 
 
 @dataclass(frozen=True)
@@ -528,7 +530,7 @@ class ClusterCache:
 
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api_client: ApiServer,
         *,
         settings: CacheSettings = CacheSettings(),
         labeler: Labeler | None = None,
@@ -557,66 +559,38 @@ class ClusterCache:
     async def start(self) -> None:
         if self._tasks:
             return
-        core = k8s.CoreV1Api(self._api)
+        api = self._api
         page = self._settings.watch.page_size
         streams: list[tuple[str, Endpoint, Callable[[Listed | Changed], None], bool]] = [
             (
                 "nodes",
-                KubeEndpoint(core.list_node, "nodes", page_size=page, project=node_record),
+                KubeEndpoint(api, apiserver.node(), "nodes", page_size=page, project=node_record),
                 self._on_node,
                 False,
             )
         ]
-        custom = k8s.CustomObjectsApi(self._api)
-        policy = k8s.PolicyV1Api(self._api)
         # The Workload version the cluster serves (one discovery, shared by the process).
         wl = self._settings.workloads
         wl = replace(wl, version=await kueueapi.version_or(self._api, wl.version))
         for ns in self._settings.namespaces or ("",):
-            if ns:
-                pods = KubeEndpoint(
-                    core.list_namespaced_pod,
-                    f"pods in {ns}",
-                    page_size=page,
-                    project=pod_record,
-                    namespace=ns,
-                )
-                workloads = KubeEndpoint(
-                    custom.list_namespaced_custom_object,
-                    f"workloads in {ns}",
-                    page_size=page,
-                    group=wl.group,
-                    version=wl.version,
-                    plural=wl.plural,
-                    namespace=ns,
-                )
-            else:
-                pods = KubeEndpoint(
-                    core.list_pod_for_all_namespaces, "pods", page_size=page, project=pod_record
-                )
-                workloads = KubeEndpoint(
-                    custom.list_cluster_custom_object,
-                    "workloads",
-                    page_size=page,
-                    group=wl.group,
-                    version=wl.version,
-                    plural=wl.plural,
-                )
+            # ns "": every namespace's collection (``/api/v1/pods``), named "pods".
+            where = f" in {ns}" if ns else ""
+            pods = KubeEndpoint(
+                api, apiserver.pod(ns), f"pods{where}", page_size=page, project=pod_record
+            )
+            workloads = KubeEndpoint(
+                api,
+                apiserver.group(f"{wl.group}/{wl.version}", wl.plural, namespace=ns),
+                f"workloads{where}",
+                page_size=page,
+            )
             streams.append((f"pods/{ns}", pods, self._pod_applier(ns), False))
             if self._settings.watch_pdbs:
-                pdbs = (
-                    KubeEndpoint(
-                        policy.list_namespaced_pod_disruption_budget,
-                        f"poddisruptionbudgets in {ns}",
-                        page_size=page,
-                        namespace=ns,
-                    )
-                    if ns
-                    else KubeEndpoint(
-                        policy.list_pod_disruption_budget_for_all_namespaces,
-                        "poddisruptionbudgets",
-                        page_size=page,
-                    )
+                pdbs = KubeEndpoint(
+                    api,
+                    apiserver.group(PDB_API, "poddisruptionbudgets", namespace=ns),
+                    f"poddisruptionbudgets{where}",
+                    page_size=page,
                 )
                 streams.append((f"pdbs/{ns}", pdbs, self._pdb_applier(ns), False))
             if self._settings.watch_workloads:

@@ -46,10 +46,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from kubernetes_asyncio import client as k8s
-
 from reclaimd import kueueapi
-from reclaimd.cluster import client, taints
+from reclaimd.cluster import apiserver, client, objects, taints
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import WorkloadApi
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import Notice, ParseError, frozen_map, parse_time, rfc3339, utcnow
@@ -57,9 +56,6 @@ from reclaimd.model import Notice, ParseError, frozen_map, parse_time, rfc3339, 
 log = logging.getLogger(__name__)
 
 CLAIM_ANNOTATION = "reclaimd.io/claim"
-# The generated client picks strategic-merge (core) or JSON-patch (custom objects) for a dict
-# body; a JSON merge patch is what we mean, and its typed stubs omit the parameter.
-MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 
 
 class Phase(StrEnum):
@@ -350,7 +346,7 @@ class ClaimSettings:
 class ClaimStore:
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api_client: ApiServer,
         holder: str,
         *,
         limiter: RateLimiter | None = None,
@@ -365,8 +361,6 @@ class ClaimStore:
         self.holder = holder
         self.group = group  # written on every claim; the resume scan takes over only its own
         self._api = api_client
-        self._core = k8s.CoreV1Api(api_client)
-        self._custom = k8s.CustomObjectsApi(api_client)
         self._limiter = limiter or RateLimiter()
         self._settings = settings
         self._clock = clock
@@ -515,10 +509,12 @@ class ClaimStore:
         every node (thousands, every scan, in the middle of a storm)."""
         claims: list[Claim] = []
         if node_claims is None:
-            nodes = await self._limiter.read("list nodes", None, self._core.list_node)
+            nodes = await self._limiter.read(
+                "list nodes", None, lambda: self._api.get(apiserver.node())
+            )
             node_claims = [
-                (n.metadata.name, (n.metadata.annotations or {}).get(CLAIM_ANNOTATION, ""))
-                for n in nodes.items or ()
+                (objects.name(n), _annotations(n).get(CLAIM_ANNOTATION, ""))
+                for n in objects.items(nodes)
             ]
         for name, text in node_claims:
             if text:
@@ -527,15 +523,11 @@ class ClaimStore:
 
         async def workloads() -> list[Any]:
             if not namespaces:
-                page = await self._custom.list_cluster_custom_object(
-                    wl.group, wl.version, wl.plural
-                )
+                page = await self._api.get(_workloads_path(wl))
                 return list(page.get("items") or ())
             found: list[Any] = []
             for ns in namespaces:
-                page = await self._custom.list_namespaced_custom_object(
-                    wl.group, wl.version, ns, wl.plural
-                )
+                page = await self._api.get(_workloads_path(wl, namespace=ns))
                 found.extend(page.get("items") or ())
             return found
 
@@ -583,18 +575,17 @@ class ClaimStore:
         """
         with client.kube_errors(f"read {obj.describe()}"):
             if isinstance(obj, NodeObj):
-                node = await self._core.read_node(obj.name)
-                parsed = self._parse(obj, node.metadata.annotations)
+                node = await self._api.get(apiserver.node(obj.name))
+                parsed = self._parse(obj, _annotations(node))
+                spec = objects.spec(node)
                 return _Read(
                     parsed[0] if parsed else None,
-                    str(node.metadata.resource_version),
-                    bool(node.spec.unschedulable),
-                    tuple(t.to_dict() for t in node.spec.taints or ()),
+                    str(objects.meta(node).get("resourceVersion")),
+                    bool(spec.get("unschedulable")),
+                    tuple(t for t in spec.get("taints") or () if isinstance(t, Mapping)),
                 )
             wl = await self._workloads()
-            body = await self._custom.get_namespaced_custom_object(
-                wl.group, wl.version, obj.namespace, wl.plural, obj.name
-            )
+            body = await self._api.get(_workloads_path(wl, obj.name, obj.namespace))
         meta = body.get("metadata") or {}
         parsed = self._parse(obj, meta.get("annotations"))
         return _Read(parsed[0] if parsed else None, str(meta.get("resourceVersion")))
@@ -622,7 +613,7 @@ class ClaimStore:
             await self._limiter.call(
                 what,
                 deadline,
-                lambda: self._core.patch_node(obj.name, body, **MERGE_PATCH),
+                lambda: self._api.patch(apiserver.node(obj.name), body),
                 retry_until=until,
             )
             return
@@ -630,11 +621,18 @@ class ClaimStore:
         await self._limiter.call(
             what,
             deadline,
-            lambda: self._custom.patch_namespaced_custom_object(
-                wl.group, wl.version, obj.namespace, wl.plural, obj.name, body, **MERGE_PATCH
-            ),
+            lambda: self._api.patch(_workloads_path(wl, obj.name, obj.namespace), body),
             retry_until=until,
         )
+
+
+def _annotations(obj: objects.Obj) -> Mapping[str, Any]:
+    return objects.part(objects.meta(obj), "annotations")
+
+
+def _workloads_path(wl: WorkloadApi, name: str = "", namespace: str = "") -> str:
+    """Workloads (of ``namespace``, or every one), or the one named."""
+    return apiserver.group(f"{wl.group}/{wl.version}", wl.plural, name, namespace)
 
 
 CLAIM_LEAD_S = 120.0

@@ -1,26 +1,25 @@
 """The Kubernetes client: how one is built, and the one place API errors become ours.
 
-Every module under ``reclaimd.cluster`` talks to the API server through a
-``kubernetes_asyncio`` ``ApiClient`` built here, and turns every failure into a ``KubeError``
-through ``kube_errors()``. The classes carry the retry policy (``retriable``), so callers
-decide on the class, never on a status code or a message string. A message holds the
-operation, the status and at most the first line of the server's ``message`` field, cut to a
-bounded length: a response body can echo a request body (tokens in a Secret, a kubeconfig
-in an annotation) and never reaches a log whole.
+Every module under ``reclaimd.cluster`` talks to the API server through the ``ApiServer``
+built here, and turns every failure into a ``KubeError`` through ``kube_errors()``. The
+classes carry the retry policy (``retriable``), so callers decide on the class, never on a
+status code or a message string. A message holds the operation, the status and at most the
+first line of the server's ``message`` field, cut to a bounded length: a response body can
+echo a request body (tokens in a Secret, a kubeconfig in an annotation) and never reaches a
+log whole.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.client.exceptions import ApiException
+
+from reclaimd.cluster import kubeconfig
+from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 
 MESSAGE_LIMIT = 160
 
@@ -149,8 +148,8 @@ def error_for(what: str, status: int, body: Any = None, headers: Any = None) -> 
     return cls(what, status, message, _retry_after(headers))
 
 
-def from_api_exception(what: str, e: ApiException) -> KubeError:
-    return error_for(what, int(e.status or 0), e.body, e.headers)
+def from_api_status(what: str, e: ApiStatus) -> KubeError:
+    return error_for(what, e.status, e.body, e.headers)
 
 
 @contextmanager
@@ -158,40 +157,23 @@ def kube_errors(what: str) -> Iterator[None]:
     """Run an API call, turning its failures into ``KubeError`` (chained, bounded message)."""
     try:
         yield
-    except ApiException as e:
-        raise from_api_exception(what, e) from e
+    except ApiStatus as e:
+        raise from_api_status(what, e) from e
     except (aiohttp.ClientError, TimeoutError) as e:
         # Connection-level failures carry no status; they are worth another try.
         raise ServerError(what, 0, type(e).__name__) from e
 
 
 async def build_api_client(
-    kubeconfig: str | None = None, *, context: str | None = None, pool_size: int = 64
-) -> k8s.ApiClient:
-    """An ``ApiClient`` from ``kubeconfig``, else in-cluster config, else ``$KUBECONFIG``.
+    kubeconfig_path: str | None = None, *, context: str | None = None, pool_size: int = 64
+) -> ApiServer:
+    """An ``ApiServer`` from ``kubeconfig_path``, else in-cluster config, else ``$KUBECONFIG``.
 
     In a pod (``KUBERNETES_SERVICE_HOST`` set, no path given) the service account is used, so
     the RBAC in ``deploy/kubernetes/rbac.yaml`` is what the daemon can do.
     """
-    configuration = k8s.Configuration()
     try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            # The library leaves this one function unannotated.
-            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
-        else:
-            path = kubeconfig or os.environ.get("KUBECONFIG") or None
-            await k8s_config.load_kube_config(
-                config_file=path,
-                context=context,
-                client_configuration=configuration,
-                persist_config=False,
-            )
-    except (k8s_config.ConfigException, OSError, ValueError, TypeError, KeyError) as e:
-        reason = str(e).splitlines()[0][:MESSAGE_LIMIT] if str(e) else type(e).__name__
-        raise ConfigError("load Kubernetes config", 0, reason) from e
-    # The generated client's pool defaults to 5 x CPUs connections: in a storm every
-    # write would queue behind ten sockets, far below what the API server takes.
-    configuration.connection_pool_maxsize = pool_size
-    return k8s.ApiClient(configuration=configuration)
+        connection = kubeconfig.load(kubeconfig_path, context)
+    except kubeconfig.KubeconfigError as e:
+        raise ConfigError("load Kubernetes config", 0, str(e)[:MESSAGE_LIMIT]) from e
+    return ApiServer.open(connection, pool_size)

@@ -36,10 +36,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from kubernetes_asyncio import client as k8s
-
-from reclaimd.cluster import client
-from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster import apiserver, client
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.model import Gang, Member, Notice, RankAck, RestartWaste
 
 log = logging.getLogger(__name__)
@@ -98,16 +96,18 @@ class EventSink(Protocol):
     async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
 
 
+EVENTS_API = "events.k8s.io/v1"
+
+
 class KubeEventSink:
-    def __init__(self, api: k8s.ApiClient) -> None:
-        self._events = k8s.EventsV1Api(api)
+    def __init__(self, api: ApiServer) -> None:
+        self._api = api
 
     async def create(self, namespace: str, body: dict[str, Any]) -> None:
-        raw: Any = body  # the generated client takes plain JSON too
-        await self._events.create_namespaced_event(namespace, raw)
+        await self._api.post(apiserver.group(EVENTS_API, "events", namespace=namespace), body)
 
     async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        await self._events.patch_namespaced_event(name, namespace, body, **MERGE_PATCH)
+        await self._api.patch(apiserver.group(EVENTS_API, "events", name, namespace), body)
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        sink: EventSink | k8s.ApiClient,
+        sink: EventSink | ApiServer,
         budget: WriteBudget,
         *,
         instance: str,
@@ -216,7 +216,7 @@ class EventRecorder:
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._sink = KubeEventSink(sink) if isinstance(sink, k8s.ApiClient) else sink
+        self._sink = KubeEventSink(sink) if isinstance(sink, ApiServer) else sink
         self._budget = budget
         self._instance = _cut(instance, FIELD_LIMIT)
         self.settings = settings
@@ -399,7 +399,7 @@ class EventRecorder:
     def _body(self, entry: _Entry) -> dict[str, Any]:
         action, kind = _ACTION[entry.reason]
         body: dict[str, Any] = {
-            "apiVersion": "events.k8s.io/v1",
+            "apiVersion": EVENTS_API,
             "kind": "Event",
             "metadata": {"name": entry.name, "namespace": entry.regarding.event_namespace},
             "eventTime": micro_time(entry.first_time),

@@ -36,13 +36,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
-
-from kubernetes_asyncio import client as k8s
+from typing import Any
 
 from reclaimd import checkpoint, logs, tracing
-from reclaimd.cluster import client, gangrecord, leases, watch
-from reclaimd.cluster.claims import MERGE_PATCH, claim_order
+from reclaimd.cluster import apiserver, client, gangrecord, leases, objects
+from reclaimd.cluster.apiserver import ApiServer
+from reclaimd.cluster.claims import claim_order
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import (
     Gang,
@@ -118,14 +117,14 @@ def _uids(gang: Gang) -> set[str]:
 class GangClaims:
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api: ApiServer,
         namespace: str,
         holder: str,
         *,
         limiter: RateLimiter,
         peer_acks: PeerAcks | None = None,
     ) -> None:
-        self._coord = k8s.CoordinationV1Api(api_client)
+        self._api = api
         self.namespace = namespace
         self.holder = holder
         self._limiter = limiter
@@ -154,15 +153,15 @@ class GangClaims:
             await self._limiter.call(
                 f"create lease/{name}",
                 order,
-                lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+                lambda: self._api.post(apiserver.lease(self.namespace), body),
                 retry_until=notice.deadline,
             )
             return True
         except client.Conflict:
             pass
 
-        async def change(lease: Any) -> bool:
-            notes = lease.metadata.annotations or {}
+        async def change(lease: objects.Obj) -> bool:
+            notes = objects.annotations(lease)
             owner = notes.get(NOTICE_ANNOTATION, "")
             if owner == notice.id:
                 return True
@@ -171,16 +170,14 @@ class GangClaims:
                 log.info("gang %s is charged by notice %s, not %s", gang.key, owner, notice.id)
                 return False
             # A new incarnation of the gang: take the Lease over, if nobody wrote it since.
-            body["metadata"]["resourceVersion"] = lease.metadata.resource_version
+            body["metadata"]["resourceVersion"] = objects.version(lease)
             body["metadata"]["annotations"][ACKS_ANNOTATION] = ""  # the old pods' acks
             # the old incarnation's restart mark: this one's restart is not measured yet
             body["metadata"]["labels"] = {**body["metadata"]["labels"], RESTARTED_LABEL: None}
             await self._limiter.call(
                 f"take over lease/{name}",
                 order,
-                lambda: self._coord.patch_namespaced_lease(
-                    name, self.namespace, body, **MERGE_PATCH
-                ),
+                lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=notice.deadline,
             )
             return True
@@ -189,7 +186,7 @@ class GangClaims:
         return await self._limiter.update(
             f"lease/{name}",
             order,
-            lambda: self._coord.read_namespaced_lease(name, self.namespace),
+            lambda: self._api.get(apiserver.lease(self.namespace, name)),
             change,
             conflicts=5,
             retry_until=notice.deadline,
@@ -210,9 +207,7 @@ class GangClaims:
             await self._limiter.call(
                 f"record acks lease/{name}",
                 claim_order(notice),
-                lambda: self._coord.patch_namespaced_lease(
-                    name, self.namespace, body, **MERGE_PATCH
-                ),
+                lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=utcnow() + timedelta(seconds=ACKS_WRITE_S),
             )
         except client.KubeError as e:
@@ -225,42 +220,43 @@ class GangClaims:
         found = await self._limiter.read(
             f"list leases of notice {notice.id}",
             notice.deadline,
-            lambda: self._coord.list_namespaced_lease(
-                self.namespace, label_selector=f"{NOTICE_LABEL}={notice_label(notice.id)}"
+            lambda: self._api.get(
+                apiserver.lease(self.namespace),
+                labelSelector=f"{NOTICE_LABEL}={notice_label(notice.id)}",
             ),
         )
         mine = [
             lease
-            for lease in found.items or ()
-            if (lease.metadata.annotations or {}).get(NOTICE_ANNOTATION) == notice.id
-            and (lease.metadata.annotations or {}).get(RECORD_ANNOTATION)
+            for lease in objects.items(found)
+            if objects.annotations(lease).get(NOTICE_ANNOTATION) == notice.id
+            and objects.annotations(lease).get(RECORD_ANNOTATION)
         ]
         told = await self._told(notice, mine)
         out: dict[GangKey, Recorded] = {}
         for lease in mine:
-            notes = lease.metadata.annotations
+            notes, name = objects.annotations(lease), objects.name(lease)
             try:
                 gang = gangrecord.gang_from_json(notes[RECORD_ANNOTATION])
                 acks = gangrecord.acks_from_json(notes.get(ACKS_ANNOTATION, ""), gang)
-                if lease.metadata.name in told:
-                    said = gangrecord.acks_from_json(told[lease.metadata.name], gang)
+                if name in told:
+                    said = gangrecord.acks_from_json(told[name], gang)
                     acks = checkpoint.merge_acks(said, acks)
             except ParseError as e:
-                log.warning("lease %s: %s", lease.metadata.name, e)
+                log.warning("lease %s: %s", name, e)
                 continue
             out[gang.key] = Recorded(gang, acks, notes.get(TRACE_ANNOTATION, ""))
         return out
 
-    async def _told(self, notice: Notice, found: list[Any]) -> dict[str, str]:
+    async def _told(self, notice: Notice, found: list[objects.Obj]) -> dict[str, str]:
         """The acks the gangs' other holders still have in memory (one ask each, at once):
         those they could not write. Empty from a holder that does not answer."""
         if self._peer_acks is None:
             return {}
         label = notice_label(notice.id)
         others = {
-            lease.spec.holder_identity
+            str(h)
             for lease in found
-            if lease.spec is not None and lease.spec.holder_identity not in (None, self.holder)
+            if (h := objects.spec(lease).get("holderIdentity")) not in (None, self.holder)
         }
         answers = await asyncio.gather(*(self._peer_acks(h, label) for h in sorted(others)))
         told: dict[str, str] = {}
@@ -273,16 +269,16 @@ class GangClaims:
         found = await self._limiter.read(
             "list gang leases",
             None,
-            lambda: self._coord.list_namespaced_lease(self.namespace, label_selector=NOTICE_LABEL),
+            lambda: self._api.get(apiserver.lease(self.namespace), labelSelector=NOTICE_LABEL),
         )
         cutoff = utcnow() - timedelta(seconds=keep_s)
         deleted = 0
-        for lease in found.items or ():
-            acquired = lease.spec.acquire_time if lease.spec is not None else None
+        for lease in objects.items(found):
+            acquired = objects.time(objects.spec(lease).get("acquireTime"))
             if acquired is None or acquired > cutoff:
                 continue
             # The version it was read at: a Lease taken over since (a new incarnation) stays.
-            if await leases.delete_unchanged(self._coord, self._limiter, self.namespace, lease):
+            if await leases.delete_unchanged(self._api, self._limiter, self.namespace, lease):
                 deleted += 1
         return deleted
 
@@ -298,18 +294,13 @@ class GangClaims:
             await asyncio.sleep(every_s)
 
     async def charged(self) -> list[Charged]:
-        """Every gang a notice charged whose restart is not on the ledger yet. Read raw: the
-        Leases carry their gangs' records, and a storm leaves hundreds for hours."""
+        """Every gang a notice charged whose restart is not on the ledger yet (a storm
+        leaves hundreds of Leases for hours)."""
         selector = f"{NOTICE_LABEL},!{RESTARTED_LABEL}"
         found = await self._limiter.read(
             "list gang leases",
             None,
-            lambda: watch.raw_json(
-                "list gang leases",
-                lambda: self._coord.list_namespaced_lease(
-                    self.namespace, label_selector=selector, _preload_content=False
-                ),
-            ),
+            lambda: self._api.get(apiserver.lease(self.namespace), labelSelector=selector),
         )
         out = []
         for lease in found.get("items") or ():
@@ -352,9 +343,7 @@ class GangClaims:
             await self._limiter.call(
                 f"restart recorded lease/{c.lease}",
                 None,
-                lambda: self._coord.patch_namespaced_lease(
-                    c.lease, self.namespace, body, **MERGE_PATCH
-                ),
+                lambda: self._api.patch(apiserver.lease(self.namespace, c.lease), body),
             )
         except (client.Conflict, client.NotFound):
             return False

@@ -21,8 +21,7 @@ key is taken from the first marker found, most specific first:
 Ranks come from ``reclaimd.io/rank`` when the workload says so, else from the framework's
 index labels; ``build_gang`` fills what only the whole gang can tell (a Kubeflow worker's
 rank depends on whether a master exists; a gang with no marked leader gets its lowest rank).
-Functions take the pod as the API server's JSON (a ``V1Pod`` is converted first), because the
-cache keeps raw dicts.
+Functions take the pod as the API server's JSON (camelCase, as the cache keeps it).
 """
 
 from __future__ import annotations
@@ -83,33 +82,10 @@ MIG_PREFIX = "nvidia.com/mig-"
 
 
 def as_pod(pod: Any) -> Pod:
-    """The pod as API JSON: a dict passes through, a generated ``V1Pod`` is converted."""
+    """The pod as API JSON (a map, as the API server sends it); TypeError for anything else."""
     if isinstance(pod, Mapping):
         return pod
-    converted = _to_json(pod)
-    if not isinstance(converted, Mapping):
-        raise TypeError(f"not a pod: {type(pod).__name__}")
-    return converted
-
-
-def _to_json(value: Any) -> Any:
-    # Generated models name their JSON keys in ``attribute_map``; this avoids needing an
-    # ApiClient (and its event loop) just to serialize.
-    attribute_map = getattr(value, "attribute_map", None)
-    if isinstance(attribute_map, Mapping):
-        out: dict[str, Any] = {}
-        for attr, key in attribute_map.items():
-            item = getattr(value, attr, None)
-            if item is not None:
-                out[key] = _to_json(item)
-        return out
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Mapping):
-        return {k: _to_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_to_json(v) for v in value]
-    return value
+    raise TypeError(f"not a pod: {type(pod).__name__}")
 
 
 def _meta(pod: Pod) -> Mapping[str, Any]:

@@ -27,15 +27,13 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
-
-from kubernetes_asyncio import client as k8s
+from typing import Any
 
 from reclaimd import logs
-from reclaimd.cluster import client, leases, probe
-from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster import apiserver, client, leases, objects, probe
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
-from reclaimd.model import parse_time, rfc3339, utcnow
+from reclaimd.model import rfc3339, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +57,7 @@ def lease_name(holder: str) -> str:
 class HolderLeases:
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api: ApiServer,
         namespace: str,
         holder: str,
         *,
@@ -70,7 +68,7 @@ class HolderLeases:
         probe_timeout_s: float = 0.5,
         group: str = "",
     ) -> None:
-        self._coord = k8s.CoordinationV1Api(api_client)
+        self._api = api
         self.namespace, self.holder, self.lease_s = namespace, holder, lease_s
         self.cut_after_s = lease_s * CUT_FRACTION
         self._limiter = limiter
@@ -188,16 +186,14 @@ class HolderLeases:
             await self._limiter.call(
                 f"renew lease/{name}",
                 FIRST,
-                lambda: self._coord.patch_namespaced_lease(
-                    name, self.namespace, body, **MERGE_PATCH
-                ),
+                lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=until,
             )
         except client.NotFound:
             await self._limiter.call(
                 f"create lease/{name}",
                 FIRST,
-                lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+                lambda: self._api.post(apiserver.lease(self.namespace), body),
                 retry_until=until,
             )
         done = utcnow()
@@ -222,24 +218,23 @@ class HolderLeases:
             lease = await self._limiter.read(
                 f"read lease/{name}",
                 None,
-                lambda: self._coord.read_namespaced_lease(name, self.namespace),
+                lambda: self._api.get(apiserver.lease(self.namespace, name)),
                 retry_until=utcnow() + timedelta(seconds=self.lease_s / 2),
             )
         except client.NotFound:
             return False
-        renew = lease.spec.renew_time if lease.spec is not None else None
-        if renew is None:
+        at = objects.time(objects.spec(lease).get("renewTime"))
+        if at is None:
             return False
-        at = renew if isinstance(renew, datetime) else parse_time(str(renew))
         self._seen[holder] = at
         return utcnow() - at <= timedelta(seconds=self.lease_s)
 
     async def refresh(self) -> None:
-        leases = await self._limiter.read(
+        listed = await self._limiter.read(
             "list holder leases",
             None,
-            lambda: self._coord.list_namespaced_lease(
-                self.namespace, label_selector=f"{HOLDER_LABEL}=true"
+            lambda: self._api.get(
+                apiserver.lease(self.namespace), labelSelector=f"{HOLDER_LABEL}=true"
             ),
             retry_until=utcnow() + timedelta(seconds=self.lease_s / 2),
         )
@@ -247,14 +242,13 @@ class HolderLeases:
         addresses: dict[str, str] = {}
         peers: set[str] = set()
         gone_before = utcnow() - timedelta(seconds=GONE_AFTER_S)
-        gone: list[Any] = []
-        for lease in leases.items or ():
-            notes = lease.metadata.annotations or {}
+        gone: list[objects.Obj] = []
+        for lease in objects.items(listed):
+            notes = objects.annotations(lease)
             holder = notes.get(HOLDER_ANNOTATION)
-            renew = lease.spec.renew_time if lease.spec is not None else None
-            if not holder or renew is None:
+            at = objects.time(objects.spec(lease).get("renewTime"))
+            if not holder or at is None:
                 continue
-            at = renew if isinstance(renew, datetime) else parse_time(str(renew))
             if at <= FIRST and holder != self.holder and holder not in self._dead:
                 # Released (``release``): it said it no longer acts, so no Lease need run
                 # out, even for a replica that never saw it alive (a rolling upgrade's successor).
@@ -327,29 +321,26 @@ class HolderLeases:
         await self._limiter.call(
             f"release lease/{name}",
             FIRST,
-            lambda: self._coord.patch_namespaced_lease(name, self.namespace, body, **MERGE_PATCH),
+            lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
             retry_until=utcnow() + timedelta(seconds=2),
         )
 
-    async def _forget_all(self, leases: list[Any]) -> None:
+    async def _forget_all(self, leases: list[objects.Obj]) -> None:
         for lease in leases:
             await self._forget(lease)
 
-    async def _forget(self, lease: Any) -> None:
+    async def _forget(self, lease: objects.Obj) -> None:
         """Delete the Lease of a replica gone for good (a pod name of an old rollout): one
         per replica ever run would pile up. Its claims are long taken over (no Lease reads as
         not alive); the version read is a precondition, so a holder back since keeps it."""
         try:
-            await leases.delete_unchanged(self._coord, self._limiter, self.namespace, lease)
+            await leases.delete_unchanged(self._api, self._limiter, self.namespace, lease)
         except client.KubeError as e:
-            log.info("holder lease %s not deleted: %s", lease.metadata.name, e)
+            log.info("holder lease %s not deleted: %s", objects.name(lease), e)
 
 
-def _released_at(lease: Any) -> datetime:
-    raw = lease.spec.acquire_time if lease.spec is not None else None
-    if raw is None:
-        return FIRST
-    return raw if isinstance(raw, datetime) else parse_time(str(raw))
+def _released_at(lease: objects.Obj) -> datetime:
+    return objects.time(objects.spec(lease).get("acquireTime")) or FIRST
 
 
 def _micro(t: datetime) -> str:

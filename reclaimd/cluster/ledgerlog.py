@@ -30,12 +30,10 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from kubernetes_asyncio import client as k8s
-
-from reclaimd.cluster import client, leases
-from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster import apiserver, client, leases, objects
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import parse_time, rfc3339, utcnow
 
@@ -187,7 +185,7 @@ class LedgerLog:
 
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api: ApiServer,
         namespace: str,
         holder: str,
         topic: str,
@@ -195,7 +193,7 @@ class LedgerLog:
         limiter: RateLimiter,
         write_s: float = 10.0,
     ) -> None:
-        self._coord = k8s.CoordinationV1Api(api_client)
+        self._api = api
         self.namespace, self.holder, self.topic = namespace, holder, topic
         self._limiter = limiter
         self._write_s = write_s  # how long a record's write is retried (past the deadline too)
@@ -244,7 +242,7 @@ class LedgerLog:
             await self._limiter.call(
                 f"create lease/{name}",
                 order,
-                lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+                lambda: self._api.post(apiserver.lease(self.namespace), body),
                 retry_until=now + timedelta(seconds=self._write_s),
             )
         except client.Conflict:
@@ -259,19 +257,20 @@ class LedgerLog:
         """Every record of this topic, tombstones too, read now (a quorum read, not a cache)."""
         return [ev for _, ev in await self._listed()]
 
-    async def _listed(self) -> list[tuple[Any, PendingEvent]]:
+    async def _listed(self) -> list[tuple[objects.Obj, PendingEvent]]:
         selector = f"{EVENT_LABEL}=true,{TOPIC_LABEL}={topic_label(self.topic)}"
         found = await self._limiter.read(
             "list ledger leases",
             None,
-            lambda: self._coord.list_namespaced_lease(self.namespace, label_selector=selector),
+            lambda: self._api.get(apiserver.lease(self.namespace), labelSelector=selector),
             retry_until=utcnow() + timedelta(seconds=self._write_s),
         )
-        out: list[tuple[Any, PendingEvent]] = []
-        for lease in found.items or ():
-            meta = lease.metadata
+        out: list[tuple[objects.Obj, PendingEvent]] = []
+        for lease in objects.items(found):
             try:
-                ev = decode_event(meta.name, meta.annotations or {}, meta.resource_version or "")
+                ev = decode_event(
+                    objects.name(lease), objects.annotations(lease), objects.version(lease)
+                )
             except ValueError as e:
                 self.undecodable += 1
                 log.warning("%s", e)
@@ -299,14 +298,11 @@ class LedgerLog:
             lease = await self._limiter.call(
                 f"adopt lease/{ev.name}",
                 now + LAST,
-                lambda: self._coord.patch_namespaced_lease(
-                    ev.name, self.namespace, body, **MERGE_PATCH
-                ),
+                lambda: self._api.patch(apiserver.lease(self.namespace, ev.name), body),
                 retry_until=now + timedelta(seconds=self._write_s),
             )
         except (client.Conflict, client.NotFound):
             return None
-        rv = getattr(getattr(lease, "metadata", None), "resource_version", "") or ""
         return PendingEvent(
             name=ev.name,
             topic=ev.topic,
@@ -317,7 +313,7 @@ class LedgerLog:
             recorded_at=ev.recorded_at,
             holder=self.holder,
             holders=holders,
-            resource_version=str(rv),
+            resource_version=objects.version(lease),
         )
 
     async def mark_published(self, event_id: str) -> None:
@@ -330,9 +326,7 @@ class LedgerLog:
             await self._limiter.call(
                 f"publish lease/{name}",
                 now + LAST,
-                lambda: self._coord.patch_namespaced_lease(
-                    name, self.namespace, body, **MERGE_PATCH
-                ),
+                lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=now + timedelta(seconds=60),
             )
 
@@ -343,6 +337,6 @@ class LedgerLog:
         for lease, rec in await self._listed():
             if rec.published_at is not None and rec.published_at < cutoff:
                 gone += await leases.delete_unchanged(
-                    self._coord, self._limiter, self.namespace, lease
+                    self._api, self._limiter, self.namespace, lease
                 )
         return gone

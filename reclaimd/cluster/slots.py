@@ -49,14 +49,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from kubernetes_asyncio import client as k8s
-
 from reclaimd import logs
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import client
-from reclaimd.cluster.claims import MERGE_PATCH
+from reclaimd.cluster import apiserver, client, objects
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
-from reclaimd.model import parse_time, utcnow
+from reclaimd.model import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +93,13 @@ class SlotLease:
     version: str | None = None  # resourceVersion: a takeover's precondition
 
     @classmethod
-    def of(cls, lease: Any) -> SlotLease:
-        spec = lease.spec
-        renew = spec.renew_time if spec is not None else None
-        at = None
-        if renew is not None:
-            at = renew if isinstance(renew, datetime) else parse_time(str(renew))
+    def of(cls, lease: objects.Obj) -> SlotLease:
+        spec = objects.spec(lease)
         return cls(
-            holder=str((spec.holder_identity if spec is not None else None) or ""),
-            renewed=at,
-            duration_s=float((spec.lease_duration_seconds if spec is not None else None) or 0),
-            version=lease.metadata.resource_version,
+            holder=str(spec.get("holderIdentity") or ""),
+            renewed=objects.time(spec.get("renewTime")),
+            duration_s=float(spec.get("leaseDurationSeconds") or 0),
+            version=objects.version(lease) or None,
         )
 
 
@@ -143,7 +137,7 @@ class PubSubSlots:
 
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api: ApiServer,
         namespace: str,
         holder: str,
         *,
@@ -155,7 +149,7 @@ class PubSubSlots:
     ) -> None:
         if not subscriptions:
             raise ValueError("pubsub slots: no subscription")
-        self._coord = k8s.CoordinationV1Api(api_client)
+        self._api = api
         self.namespace, self.holder, self.lease_s = namespace, holder, lease_s
         self.subscriptions = tuple(subscriptions)
         self.names = tuple(lease_name(s) for s in self.subscriptions)
@@ -316,9 +310,7 @@ class PubSubSlots:
             await self._limiter.call(
                 f"release lease/{name}",
                 FIRST,
-                lambda: self._coord.patch_namespaced_lease(
-                    name, self.namespace, body, **MERGE_PATCH
-                ),
+                lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=utcnow() + timedelta(seconds=RELEASE_S),
             )
         except client.KubeError as e:
@@ -336,12 +328,12 @@ class PubSubSlots:
         listed = await self._limiter.read(
             "list pubsub slot leases",
             None,
-            lambda: self._coord.list_namespaced_lease(
-                self.namespace, label_selector=f"{SLOT_LABEL}=true"
+            lambda: self._api.get(
+                apiserver.lease(self.namespace), labelSelector=f"{SLOT_LABEL}=true"
             ),
             retry_until=utcnow() + timedelta(seconds=self.lease_s / 3),
         )
-        by_name = {lease.metadata.name: SlotLease.of(lease) for lease in listed.items or ()}
+        by_name = {objects.name(lease): SlotLease.of(lease) for lease in objects.items(listed)}
         return {i: by_name.get(name) for i, name in enumerate(self.names)}
 
     def _body(self, index: int, now: datetime, version: str | None) -> dict[str, Any]:
@@ -382,21 +374,19 @@ class PubSubSlots:
                 written = await self._limiter.call(
                     f"create lease/{name}",
                     FIRST,
-                    lambda: self._coord.create_namespaced_lease(self.namespace, cast(Any, body)),
+                    lambda: self._api.post(apiserver.lease(self.namespace), body),
                     retry_until=until,
                 )
             else:
                 written = await self._limiter.call(
                     f"take lease/{name}",
                     FIRST,
-                    lambda: self._coord.patch_namespaced_lease(
-                        name, self.namespace, body, **MERGE_PATCH
-                    ),
+                    lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                     retry_until=until,
                 )
         except (client.Conflict, client.NotFound):
             return False  # created, taken or deleted since we read it
-        self.held, self._version, self._renewed_at = index, written.metadata.resource_version, now
+        self.held, self._version, self._renewed_at = index, objects.version(written) or None, now
         return True
 
     async def _renew(self, index: int) -> bool:
@@ -407,9 +397,7 @@ class PubSubSlots:
             written = await self._limiter.call(
                 f"renew lease/{name}",
                 FIRST,
-                lambda: self._coord.patch_namespaced_lease(
-                    name, self.namespace, body, **MERGE_PATCH
-                ),
+                lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=now + timedelta(seconds=self.lease_s / 3),
             )
         except client.NotFound:
@@ -421,7 +409,7 @@ class PubSubSlots:
                 lease = await self._limiter.read(
                     f"read lease/{name}",
                     None,
-                    lambda: self._coord.read_namespaced_lease(name, self.namespace),
+                    lambda: self._api.get(apiserver.lease(self.namespace, name)),
                     retry_until=now + timedelta(seconds=self.lease_s / 3),
                 )
             except client.NotFound:
@@ -431,7 +419,7 @@ class PubSubSlots:
                 return False
             self._version = current.version
             return True
-        self._version, self._renewed_at = written.metadata.resource_version, now
+        self._version, self._renewed_at = objects.version(written) or None, now
         return True
 
 

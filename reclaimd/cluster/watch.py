@@ -19,8 +19,8 @@
 
 Objects are raw dicts as the server sent them (camelCase), not generated models: the cache
 keeps a few fields of many objects, and parsing each into a model would cost more than the
-rest of the daemon. ``KubeEndpoint`` adapts any ``kubernetes_asyncio`` ``list_*`` function;
-its ``project`` turns each listed object into what the consumer keeps (or drops it) page by
+rest of the daemon. ``KubeEndpoint`` is one collection's path on the ``ApiServer``; its
+``project`` turns each listed object into what the consumer keeps (or drops it) page by
 page, so a LIST of 50,000 pods never holds more than one page of them whole.
 """
 
@@ -29,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 from reclaimd.backoff import Backoff
 from reclaimd.cluster import client
+from reclaimd.cluster.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -245,31 +246,31 @@ def _version_of(obj: RawObject) -> str:
 
 # --- the real endpoint ----------------------------------------------------------------------
 
-ListFn = Callable[..., Awaitable[Any]]
 Projection = Callable[[RawObject], object | None]
 
 
 class KubeEndpoint:
-    """An ``Endpoint`` over a ``kubernetes_asyncio`` ``list_*`` function (and its arguments).
+    """An ``Endpoint`` over one collection's path (``apiserver.node()``, ``apiserver.pod("")``
+    for every namespace, ...) with its query (``labelSelector``, ``fieldSelector``).
 
-    ``_preload_content=False`` keeps the response raw: the generated client would otherwise
-    build a model for every object, and it would not raise on an error status either, so the
-    status is checked here. ``project`` (listed objects only; watch events stay raw) maps
-    each object to what is kept, None to drop it.
+    ``project`` (listed objects only; watch events stay raw) maps each object to what is
+    kept, None to drop it.
     """
 
     def __init__(
         self,
-        list_fn: ListFn,
+        api: ApiServer,
+        path: str,
         what: str,
         *,
         page_size: int = WatchSettings.page_size,
         project: Projection | None = None,
-        **kwargs: Any,
+        **params: str,
     ) -> None:
-        self._list_fn = list_fn
+        self._api = api
+        self._path = path
         self._what = what
-        self._kwargs = kwargs
+        self._params = params
         self._page_size = page_size
         self._project = project
 
@@ -277,10 +278,11 @@ class KubeEndpoint:
         objects: list[Any] = []
         token = ""
         while True:
-            extra: dict[str, Any] = {"limit": self._page_size}
+            page: dict[str, Any] = {**self._params, "limit": self._page_size}
             if token:
-                extra["_continue"] = token
-            body = await self._call(f"list {self._what}", **self._kwargs, **extra)
+                page["continue"] = token
+            with client.kube_errors(f"list {self._what}"):
+                body = await self._api.get(self._path, **page)
             items = body.get("items") or []
             if self._project is None:
                 objects.extend(items)
@@ -299,50 +301,18 @@ class KubeEndpoint:
     ) -> AsyncIterator[AsyncIterator[RawObject]]:
         what = f"watch {self._what}"
         with client.kube_errors(what):
-            response = await self._list_fn(
-                **self._kwargs,
+            response = await self._api.stream(
+                self._path,
+                **self._params,
                 watch=True,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_s,
-                _preload_content=False,
+                resourceVersion=resource_version,
+                allowWatchBookmarks=True,
+                timeoutSeconds=timeout_s,
             )
         try:
-            if response.status != 200:
-                raise client.error_for(
-                    what, response.status, await _read_json(response), response.headers
-                )
             yield _lines(response, what)
         finally:
             response.release()
-
-    async def _call(self, what: str, **kwargs: Any) -> Mapping[str, Any]:
-        return await raw_json(what, lambda: self._list_fn(**kwargs, _preload_content=False))
-
-
-async def raw_json(what: str, request: Callable[[], Awaitable[Any]]) -> Mapping[str, Any]:
-    """One call of the generated client with ``_preload_content=False``, its body as plain
-    JSON: a LIST of thousands of objects costs a ``json.loads``, not the client's models."""
-    with client.kube_errors(what):
-        response = await request()
-        try:
-            body = await _read_json(response)
-        finally:
-            response.release()
-    if response.status != 200:
-        raise client.error_for(what, response.status, body, response.headers)
-    if not isinstance(body, Mapping):
-        raise client.ServerError(what, response.status, "response is not a JSON object")
-    return body
-
-
-async def _read_json(response: Any) -> Any:
-    with client.kube_errors("read response"):
-        data = await response.read()
-    try:
-        return json.loads(data)
-    except ValueError:
-        return None
 
 
 async def _lines(response: Any, what: str) -> AsyncIterator[RawObject]:

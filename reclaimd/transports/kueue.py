@@ -31,12 +31,12 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from kubernetes_asyncio import client as k8s
+from typing import cast
 
 from reclaimd import kueueapi, logs
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import client
+from reclaimd.cluster import apiserver, client
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.watch import (
     Changed,
     KubeEndpoint,
@@ -98,7 +98,7 @@ class KueueSource:
         *,
         admit: Admit,
         windows: Windows,
-        api: k8s.ApiClient,
+        api: ApiServer,
         watch: WatchSettings = _DEFAULT_WATCH,
         concurrency: int = 8,
         retry_pause_s: float = RETRY_PAUSE_S,
@@ -179,26 +179,9 @@ class KueueSource:
             await lasting.sleep()
 
     def _endpoint(self, version: str, namespace: str, where: str) -> KubeEndpoint:
-        custom = k8s.CustomObjectsApi(self.api)
-        page = self.watch_settings.page_size
-        if namespace:
-            return KubeEndpoint(
-                custom.list_namespaced_custom_object,
-                where,
-                page_size=page,
-                group=GROUP,
-                version=version,
-                plural=PLURAL,
-                namespace=namespace,
-            )
-        return KubeEndpoint(
-            custom.list_cluster_custom_object,
-            where,
-            page_size=page,
-            group=GROUP,
-            version=version,
-            plural=PLURAL,
-        )
+        """Workloads of ``namespace``, or of every namespace when it is empty."""
+        path = apiserver.group(f"{GROUP}/{version}", PLURAL, namespace=namespace)
+        return KubeEndpoint(self.api, path, where, page_size=self.watch_settings.page_size)
 
     # --- events to deliveries (synchronous: no await between reading and updating state) ------
 
@@ -315,4 +298,7 @@ def _name(key: Key) -> str:
 
 def build(entry: Entry[KueueSettings], w: Wiring) -> KueueSource:
     s = entry.settings_of(w.settings)
-    return KueueSource(s, admit=w.admit, windows=w.windows, api=w.api, parser=entry.parser)
+    # No API (a registry built without a cluster, as in a unit test): built all the same, as
+    # before; its run() fails and is retried, counted in transport_errors.
+    api = cast(ApiServer, w.api)
+    return KueueSource(s, admit=w.admit, windows=w.windows, api=api, parser=entry.parser)

@@ -17,6 +17,9 @@ import pytest
 from kubernetes_asyncio import client, config
 from stack import REPO_DIR, Stack, StackEnvError, client_env, load_stack
 
+from reclaimd.cluster.apiserver import ApiServer
+from reclaimd.cluster.client import build_api_client
+
 E2E_DIR = Path(__file__).resolve().parent
 STACK_SH = REPO_DIR / "deploy" / "local" / "stack.sh"
 # Long enough for a warm `up` from stopped; a cold one (builds) belongs in `make stack-up`.
@@ -80,3 +83,10 @@ async def kube(stack: Stack) -> AsyncIterator[client.ApiClient]:
     )
     async with client.ApiClient(configuration=configuration) as api:
         yield api
+
+
+@pytest.fixture(scope="session")
+async def api(stack: Stack) -> AsyncIterator[ApiServer]:
+    """The product's own client (``ApiServer``) on the admin kubeconfig."""
+    async with await build_api_client(str(stack.kubeconfig)) as server:
+        yield server

@@ -21,8 +21,9 @@ import yaml
 from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR, Stack
 
-from reclaimd.cluster import client, gangclaims
+from reclaimd.cluster import apiserver, client, gangclaims
 from reclaimd.cluster.actions import ActionSettings, ClusterActions, EvictResult
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import CacheSettings, ClusterCache, NodeView
 from reclaimd.cluster.claims import (
     AdvanceStatus,
@@ -199,7 +200,7 @@ async def admin(kube: k8s.ApiClient) -> AsyncIterator[k8s.ApiClient]:
 
 
 @pytest.fixture(scope="module")
-async def as_reclaimd(admin: k8s.ApiClient, stack: Stack) -> AsyncIterator[k8s.ApiClient]:
+async def as_reclaimd(admin: k8s.ApiClient, stack: Stack) -> AsyncIterator[ApiServer]:
     api = await client.build_api_client(str(stack.reclaimd_kubeconfig))
     async with api:
         yield api
@@ -229,21 +230,20 @@ def job_labels(job: str, index: int, **extra: str) -> dict[str, str]:
 # --- RBAC --------------------------------------------------------------------------------------
 
 
-async def test_reclaimd_identity_has_exactly_its_rights(as_reclaimd: k8s.ApiClient) -> None:
-    core = k8s.CoreV1Api(as_reclaimd)
-    await core.list_node(limit=1)
-    await core.list_pod_for_all_namespaces(limit=1)
+async def test_reclaimd_identity_has_exactly_its_rights(as_reclaimd: ApiServer) -> None:
+    await as_reclaimd.get(apiserver.node(), limit=1)
+    await as_reclaimd.get(apiserver.pod(""), limit=1)
     with pytest.raises(client.Forbidden), client.kube_errors("list secrets"):
-        await core.list_secret_for_all_namespaces(limit=1)
+        await as_reclaimd.get(apiserver.core("secrets"), limit=1)
     with pytest.raises(client.Forbidden), client.kube_errors("create pod"):
-        await core.create_namespaced_pod(NS, pod_body("not-allowed", "nowhere"))
+        await as_reclaimd.post(apiserver.pod(NS), pod_body("not-allowed", "nowhere"))
 
 
 # --- cache -------------------------------------------------------------------------------------
 
 
 async def test_cache_indexes_nodes_and_resolves_a_gang_from_one_node(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     nodes = await make_nodes(admin, *(f"gpu-{RUN}-{i}" for i in range(3)))
     for i, node in enumerate(nodes):
@@ -305,7 +305,7 @@ async def test_cache_indexes_nodes_and_resolves_a_gang_from_one_node(
 
 
 async def test_cache_maps_kueue_workloads_to_their_gangs(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     nodes = await make_nodes(admin, f"kq-{RUN}-0", f"kq-{RUN}-1")
     job_uid = f"job-uid-{RUN}"
@@ -359,15 +359,11 @@ async def test_cache_maps_kueue_workloads_to_their_gangs(
         await cache.stop()
 
 
-async def test_watch_resumes_from_bookmarked_versions(admin: k8s.ApiClient) -> None:
+async def test_watch_resumes_from_bookmarked_versions(admin: k8s.ApiClient, api: ApiServer) -> None:
     """KubeEndpoint against the server: list, then events from the listed version."""
     core = k8s.CoreV1Api(admin)
     endpoint = KubeEndpoint(
-        core.list_namespaced_pod,
-        f"pods in {NS}",
-        page_size=2,
-        namespace=NS,
-        label_selector="watched=yes",
+        api, apiserver.pod(NS), f"pods in {NS}", page_size=2, labelSelector="watched=yes"
     )
     await make_pod(admin, "watched-0", "nowhere", labels={"watched": "yes"}, gpus=0)
     await make_pod(admin, "watched-1", "nowhere", labels={"watched": "yes"}, gpus=0)
@@ -399,7 +395,7 @@ async def test_watch_resumes_from_bookmarked_versions(admin: k8s.ApiClient) -> N
 
 
 async def test_claim_is_exclusive_and_resumable(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     (node,) = await make_nodes(admin, f"claim-{RUN}")
     limiter = RateLimiter()
@@ -458,7 +454,7 @@ async def test_claim_is_exclusive_and_resumable(
 
 
 async def test_more_urgent_notice_replaces_an_open_claim(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     (node,) = await make_nodes(admin, f"urgent-{RUN}")
     a = ClaimStore(as_reclaimd, "replica-a")
@@ -478,7 +474,7 @@ async def test_more_urgent_notice_replaces_an_open_claim(
     assert missing.status is ClaimStatus.TARGET_NOT_FOUND
 
 
-async def test_claim_on_a_kueue_workload(admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient) -> None:
+async def test_claim_on_a_kueue_workload(admin: k8s.ApiClient, as_reclaimd: ApiServer) -> None:
     name = f"reclaimed-{RUN}"
     await k8s.CustomObjectsApi(admin).create_namespaced_custom_object(
         "kueue.x-k8s.io",
@@ -517,7 +513,7 @@ KCM_CORDON_TAINT = "node.kubernetes.io/unschedulable"
 
 
 async def test_cordon_and_taint_is_idempotent_and_keeps_other_taints(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     (node,) = await make_nodes(admin, f"cordon-{RUN}")
     core = k8s.CoreV1Api(admin)
@@ -612,7 +608,7 @@ async def ready_and_guarded(admin: k8s.ApiClient, pods: list[str], pdb: str) -> 
 
 
 async def test_evict_without_pdb_and_wait_gone(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     (node,) = await make_nodes(admin, f"evict-{RUN}")
     victim = await member(admin, "victim", node)
@@ -627,7 +623,7 @@ async def test_evict_without_pdb_and_wait_gone(
 
 
 async def test_pdb_blocks_eviction_and_each_policy_does_what_it_says(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     (node,) = await make_nodes(admin, f"pdb-{RUN}")
     guarded = {"app": f"guarded-{RUN}"}
@@ -661,7 +657,7 @@ async def test_pdb_blocks_eviction_and_each_policy_does_what_it_says(
 
 
 async def test_a_refused_eviction_is_asked_again_when_the_cache_sees_its_pdb_change(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     """The cache's PDB watch, not a timer, brings the retry: with the timer at 60 s, the
     eviction goes through within the test's bound only because the PDB's change woke it."""
@@ -704,7 +700,7 @@ async def test_a_refused_eviction_is_asked_again_when_the_cache_sees_its_pdb_cha
 
 
 async def test_a_saved_gangs_own_pdb_releases_it_and_a_shared_one_holds(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     """Once its checkpoint ask is over, a gang whose PDB selects only its own pods is deleted
     at the first refusal; a PDB that also covers another job's pod is honoured until
@@ -771,7 +767,7 @@ async def test_a_saved_gangs_own_pdb_releases_it_and_a_shared_one_holds(
 
 
 async def test_storm_writes_are_served_earliest_deadline_first(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer, api: ApiServer
 ) -> None:
     names = await make_nodes(admin, *(f"storm-{RUN}-{i}" for i in range(3)), labels={"storm": RUN})
     # One token, refilled every 4 s: the three cordons queue behind it.
@@ -781,7 +777,7 @@ async def test_storm_writes_are_served_earliest_deadline_first(
     deadlines = {names[0]: 90, names[1]: 30, names[2]: 60}
 
     order: list[str] = []
-    endpoint = KubeEndpoint(k8s.CoreV1Api(admin).list_node, "nodes", label_selector=f"storm={RUN}")
+    endpoint = KubeEndpoint(api, apiserver.node(), "nodes", labelSelector=f"storm={RUN}")
 
     async def record() -> None:
         async for event in watch_objects(endpoint):
@@ -826,7 +822,7 @@ async def _copy_of(admin: k8s.ApiClient, name: str) -> NodeView:
 
 
 async def test_the_claim_cordons_and_taints_in_one_write_from_the_cache_copy(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     # Not a kwok node: kwok's heartbeats would move its resourceVersion under the test (then
     # a 409 and a second write, correctly; this test is about the write when nothing moved).
@@ -866,7 +862,7 @@ async def test_the_claim_cordons_and_taints_in_one_write_from_the_cache_copy(
 
 
 async def test_holder_leases_tell_who_is_alive(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     limiter = RateLimiter()
     a = HolderLeases(as_reclaimd, "reclaimd", f"holder-a-{RUN}", lease_s=20, limiter=limiter)
@@ -883,7 +879,7 @@ async def test_holder_leases_tell_who_is_alive(
 
 
 async def test_the_lease_of_a_replica_gone_for_an_hour_is_deleted(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     limiter = RateLimiter()
     gone = HolderLeases(as_reclaimd, "reclaimd", f"holder-gone-{RUN}", lease_s=20, limiter=limiter)
@@ -914,7 +910,7 @@ def _gang(name: str, *uids: str) -> Gang:
 
 
 async def test_a_gang_lease_charges_one_notice_per_incarnation(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     leases = GangClaims(as_reclaimd, "reclaimd", "replica-a", limiter=RateLimiter())
     first, second, third = (notice(n) for n in ("g-first", "g-second", "g-third"))
@@ -929,7 +925,7 @@ async def test_a_gang_lease_charges_one_notice_per_incarnation(
 
 
 async def test_a_gang_lease_keeps_what_a_successor_needs(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     owner = GangClaims(as_reclaimd, "reclaimd", "replica-a", limiter=RateLimiter())
     successor = GangClaims(as_reclaimd, "reclaimd", "replica-b", limiter=RateLimiter())
@@ -947,7 +943,7 @@ async def test_a_gang_lease_keeps_what_a_successor_needs(
 
 
 async def test_a_successor_learns_the_acks_its_cut_off_peer_could_not_record(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer, api: ApiServer
 ) -> None:
     """The owner got its ranks' acks but not the write of them (cut off from the API server);
     Kueue deleted the ranks meanwhile. The successor asks the owner, still alive, for them."""
@@ -958,7 +954,7 @@ async def test_a_successor_learns_the_acks_its_cut_off_peer_could_not_record(
     acked_at = utcnow().replace(microsecond=0)
     c1, c2 = gang.members
     # The owner's write fails (the API server is gone for it): only its memory has the acks.
-    cut_off = GangClaims(admin, "reclaimd-nowhere", "replica-a", limiter=RateLimiter())
+    cut_off = GangClaims(api, "reclaimd-nowhere", "replica-a", limiter=RateLimiter())
     await cut_off.acked(gang, n, (RankAck(c1, True, True, acked_at), RankAck(c2, False)))
     assert cut_off.held(gangclaims.notice_label(n.id))  # kept, though never written
 
@@ -980,7 +976,7 @@ async def test_a_successor_learns_the_acks_its_cut_off_peer_could_not_record(
 
 
 async def test_old_gang_leases_are_swept_and_recent_ones_kept(
-    admin: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     leases = GangClaims(as_reclaimd, "reclaimd", "replica-a", limiter=RateLimiter())
     old_gang, new_gang = _gang(f"old-{RUN}", "o1"), _gang(f"new-{RUN}", "n1")

@@ -30,8 +30,8 @@ from test_helm_install import HELM, run
 from test_image import PODMAN, ULIMITS, built
 
 from chaos import fleet
+from chaos import kube as chaos_kube
 from chaos.gameday_target import finished
-from reclaimd.cluster.client import build_api_client
 
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
 SCENARIOS = REPO_DIR / "chaos" / "scenarios"
@@ -91,7 +91,7 @@ async def _untainted(api: k8s.ApiClient, names: list[str], timeout_s: float = 24
 
 @pytest.fixture(scope="module")
 async def release(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Release]:
-    api = await build_api_client(str(stack.kubeconfig))
+    api = await chaos_kube.rig_client(str(stack.kubeconfig))
     await fleet.create_nodes_labelled(api, CONTROLLERS, {PLACE: RUN})
     await fleet.create_nodes(api, UNLABELLED)
     drill_label = {DRILL.partition("=")[0]: RUN}

@@ -17,6 +17,7 @@ from stack import Stack
 
 from chaos import fleet, kube
 from chaos.harness import RBAC
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.client import build_api_client
 from reclaimd.cluster.events import EventRecorder, EventSettings, Reason, Regarding, notice_note
 from reclaimd.cluster.ratelimit import RateLimiter
@@ -27,7 +28,7 @@ NS = f"rd-events-{RUN}"
 
 
 @pytest.fixture
-async def as_reclaimd(stack: Stack, kube: k8s.ApiClient) -> AsyncIterator[k8s.ApiClient]:
+async def as_reclaimd(stack: Stack, kube: k8s.ApiClient) -> AsyncIterator[ApiServer]:
     await kube_apply_rbac(kube)
     await fleet.create_nodes(kube, [NODE])
     await fleet.ensure_namespace(kube, NS)
@@ -65,7 +66,7 @@ def kubectl_events(stack: Stack, selector: str) -> list[dict[str, Any]]:
 
 
 async def test_interrupted_on_node_and_pod_visible_to_kubectl(
-    stack: Stack, kube: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    stack: Stack, kube: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     node = await k8s.CoreV1Api(kube).read_node(NODE.name)
     rec = EventRecorder(as_reclaimd, RateLimiter(), instance=f"reclaimd-e2e-{RUN}")
@@ -103,7 +104,7 @@ async def test_interrupted_on_node_and_pod_visible_to_kubectl(
 
 
 async def test_a_repeat_is_a_series_on_the_same_event(
-    stack: Stack, kube: k8s.ApiClient, as_reclaimd: k8s.ApiClient
+    stack: Stack, kube: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     rec = EventRecorder(
         as_reclaimd,

@@ -21,6 +21,7 @@ from kubernetes_asyncio import client as k8s
 from test_ledger_kafka import dead_port, new_topic, read_all, waste
 
 from reclaimd.cluster import client
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.ledgerlog import LedgerLog, PendingEvent
 from reclaimd.cluster.ratelimit import RateLimiter
@@ -117,12 +118,12 @@ async def record_all(w: LedgerWriter, events: list[RestartWaste]) -> None:
 
 
 async def test_events_of_a_replica_lost_with_its_disk_are_adopted_and_published_once(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     topic = await new_topic(stack.kafka_bootstrap)
     events = [waste(f"aws-lost-{i}", f"gang-{i}") for i in range(3)]
     limiter = RateLimiter()
-    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    log_a = LedgerLog(api, namespace, holder("a"), topic, limiter=limiter)
     a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
     a.start()
     await record_all(a, events)
@@ -134,8 +135,8 @@ async def test_events_of_a_replica_lost_with_its_disk_are_adopted_and_published_
     await a.close()
     delete_outbox(tmp_path / "a.sqlite")  # the replica's disk is gone with it
 
-    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
-    leases_b = HolderLeases(kube, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
+    log_b = LedgerLog(api, namespace, holder("b"), topic, limiter=limiter)
+    leases_b = HolderLeases(api, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
     async with writer(
         stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, leases_b.alive
     ) as b:
@@ -151,18 +152,18 @@ async def test_events_of_a_replica_lost_with_its_disk_are_adopted_and_published_
 
 
 async def test_a_replica_that_reconnects_after_adoption_publishes_nothing_twice(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     topic = await new_topic(stack.kafka_bootstrap)
     events = [waste(f"aws-back-{i}", f"gang-{i}") for i in range(3)]
     limiter = RateLimiter()
-    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    log_a = LedgerLog(api, namespace, holder("a"), topic, limiter=limiter)
     a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
     a.start()
     await record_all(a, events)
 
-    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
-    leases_b = HolderLeases(kube, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
+    log_b = LedgerLog(api, namespace, holder("b"), topic, limiter=limiter)
+    leases_b = HolderLeases(api, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
     async with writer(
         stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, leases_b.alive
     ) as b:
@@ -187,12 +188,12 @@ async def test_a_replica_that_reconnects_after_adoption_publishes_nothing_twice(
 
 
 async def test_a_paused_replica_that_resumes_after_adoption_is_fenced(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     topic = await new_topic(stack.kafka_bootstrap)
     events = [waste(f"aws-zombie-{i}", f"gang-{i}") for i in range(3)]
     limiter = RateLimiter()
-    log_a = Gated(kube, namespace, holder("a"), topic, limiter=limiter)
+    log_a = Gated(api, namespace, holder("a"), topic, limiter=limiter)
     a = writer(stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a)
     await record_all(a, events)
     a.start()
@@ -201,8 +202,8 @@ async def test_a_paused_replica_that_resumes_after_adoption_is_fenced(
     async with asyncio.timeout(WAIT_S):
         await log_a.reached.wait()
 
-    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
-    leases_b = HolderLeases(kube, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
+    log_b = LedgerLog(api, namespace, holder("b"), topic, limiter=limiter)
+    leases_b = HolderLeases(api, namespace, log_b.holder, lease_s=5.0, limiter=limiter)
     async with writer(
         stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, leases_b.alive
     ) as b:
@@ -227,13 +228,13 @@ async def test_a_paused_replica_that_resumes_after_adoption_is_fenced(
 
 
 async def test_normal_path_publishes_once_and_deletes_the_record(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     topic = await new_topic(stack.kafka_bootstrap)
     event = waste("aws-normal")
     limiter = RateLimiter()
-    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
-    leases_a = HolderLeases(kube, namespace, log_a.holder, lease_s=5.0, limiter=limiter)
+    log_a = LedgerLog(api, namespace, holder("a"), topic, limiter=limiter)
+    leases_a = HolderLeases(api, namespace, log_a.holder, lease_s=5.0, limiter=limiter)
     async with writer(
         stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a, leases_a.alive
     ) as a:
@@ -251,13 +252,13 @@ async def test_normal_path_publishes_once_and_deletes_the_record(
 
 
 async def test_an_event_the_cluster_refuses_is_still_published_once(
-    stack: Any, kube: k8s.ApiClient, tmp_path: Path
+    stack: Any, api: ApiServer, tmp_path: Path
 ) -> None:
     topic = await new_topic(stack.kafka_bootstrap)
     event = waste("aws-refused")
     # No such namespace: the API server refuses the record (404), for good.
     log_a = LedgerLog(
-        kube, f"absent-{uuid.uuid4().hex[:8]}", holder("a"), topic, limiter=RateLimiter()
+        api, f"absent-{uuid.uuid4().hex[:8]}", holder("a"), topic, limiter=RateLimiter()
     )
     async with writer(stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a) as a:
         await a.record(event)
@@ -270,21 +271,21 @@ async def test_an_event_the_cluster_refuses_is_still_published_once(
 
 
 async def test_a_replica_restarted_on_a_fresh_disk_under_its_name_recovers_its_own_events(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     topic = await new_topic(stack.kafka_bootstrap)
     events = [waste(f"aws-fresh-{i}", f"gang-{i}") for i in range(2)]
     limiter = RateLimiter()
     name = holder("a")
-    log_a = LedgerLog(kube, namespace, name, topic, limiter=limiter)
+    log_a = LedgerLog(api, namespace, name, topic, limiter=limiter)
     a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
     await record_all(a, events)
     await a.close()
     delete_outbox(tmp_path / "a.sqlite")
 
     # The same holder name again (its holder Lease is live: no peer would adopt), new disk.
-    again = LedgerLog(kube, namespace, name, topic, limiter=limiter)
-    leases = HolderLeases(kube, namespace, name, lease_s=5.0, limiter=limiter)
+    again = LedgerLog(api, namespace, name, topic, limiter=limiter)
+    leases = HolderLeases(api, namespace, name, lease_s=5.0, limiter=limiter)
     async with writer(
         stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", again, leases.alive
     ) as a2:
@@ -300,7 +301,7 @@ async def test_a_replica_restarted_on_a_fresh_disk_under_its_name_recovers_its_o
 
 
 async def test_a_survivor_that_charged_the_same_gangs_still_publishes_a_dead_peer_s_events(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     """The survivor of a kill takes the notices over and records the same events (same ids)
     before it adopts the dead holder's records: its own copies must wait for the records, not
@@ -308,7 +309,7 @@ async def test_a_survivor_that_charged_the_same_gangs_still_publishes_a_dead_pee
     topic = await new_topic(stack.kafka_bootstrap)
     events = [waste(f"aws-dead-{i}", f"gang-{i}") for i in range(3)]
     limiter = RateLimiter()
-    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    log_a = LedgerLog(api, namespace, holder("a"), topic, limiter=limiter)
     a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
     await record_all(a, events)  # recorded in the cluster, never published: then A dies
     await a.close()
@@ -318,7 +319,7 @@ async def test_a_survivor_that_charged_the_same_gangs_still_publishes_a_dead_pee
     async def alive(h: str) -> bool:
         return h == log_b.holder or a_alive
 
-    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    log_b = LedgerLog(api, namespace, holder("b"), topic, limiter=limiter)
     async with writer(stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, alive) as b:
         await record_all(b, events)  # the survivor's second charge of the same gangs
 
@@ -340,12 +341,12 @@ async def test_a_survivor_that_charged_the_same_gangs_still_publishes_a_dead_pee
 
 
 async def test_rows_left_to_a_live_peer_are_settled_when_it_publishes(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     topic = await new_topic(stack.kafka_bootstrap)
     events = [waste(f"aws-both-{i}", f"gang-{i}") for i in range(2)]
     limiter = RateLimiter()
-    log_a = LedgerLog(kube, namespace, holder("a"), topic, limiter=limiter)
+    log_a = LedgerLog(api, namespace, holder("a"), topic, limiter=limiter)
     a = writer(dead_port(), topic, tmp_path / "a.sqlite", log_a)
     a.start()
     await record_all(a, events)
@@ -353,7 +354,7 @@ async def test_rows_left_to_a_live_peer_are_settled_when_it_publishes(
     async def alive(_h: str) -> bool:
         return True
 
-    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    log_b = LedgerLog(api, namespace, holder("b"), topic, limiter=limiter)
     async with writer(stack.kafka_bootstrap, topic, tmp_path / "b.sqlite", log_b, alive) as b:
         await record_all(b, events)
 
@@ -394,7 +395,7 @@ class TimeoutErrorRetriable(Exception):
 
 
 async def test_an_event_charged_again_after_it_was_published_is_not_published_twice(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     """A partitioned replica's record write had no answer: it writes the record again before
     it publishes (the record is the event id's lock). Published, the record stays as a
@@ -403,7 +404,7 @@ async def test_an_event_charged_again_after_it_was_published_is_not_published_tw
     topic = await new_topic(stack.kafka_bootstrap)
     event = waste("aws-again")
     limiter = RateLimiter()
-    log_a = CutOff(kube, namespace, holder("a"), topic, limiter=limiter, fail=1)
+    log_a = CutOff(api, namespace, holder("a"), topic, limiter=limiter, fail=1)
     async with writer(stack.kafka_bootstrap, topic, tmp_path / "a.sqlite", log_a) as a:
         await a.record(event)
         assert a.cluster_write_errors == 1
@@ -416,7 +417,7 @@ async def test_an_event_charged_again_after_it_was_published_is_not_published_tw
         await until(tombstone, "A's record written again, then marked published")
     assert await log_a.pending() == []
 
-    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    log_b = LedgerLog(api, namespace, holder("b"), topic, limiter=limiter)
 
     async def alive(_h: str) -> bool:
         return False  # A is gone: B would adopt anything A left open
@@ -447,7 +448,7 @@ class Refusing(LedgerLog):
 
 
 async def test_an_event_refused_with_403_waits_for_its_record_and_is_published_once(
-    stack: Any, kube: k8s.ApiClient, namespace: str, tmp_path: Path
+    stack: Any, api: ApiServer, namespace: str, tmp_path: Path
 ) -> None:
     """failover-4020099555: a 403 from a restarting API server was taken for a refusal for
     good, the event went out without its record (the event id's lock), and the peer that took
@@ -456,8 +457,8 @@ async def test_an_event_refused_with_403_waits_for_its_record_and_is_published_o
     topic = await new_topic(stack.kafka_bootstrap)
     event = waste("aws-forbidden")
     limiter = RateLimiter()
-    log_a = Refusing(kube, namespace, holder("a"), topic, limiter=limiter)
-    log_b = LedgerLog(kube, namespace, holder("b"), topic, limiter=limiter)
+    log_a = Refusing(api, namespace, holder("a"), topic, limiter=limiter)
+    log_b = LedgerLog(api, namespace, holder("b"), topic, limiter=limiter)
 
     async def alive(_h: str) -> bool:
         return True

@@ -22,6 +22,7 @@ from chaos import stack as stackenv
 from chaos.harness import Harness
 from chaos.process import DaemonProcess
 from reclaimd.cluster import slots
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.slots import PubSubSlots
 from reclaimd.intake import Admission
@@ -113,10 +114,8 @@ async def slot_holder(h: Harness, sub_id: str) -> str:
 
 
 async def test_the_survivors_own_copy_admits_a_notice_its_peer_held_and_a_released_slot_is_taken(
-    h: Harness, channel: SlotChannel
+    h: Harness, channel: SlotChannel, api: ApiServer
 ) -> None:
-    api = h.api
-    assert api is not None
     limiter = RateLimiter()
 
     def replica(holder: str, admit: Scripted) -> SlottedPubSubSource:
@@ -182,14 +181,12 @@ async def test_the_survivors_own_copy_admits_a_notice_its_peer_held_and_a_releas
 
 
 async def test_a_free_slot_is_minded_until_a_replica_holds_it(
-    h: Harness, channel: SlotChannel
+    h: Harness, channel: SlotChannel, api: ApiServer
 ) -> None:
     """The only copy left on a replica's own slot is leased to a dead stream (pulled by hand,
     its deadline pushed to 600 s; no seek, ``rewind_s: 0``), its peer stopped and released
     the other slot: the replica admits the other slot's copy now, minding the free slot
     without its Lease, and leaves the slot to the first replica that takes it."""
-    api = h.api
-    assert api is not None
     settings = channel.settings.model_copy(update={"rewind_s": 0})
     limiter = RateLimiter()
 
@@ -267,14 +264,12 @@ def _admissions(d: DaemonProcess, notice_id: str) -> list[str]:
 
 
 async def test_a_slot_taken_gets_back_at_once_what_its_dead_holder_had_leased(
-    h: Harness, channel: SlotChannel
+    h: Harness, channel: SlotChannel, api: ApiServer
 ) -> None:
     """A holder killed with a message leased (here: pulled by hand, its deadline pushed to
     600 s, never settled) would strand it for that long. The next holder of the slot seeks
     the subscription back (``pubsub.rewind_s``): the leased message is admitted now, and one
     the dead holder had acked is not seen again."""
-    api = h.api
-    assert api is not None
     raw = channel.inner.subscriber
     path = raw.subscription_path(channel.project, channel.ids[0])
 

@@ -21,7 +21,6 @@ from stack import REPO_DIR
 from chaos import kube
 from chaos.harness import RBAC
 from chaos.kube import apply_documents, apply_file
-from reclaimd.cluster.client import build_api_client
 
 ALLOWED = [
     ("", "nodes", "", "patch"),
@@ -59,12 +58,12 @@ DENIED = [
 
 @pytest.fixture
 async def as_reclaimd(stack: Any) -> AsyncIterator[k8s.ApiClient]:
-    admin = await build_api_client(str(stack.kubeconfig))
+    admin = await kube.rig_client(str(stack.kubeconfig))
     try:
         await kube.apply_file(admin, RBAC)
     finally:
         await admin.close()
-    api = await build_api_client(str(stack.reclaimd_kubeconfig))
+    api = await kube.rig_client(str(stack.reclaimd_kubeconfig))
     yield api
     await api.close()
 

@@ -25,6 +25,7 @@ than guesses); a look two hours on closes the hours and writes the rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import json
 import sys
@@ -39,6 +40,8 @@ from chaos import drill, report, scenario
 from chaos import stack as stackenv
 from chaos.harness import Harness
 from reclaimd import meter
+from reclaimd.cluster import apiserver, client
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import CacheSettings, ClusterCache
 from reclaimd.cluster.client import build_api_client
 from reclaimd.ledger import LedgerWriter
@@ -251,17 +254,10 @@ async def create_topic(bootstrap: str, topic: str) -> None:
         await admin.close()
 
 
-async def delete_leases(api: Any, cluster: str, hours: Sequence[datetime]) -> None:
-    from kubernetes_asyncio import client as k8s
-    from kubernetes_asyncio.client.rest import ApiException
-
-    coord = k8s.CoordinationV1Api(api)
+async def delete_leases(api: ApiServer, cluster: str, hours: Sequence[datetime]) -> None:
     for hour in hours:
-        try:
-            await coord.delete_namespaced_lease(meter.lease_name(cluster, hour), "default")
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        with contextlib.suppress(client.NotFound), client.kube_errors("delete lease"):
+            await api.delete(apiserver.lease("default", meter.lease_name(cluster, hour)))
 
 
 async def run_report(*args: str) -> dict[str, Any]:

@@ -570,3 +570,71 @@ def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path: Any) -> None:
         cache = ClusterCache(cast(Any, None), settings=CacheSettings(snapshot_path=path))
         cache._restore()
         assert cache._idx.gone == {}
+
+
+# --- what start() watches ------------------------------------------------------------------------
+
+
+class Discovering:
+    """``ApiServer`` as far as start() goes: discovery answers (Kueue serves v1beta1 only),
+    every LIST waits for ever; each GET kept as (path, query)."""
+
+    def __init__(self) -> None:
+        self.gets: list[tuple[str, dict[str, Any]]] = []
+
+    async def get(self, path: str, **query: Any) -> dict[str, Any]:
+        self.gets.append((path, query))
+        if path == "/apis":
+            kueue = {"groupVersion": "kueue.x-k8s.io/v1beta1", "version": "v1beta1"}
+            return {"groups": [{"name": "kueue.x-k8s.io", "versions": [kueue]}]}
+        await asyncio.Event().wait()
+        return {}
+
+
+def watched(cache: ClusterCache) -> dict[str, str]:
+    """Each stream's path: a ``KubeEndpoint`` inside its ``TakingTurns``."""
+    turns: dict[str, Any] = {name: s.endpoint for name, s in cache._streams.items()}
+    return {name: e._endpoint._path for name, e in turns.items()}
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "paths"),
+    [
+        (
+            (),
+            {
+                "nodes": "/api/v1/nodes",
+                "pods/": "/api/v1/pods",
+                "pdbs/": "/apis/policy/v1/poddisruptionbudgets",
+                "workloads/": "/apis/kueue.x-k8s.io/v1beta1/workloads",
+            },
+        ),
+        (
+            ("team-b",),
+            {
+                "nodes": "/api/v1/nodes",
+                "pods/team-b": "/api/v1/namespaces/team-b/pods",
+                "pdbs/team-b": "/apis/policy/v1/namespaces/team-b/poddisruptionbudgets",
+                "workloads/team-b": "/apis/kueue.x-k8s.io/v1beta1/namespaces/team-b/workloads",
+            },
+        ),
+    ],
+)
+async def test_start_watches_each_collection_at_its_path(
+    namespaces: tuple[str, ...], paths: dict[str, str]
+) -> None:
+    api = Discovering()
+    settings = CacheSettings(namespaces=namespaces, watch=WatchSettings(page_size=250))
+    cache = ClusterCache(cast(Any, api), settings=settings)
+    await cache.start()
+    try:
+        assert watched(cache) == paths
+        for _ in range(100):  # the first LIST (they take turns: one at a time)
+            if len(api.gets) > 1:
+                break
+            await asyncio.sleep(0.01)
+        assert api.gets[0] == ("/apis", {})
+        path, query = api.gets[1]
+        assert path in paths.values() and query == {"limit": 250}
+    finally:
+        await cache.stop()

@@ -1,19 +1,25 @@
-"""The claim decision (reclaimd.cluster.claims.decide) and the claim's JSON form."""
+"""The claim decision (reclaimd.cluster.claims.decide), the claim's JSON form, and the
+requests the store makes for it."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 
+from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.claims import (
+    CLAIM_ANNOTATION,
     HANDLED_KEPT,
     Claim,
     ClaimStatus,
+    ClaimStore,
     NodeObj,
     Phase,
+    WorkloadObj,
     decide,
     handled_after,
 )
@@ -165,3 +171,109 @@ def test_a_claim_of_a_holder_known_dead_is_taken_over_at_once() -> None:
     assert decide(fresh, n, "a", NOW, LEASE_S, renewed=renewed, dead=True) is (
         ClaimStatus.TAKEN_OVER
     )
+
+
+# --- the store over the API server ----------------------------------------------------------------
+
+
+class Api:
+    """``ApiServer``'s calls over objects by path (discovery: Kueue v1beta2); every request
+    kept as (method, path, query or body). A PATCH is taken and changes nothing here."""
+
+    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
+        self.objects = objects
+        self.requests: list[tuple[str, str, Any]] = []
+
+    async def get(self, path: str, **query: Any) -> dict[str, Any]:
+        self.requests.append(("GET", path, query))
+        if path == "/apis":
+            v = {"groupVersion": "kueue.x-k8s.io/v1beta2", "version": "v1beta2"}
+            return {"groups": [{"name": "kueue.x-k8s.io", "versions": [v]}]}
+        if path not in self.objects:
+            raise ApiStatus(404, b'{"message": "not found"}')
+        return self.objects[path]
+
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(("PATCH", path, body))
+        return {}
+
+
+def store(api: Api) -> ClaimStore:
+    return ClaimStore(cast(ApiServer, api), "a", clock=lambda: NOW)
+
+
+THEIR_TAINT = {
+    "key": "nvidia.com/gpu",
+    "value": "present",
+    "effect": "NoSchedule",
+    "timeAdded": "2026-05-01T11:00:00Z",
+}
+
+
+async def test_a_node_claim_is_one_merge_patch_at_the_version_read_with_the_cordon() -> None:
+    from reclaimd.cluster.taints import TAINT_KEY
+
+    node = {
+        "metadata": {"name": "gpu-1", "resourceVersion": "5", "annotations": {"x": "y"}},
+        "spec": {"taints": [THEIR_TAINT]},
+    }
+    api = Api({"/api/v1/nodes/gpu-1": node})
+    result = await store(api).claim(NODE, notice("n1", 120), cordon=True)
+    assert result.status is ClaimStatus.CLAIMED and result.claim is not None
+    read, written = api.requests
+    assert read == ("GET", "/api/v1/nodes/gpu-1", {})
+    text = json.dumps(result.claim.to_json(), sort_keys=True, separators=(",", ":"))
+    ours = {"key": TAINT_KEY, "value": "spot_interruption", "effect": "NoSchedule"}
+    assert written == (
+        "PATCH",
+        "/api/v1/nodes/gpu-1",
+        {
+            "metadata": {"resourceVersion": "5", "annotations": {CLAIM_ANNOTATION: text}},
+            "spec": {"unschedulable": True, "taints": [THEIR_TAINT, ours]},
+        },
+    )
+    # What is on the node now reads back as the claim, ours.
+    node["metadata"]["annotations"] = {CLAIM_ANNOTATION: text}
+    assert await store(api).get(NODE) == result.claim
+    assert await store(api).get(NodeObj("gone")) is None
+
+
+async def test_a_workload_claim_is_written_at_the_served_version() -> None:
+    wl = "/apis/kueue.x-k8s.io/v1beta2/namespaces/team-b/workloads/job-wl"
+    api = Api({wl: {"metadata": {"name": "job-wl", "namespace": "team-b", "resourceVersion": "9"}}})
+    result = await store(api).claim(WorkloadObj("team-b", "job-wl"), notice("n1", 120))
+    assert result.status is ClaimStatus.CLAIMED
+    assert [(m, p) for m, p, _ in api.requests] == [("GET", "/apis"), ("GET", wl), ("PATCH", wl)]
+    body = api.requests[-1][2]
+    assert body["metadata"]["resourceVersion"] == "9" and "spec" not in body
+
+
+async def test_open_claims_are_listed_from_nodes_and_workloads() -> None:
+    text = json.dumps(claim("n1", holder="b").to_json())
+    done = json.dumps(claim("n0", phase=Phase.DONE).to_json())
+    nodes = {
+        "items": [
+            {"metadata": {"name": "gpu-1", "annotations": {CLAIM_ANNOTATION: text}}},
+            {"metadata": {"name": "gpu-2", "annotations": {CLAIM_ANNOTATION: done}}},
+            {"metadata": {"name": "gpu-3"}},
+        ]
+    }
+    wl = {"metadata": {"name": "w", "namespace": "ml", "annotations": {CLAIM_ANNOTATION: text}}}
+    api = Api(
+        {
+            "/api/v1/nodes": nodes,
+            "/apis/kueue.x-k8s.io/v1beta2/workloads": {"items": [wl]},
+            "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads": {"items": [wl]},
+        }
+    )
+    found = await store(api).list_open()
+    assert [c.target for c in found] == [NodeObj("gpu-1"), WorkloadObj("ml", "w")]
+    api.requests.clear()
+    found = await store(api).list_open(("ml",), node_claims=[("gpu-9", text)])
+    assert [c.target for c in found] == [NodeObj("gpu-9"), WorkloadObj("ml", "w")]
+    assert [p for _, p, _ in api.requests] == [
+        "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads"
+    ]
+    # No Workloads collection (404): no Kueue in this cluster, the nodes' claims only.
+    found = await store(api).list_open(("ml", "other"), node_claims=[("gpu-9", text)])
+    assert [c.target for c in found] == [NodeObj("gpu-9")]

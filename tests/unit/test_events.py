@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from reclaimd.cluster import client
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.events import (
     NOTE_LIMIT,
     EventRecorder,
     EventSettings,
+    KubeEventSink,
     NoticeEvents,
     Reason,
     Regarding,
@@ -110,6 +113,44 @@ async def test_event_on_node_and_pod_has_the_fields_kubectl_shows() -> None:
     assert pod_ev["regarding"]["namespace"] == "train"
     assert pod_ev["type"] == "Warning"
     assert rec.emitted == 2
+
+
+class Api:
+    """``ApiServer``'s post and patch, kept as (method, path, body)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(("POST", path, body))
+        return {}
+
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(("PATCH", path, body))
+        return {}
+
+
+async def test_events_go_to_the_events_api_of_their_namespace() -> None:
+    api = Api()
+    sink = KubeEventSink(cast(ApiServer, api))
+    await sink.create("train", {"note": "n"})
+    await sink.patch("default", "ip-10-0-0-1.abc", {"series": {"count": 2}})
+    assert api.requests == [
+        ("POST", "/apis/events.k8s.io/v1/namespaces/train/events", {"note": "n"}),
+        (
+            "PATCH",
+            "/apis/events.k8s.io/v1/namespaces/default/events/ip-10-0-0-1.abc",
+            {"series": {"count": 2}},
+        ),
+    ]
+
+
+def test_a_recorder_given_the_api_server_writes_through_it() -> None:
+    api = ApiServer(cast(Any, SimpleNamespace(server="https://kube")), cast(Any, None))
+    rec = EventRecorder(api, RateLimiter(), instance="reclaimd-0")
+    assert isinstance(rec._sink, KubeEventSink)
+    sink = Sink()
+    assert EventRecorder(sink, RateLimiter(), instance="reclaimd-0")._sink is sink
 
 
 async def test_record_never_waits_and_drops_when_the_queue_is_full() -> None:

@@ -8,14 +8,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import (
-    V1Container,
-    V1ObjectMeta,
-    V1Pod,
-    V1PodSpec,
-    V1PodStatus,
-    V1ResourceRequirements,
-)
 from shared_fixtures import FIXTURES as SHARED
 
 from reclaimd.cluster import gangs
@@ -436,36 +428,13 @@ def test_a_stash_is_not_a_last_checkpoint_and_bad_values_degrade() -> None:
     )
 
 
-def test_generated_pod_models_are_read_like_dicts() -> None:
-    model = V1Pod(
-        metadata=V1ObjectMeta(
-            name="m0",
-            namespace=NS,
-            uid="uid-m0",
-            labels={gangs.JOB_NAME: "j", gangs.COMPLETION_INDEX: "1"},
-            annotations={"reclaimd.io/checkpoint-url": "http://{pod_ip}/c"},
-        ),
-        spec=V1PodSpec(
-            node_name="node-z",
-            containers=[
-                V1Container(
-                    name="c", resources=V1ResourceRequirements(limits={"nvidia.com/gpu": "4"})
-                )
-            ],
-        ),
-        status=V1PodStatus(
-            phase="Running", pod_ip="10.9.9.9", start_time=datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
-        ),
-    )
-    assert gangs.gang_key(model) == GangKey("job", NS, "j")
-    m = gangs.member_of(model)
-    assert (m.node, m.gpus, m.rank, m.checkpoint_url, m.started_at) == (
-        "node-z",
-        4,
-        1,
-        "http://10.9.9.9/c",
-        datetime(2026, 5, 1, 9, 0, tzinfo=UTC),
-    )
+def test_a_pod_is_api_json_and_nothing_else() -> None:
+    """Pods come as the API server sends them (the cache's dicts); anything else is refused
+    plainly, not read as an empty pod."""
+    pod = {"metadata": {"name": "m0", "namespace": NS}}
+    assert gangs.as_pod(pod) is pod
+    with pytest.raises(TypeError, match="not a pod: object"):
+        gangs.as_pod(object())
 
 
 def test_identity_labels_are_what_a_selector_can_pin_of_the_gang() -> None:

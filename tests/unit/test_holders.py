@@ -1,11 +1,11 @@
 """Our holder Lease: fresh, and whether it lapsed (a peer may have taken our claims over)."""
 
 import asyncio
-from datetime import datetime, timedelta
-from types import SimpleNamespace
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from reclaimd.cluster import probe
+from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.holders import (
     FIRST,
     GROUP_ANNOTATION,
@@ -13,8 +13,12 @@ from reclaimd.cluster.holders import (
     PROBE_ANNOTATION,
     HolderLeases,
 )
+from reclaimd.cluster.kubeconfig import Connection
 from reclaimd.cluster.probe import Listener
 from reclaimd.model import utcnow
+
+# Never called: every call goes to the fake write budget, which answers it.
+NO_API = ApiServer(Connection("https://127.0.0.1:1", ssl=False), cast(Any, None))
 
 
 class Accepting:
@@ -25,9 +29,7 @@ class Accepting:
 
 
 def leases() -> HolderLeases:
-    return HolderLeases(
-        cast(Any, None), "reclaimd", "me", lease_s=10.0, limiter=cast(Any, Accepting())
-    )
+    return HolderLeases(NO_API, "reclaimd", "me", lease_s=10.0, limiter=cast(Any, Accepting()))
 
 
 async def test_a_renewal_after_a_gap_past_the_lease_marks_a_lapse() -> None:
@@ -54,31 +56,37 @@ class Listing:
         self.written: list[str] = []
 
     async def read(self, what: str, deadline: Any, call: Any, **kw: Any) -> Any:
-        return SimpleNamespace(items=self.leases)
+        return {"kind": "LeaseList", "items": self.leases}
 
     async def call(self, what: str, deadline: Any, write: Any, **kw: Any) -> None:
         self.written.append(what)  # the sweep of a Lease gone for good
 
 
-def holder_lease(holder: str, renewed: datetime, probe: str, group: str = "g") -> Any:
-    return SimpleNamespace(
-        metadata=SimpleNamespace(
-            name=f"l-{holder}",
-            resource_version="1",
-            annotations={
+def micro(t: datetime) -> str:
+    """A MicroTime as the API server sends it."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def holder_lease(holder: str, renewed: datetime, probe: str, group: str = "g") -> dict[str, Any]:
+    """A holder Lease as the API server lists it (JSON, camelCase)."""
+    return {
+        "metadata": {
+            "name": f"l-{holder}",
+            "resourceVersion": "1",
+            "annotations": {
                 HOLDER_ANNOTATION: holder,
                 PROBE_ANNOTATION: probe,
                 GROUP_ANNOTATION: group,
             },
-        ),
-        spec=SimpleNamespace(renew_time=renewed, acquire_time=utcnow()),
-    )
+        },
+        "spec": {"renewTime": micro(renewed), "acquireTime": micro(utcnow())},
+    }
 
 
 def prober(listing: Listing) -> HolderLeases:
     """Our holder Leases, of group "g", probing every 50 ms the peers ``listing`` names."""
     return HolderLeases(
-        cast(Any, None),
+        NO_API,
         "reclaimd",
         "me",
         lease_s=10.0,
@@ -149,15 +157,13 @@ async def test_a_wildcard_listener_is_probed_at_the_port_it_advertises() -> None
 async def test_a_released_lease_is_a_dead_holder_at_once() -> None:
     """A successor that never saw the stopping replica alive need not wait out its Lease."""
     listing = Listing([holder_lease("stopped", FIRST, "")])
-    h = HolderLeases(
-        cast(Any, None), "reclaimd", "me", lease_s=10.0, limiter=cast(Any, listing), group="g"
-    )
+    h = HolderLeases(NO_API, "reclaimd", "me", lease_s=10.0, limiter=cast(Any, listing), group="g")
     await h.refresh()
     assert h.dead("stopped") and h.deaths.is_set() and not h.peer_alive()
     assert h._sweeping is None  # released just now: kept for successors that start later
     # Released over an hour ago: swept as gone for good, still dead.
     old = holder_lease("old", FIRST, "")
-    old.spec.acquire_time = utcnow() - timedelta(hours=2)
+    old["spec"]["acquireTime"] = micro(utcnow() - timedelta(hours=2))
     listing.leases.append(old)
     await h.refresh()
     assert h._sweeping is not None
@@ -227,7 +233,7 @@ class Slow(Accepting):
 
 async def test_a_renewal_that_lands_after_the_cut_marks_a_lapse() -> None:
     """Sent inside the cut, landed past it: a peer may have acted on what we said meanwhile."""
-    h = HolderLeases(cast(Any, None), "reclaimd", "me", lease_s=1.0, limiter=cast(Any, Slow(0.0)))
+    h = HolderLeases(NO_API, "reclaimd", "me", lease_s=1.0, limiter=cast(Any, Slow(0.0)))
     await h.renew()
     claimed = utcnow()
     assert h.renewed_at is not None
@@ -277,7 +283,7 @@ class SlowList(Listing):
 
 async def test_renewals_do_not_wait_for_a_slow_list_of_the_peers() -> None:
     listing = SlowList()
-    h = HolderLeases(cast(Any, None), "reclaimd", "me", lease_s=0.3, limiter=cast(Any, listing))
+    h = HolderLeases(NO_API, "reclaimd", "me", lease_s=0.3, limiter=cast(Any, listing))
     running = asyncio.create_task(h.run())
     await asyncio.sleep(1.0)
     running.cancel()

@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from kubernetes_asyncio.client import ApiException
 
 from reclaimd.cluster.actions import ActionSettings, ClusterActions, EvictResult
+from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.pdbs import PdbIndex, selector_of
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.config import EvictionPolicy
@@ -91,7 +91,8 @@ REFUSAL = b'{"message": "Cannot evict pod as it would violate the pod\'s disrupt
 
 
 class RefusingCore:
-    """The eviction subresource of a pod whose PDB refuses until ``opens`` is set."""
+    """The API server (``ApiServer``'s calls) as far as the eviction subresource of a pod whose
+    PDB refuses until ``opens`` is set, and the pod's delete, go; every request kept."""
 
     def __init__(self) -> None:
         self.opens = asyncio.Event()
@@ -99,18 +100,24 @@ class RefusingCore:
         self.evictions = 0
         self.deletes = 0
         self.deleted_at: list[datetime] = []
+        self.requests: list[tuple[str, str, Any, Any]] = []  # method, path, query, body
 
-    async def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any) -> None:
+    async def post(self, path: str, body: Any) -> dict[str, Any]:
+        self.requests.append(("POST", path, None, body))
         self.evictions += 1
         self.asked.set()
         if not self.opens.is_set():
-            refused = ApiException(status=429, reason="Too Many Requests")
-            refused.body = REFUSAL
-            raise refused
+            raise ApiStatus(429, body=REFUSAL, headers={})
+        return {}
 
-    async def delete_namespaced_pod(self, name: str, namespace: str, **_: Any) -> None:
+    async def request(
+        self, method: str, path: str, *, params: Any = None, body: Any = None, **_: Any
+    ) -> dict[str, Any]:
+        self.requests.append((method, path, params, body))
+        assert method == "DELETE"
         self.deletes += 1
         self.deleted_at.append(utcnow())
+        return {}
 
 
 class Budgets:
@@ -137,14 +144,12 @@ def core() -> RefusingCore:
 
 def actions_with(core: RefusingCore, budgets: Budgets, **settings: Any) -> ClusterActions:
     defaults: dict[str, Any] = {"force_before_s": 0.5, "retry_base_s": 0.01, "retry_cap_s": 0.02}
-    a = ClusterActions(
-        object(),  # type: ignore[arg-type]  # the core API is replaced below
+    return ClusterActions(
+        cast(ApiServer, core),
         limiter=RateLimiter(),
         settings=ActionSettings(**{**defaults, **settings}),
         budget_changes=budgets,
     )
-    a._core = core  # type: ignore[assignment]
-    return a
 
 
 MEMBER = Member(namespace="ns", name="p", uid="u1", node="n1", gpus=8)
@@ -177,6 +182,35 @@ async def test_a_pdb_that_never_opens_costs_one_request_and_the_forced_delete(
     # One request: with no change seen since, no last try where the policy gives up (it
     # would be refused again); then the delete.
     assert core.evictions == 1 and core.deletes == 1
+
+
+async def test_the_eviction_and_the_forced_delete_are_the_requests_the_api_takes(
+    core: RefusingCore,
+) -> None:
+    """The Eviction subresource with the pod's uid as a precondition, then a delete with the
+    grace period (in the query and in the DeleteOptions) and the same precondition."""
+    actions = released_actions(core, only=True)  # refused once, then deleted at once
+    done = actions.evict(MEMBER, deadline=deadline_in(60), saved=True)
+    assert await asyncio.wait_for(done, 5) is EvictResult.RELEASED
+    pod = "/api/v1/namespaces/ns/pods/p"
+    evicted, deleted = core.requests
+    assert evicted == (
+        "POST",
+        pod + "/eviction",
+        None,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "deleteOptions": {"preconditions": {"uid": "u1"}},
+        },
+    )
+    assert deleted == (
+        "DELETE",
+        pod,
+        {"gracePeriodSeconds": 5},
+        {"gracePeriodSeconds": 5, "preconditions": {"uid": "u1"}},
+    )
 
 
 async def test_without_a_watch_a_refused_eviction_is_retried_on_the_timer(

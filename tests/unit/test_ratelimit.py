@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from reclaimd.cluster import client
+from reclaimd.cluster.apiserver import ApiStatus
 from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -82,12 +83,9 @@ def test_settings_are_checked() -> None:
 
 
 def api_error(status: int, headers: dict[str, str] | None = None, message: str = "") -> Exception:
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    e = ApiException(status=status, reason="x")
-    e.headers = headers or {}
-    e.body = json.dumps({"message": message}) if message else None
-    return e
+    """What ``ApiServer`` raises for an answer other than 2xx."""
+    body = json.dumps({"message": message}).encode() if message else b""
+    return ApiStatus(status, body=body, headers=headers or {})
 
 
 def test_a_429_is_load_shedding_unless_a_pdb_says_no() -> None:

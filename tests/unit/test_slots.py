@@ -10,10 +10,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client as k8s
 
 from reclaimd import config, sources, sourcing
 from reclaimd.cluster import slots
+from reclaimd.cluster.apiserver import ApiServer
+from reclaimd.cluster.kubeconfig import Connection
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.slots import RELEASED, SlotLease, lease_name, pick, why_free
 from reclaimd.config import Settings
@@ -23,6 +24,7 @@ from reclaimd.sources import PubSubSettings
 from reclaimd.transports.pubsub import PubSubSource, SlottedPubSubSource
 
 NOW = utcnow()
+NOWHERE = Connection("https://127.0.0.1:1", ssl=False)  # never called: the writes are e2e
 
 
 def alive(holder: str, age_s: float = 1.0, duration_s: float = 20.0) -> SlotLease:
@@ -136,7 +138,7 @@ async def test_one_slot_builds_the_plain_source_and_more_a_slotted_one() -> None
     assert isinstance(built["pubsub"], PubSubSource)
     assert sourcing.slots(built) == {}  # no slot, no gauge
 
-    async with k8s.ApiClient() as api:
+    async with ApiServer.open(NOWHERE) as api:
         wiring = sourcing.Wiring(
             pubsub_settings(slots=2), admit, pubsub_settings().windows, api, limiter=object()
         )
@@ -186,7 +188,7 @@ async def test_free_slots_are_minded_left_to_a_live_holder_and_a_failed_guest_re
             await asyncio.sleep(0.01)
         raise AssertionError("not reached")
 
-    async with k8s.ApiClient() as api:
+    async with ApiServer.open(NOWHERE) as api:
         s = slots.PubSubSlots(
             api, "ns", "me", subscriptions=["s-0", "s-1", "s-2"], lease_s=20,
             limiter=RateLimiter(),

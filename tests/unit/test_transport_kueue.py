@@ -13,10 +13,12 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
-from kubernetes_asyncio import client as k8s
 from shared_fixtures import FIXTURES
 
 import handlers
+from reclaimd import kueueapi
+from reclaimd.cluster import client
+from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.watch import Changed, Listed
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Windows, utcnow
@@ -63,12 +65,12 @@ class Intake:
 
 
 def source(intake: Intake, **kw: Any) -> KueueSource:
-    # The ApiClient is only used by run(); nothing here reaches a server.
+    # The ApiServer is only used by run(); nothing here reaches a server.
     return KueueSource(
         KueueSettings(enabled=True),
         admit=intake.admit,
         windows=Windows(kueue_grace_s=30),
-        api=cast(k8s.ApiClient, None),
+        api=cast(ApiServer, None),
         **kw,
     )
 
@@ -103,6 +105,55 @@ def test_object_key_tells_a_recreated_workload_apart() -> None:
     assert object_key(doc) == ("team-b", doc["metadata"]["name"], doc["metadata"]["uid"])
     assert object_key(doc) != object_key(again)
     assert object_key({"metadata": None}) == ("", "", "")
+
+
+class Discovery:
+    """``ApiServer.get("/apis")``: an APIGroupList, as the API server sends it."""
+
+    def __init__(self, groups: list[dict[str, Any]], status: int = 200) -> None:
+        self.groups, self.status = groups, status
+        self.asked: list[str] = []
+
+    async def get(self, path: str, **query: Any) -> dict[str, Any]:
+        self.asked.append(path)
+        if self.status != 200:
+            raise ApiStatus(self.status, b'{"message": "etcdserver: request timed out"}')
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": self.groups}
+
+
+def api_group(name: str, *versions: str) -> dict[str, Any]:
+    served = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
+    return {"name": name, "versions": served, "preferredVersion": served[0]}
+
+
+async def test_the_served_versions_are_read_from_discovery_once() -> None:
+    apis = Discovery([api_group("apps", "v1"), api_group(kueueapi.GROUP, "v1beta2", "v1beta1")])
+    api = cast(ApiServer, apis)
+    assert await kueueapi.served_versions(api) == ["v1beta2", "v1beta1"]
+    assert await kueueapi.served_versions(api, "nothing.example.com") == []
+    versions = kueueapi.WorkloadVersion(api)
+    assert [await versions.get() for _ in range(3)] == ["v1beta2"] * 3
+    assert apis.asked == ["/apis"] * 3  # the two asks above, then one for all three gets
+    assert kueueapi.shared(api) is kueueapi.shared(api)
+
+
+async def test_no_kueue_or_no_answer_falls_back() -> None:
+    absent = cast(ApiServer, Discovery([api_group("apps", "v1")]))
+    assert await kueueapi.WorkloadVersion(absent).get() is None
+    assert await kueueapi.version_or(absent, "v1beta1") == "v1beta1"
+    failing = cast(ApiServer, Discovery([], status=504))
+    with pytest.raises(client.ServerError, match=r"discover kueue\.x-k8s\.io"):
+        await kueueapi.served_versions(failing)
+    assert await kueueapi.version_or(failing, "v1beta1") == "v1beta1"
+
+
+def test_workloads_are_watched_at_the_served_version_in_each_namespace() -> None:
+    src = source(Intake())
+    one = src._endpoint("v1beta1", "team-b", "workloads in team-b")
+    every = src._endpoint("v1beta2", "", "workloads")
+    assert one._path == "/apis/kueue.x-k8s.io/v1beta1/namespaces/team-b/workloads"
+    assert every._path == "/apis/kueue.x-k8s.io/v1beta2/workloads"
+    assert one._params == every._params == {}
 
 
 # --- events to admissions -------------------------------------------------------------------

@@ -8,11 +8,12 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from reclaimd.cluster import client
+from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.watch import (
     Changed,
     KubeEndpoint,
@@ -329,23 +330,51 @@ async def test_progress_hears_of_failures_and_of_recovery() -> None:
     assert heard.said == ["failed", "ok"]
 
 
-# --- KubeEndpoint over a list_* function --------------------------------------------------------
+# --- KubeEndpoint over the API server ---------------------------------------------------------
 
 
-class RawResponse:
-    """What a generated ``list_*`` returns with ``_preload_content=False``."""
+class WatchResponse:
+    """An open watch response (what ``ApiServer.stream`` gives): JSON lines, then the end."""
 
-    def __init__(self, body: Mapping[str, Any]) -> None:
-        self.status = 200
-        self.headers: dict[str, str] = {}
-        self._data = json.dumps(body).encode()
+    def __init__(self, events: Sequence[Mapping[str, Any]]) -> None:
+        self.content = self
+        self._lines = [json.dumps(e).encode() + b"\n" for e in events] + [b"\n"]
         self.released = False
 
-    async def read(self) -> bytes:
-        return self._data
+    async def readline(self) -> bytes:
+        return self._lines.pop(0) if self._lines else b""
 
     def release(self) -> None:
         self.released = True
+
+
+@dataclass
+class Api:
+    """``ApiServer``'s ``get`` over scripted LIST pages (by continue token) and its ``stream``
+    over scripted watch events; every call kept as (method, path, query)."""
+
+    pages: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    events: Sequence[Mapping[str, Any]] = ()
+    status: int = 200
+    calls: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    responses: list[WatchResponse] = field(default_factory=list)
+
+    async def get(self, path: str, **query: Any) -> Mapping[str, Any]:
+        self.calls.append(("GET", path, query))
+        if self.status != 200:
+            raise ApiStatus(self.status, b'{"message": "pods is forbidden"}')
+        return self.pages[query.get("continue", "")]
+
+    async def stream(self, path: str, **query: Any) -> WatchResponse:
+        self.calls.append(("STREAM", path, query))
+        if self.status != 200:
+            raise ApiStatus(self.status, b'{"message": "pods is forbidden"}')
+        self.responses.append(WatchResponse(self.events))
+        return self.responses[-1]
+
+
+def pods_of(api: Api, **kwargs: Any) -> KubeEndpoint:
+    return KubeEndpoint(cast(ApiServer, api), "/api/v1/namespaces/ns/pods", "pods", **kwargs)
 
 
 async def test_list_pages_through_continue_and_projects_each_page() -> None:
@@ -357,26 +386,59 @@ async def test_list_pages_through_continue_and_projects_each_page() -> None:
         },
         "p3": {"metadata": {"resourceVersion": "40"}, "items": [pod("d", "4")]},
     }
-    calls: list[dict[str, Any]] = []
-    responses: list[RawResponse] = []
-
-    async def list_fn(**kwargs: Any) -> RawResponse:
-        calls.append(kwargs)
-        responses.append(RawResponse(pages[kwargs.get("_continue", "")]))
-        return responses[-1]
+    api = Api(pages)
 
     def project(obj: Mapping[str, Any]) -> str | None:
         name = str(obj["metadata"]["name"])
         return None if name.startswith("skip") else name.upper()
 
-    endpoint = KubeEndpoint(list_fn, "pods", page_size=2, project=project, namespace="ns")
-    objects, version = await endpoint.list()
+    projected = pods_of(api, page_size=2, project=project, labelSelector="gpu=yes")
+    objects, version = await projected.list()
     assert (objects, version) == (["A", "C", "D"], "40")
-    assert [c.get("_continue") for c in calls] == [None, "p2", "p3"]
-    assert all(c["limit"] == 2 and c["namespace"] == "ns" for c in calls)
-    assert all(c["_preload_content"] is False for c in calls)
-    assert all(r.released for r in responses)
+    assert api.calls == [
+        ("GET", "/api/v1/namespaces/ns/pods", {"labelSelector": "gpu=yes", "limit": 2}),
+        (
+            "GET",
+            "/api/v1/namespaces/ns/pods",
+            {"labelSelector": "gpu=yes", "limit": 2, "continue": "p2"},
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/ns/pods",
+            {"labelSelector": "gpu=yes", "limit": 2, "continue": "p3"},
+        ),
+    ]
 
-    unprojected = KubeEndpoint(list_fn, "pods", page_size=2)
-    raw, _ = await unprojected.list()
+    raw, _ = await pods_of(api, page_size=2).list()
     assert [o["metadata"]["name"] for o in raw] == ["a", "skip-b", "c", "d"]
+
+
+async def test_a_watch_asks_from_the_version_with_bookmarks_and_is_released() -> None:
+    added = {"type": "ADDED", "object": pod("a", "41")}
+    api = Api(events=[added, {"type": "BOOKMARK", "object": pod("", "42")}])
+    async with pods_of(api, fieldSelector="spec.nodeName=n1").watch("40", 290) as events:
+        got = [e async for e in events]
+    assert got == [added, {"type": "BOOKMARK", "object": pod("", "42")}]
+    assert api.calls == [
+        (
+            "STREAM",
+            "/api/v1/namespaces/ns/pods",
+            {
+                "fieldSelector": "spec.nodeName=n1",
+                "watch": True,
+                "resourceVersion": "40",
+                "allowWatchBookmarks": True,
+                "timeoutSeconds": 290,
+            },
+        )
+    ]
+    assert api.responses[0].released
+
+
+async def test_a_refused_list_or_watch_is_a_kube_error_of_its_status() -> None:
+    api = Api(status=403)
+    with pytest.raises(client.Forbidden, match="list pods"):
+        await pods_of(api).list()
+    with pytest.raises(client.Forbidden, match="watch pods"):
+        async with pods_of(api).watch("1", 30):
+            pass
