@@ -4,8 +4,9 @@ and what the actions read and write over the API."""
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+from fake_apiserver import FakeApiServer
+
 from reclaimd.cluster.actions import ClusterActions, _eviction
-from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.taints import TAINT_KEY
 from reclaimd.model import Member, Notice, NoticeKind, Target
@@ -44,27 +45,11 @@ async def test_a_pod_gone_unseen_is_charged_no_later_than_the_deadline() -> None
 # --- over the API, without the cache ---------------------------------------------------------
 
 
-class Api:
-    """``ApiServer``'s calls over a few objects by path; every request kept."""
-
-    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
-        self.objects = objects
-        self.requests: list[tuple[str, str, Any]] = []
-
-    async def get(self, path: str, **query: Any) -> dict[str, Any]:
-        self.requests.append(("GET", path, query))
-        if path not in self.objects:
-            raise ApiStatus(404, b'{"message": "not found"}')
-        return self.objects[path]
-
-    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.append(("PATCH", path, body))
-        return {}
-
-
 async def test_a_pod_is_there_while_its_name_holds_the_same_uid() -> None:
-    api = Api({"/api/v1/namespaces/ns/pods/r0": {"metadata": {"name": "r0", "uid": "u0"}}})
-    actions = ClusterActions(cast(ApiServer, api), limiter=RateLimiter(), clock=lambda: NOW)
+    api = FakeApiServer(
+        {"/api/v1/namespaces/ns/pods/r0": {"metadata": {"name": "r0", "uid": "u0"}}}
+    )
+    actions = ClusterActions(api, limiter=RateLimiter(), clock=lambda: NOW)
     assert await actions._still_there(POD)
     api.objects["/api/v1/namespaces/ns/pods/r0"]["metadata"]["uid"] = "u-successor"
     assert not await actions._still_there(POD)
@@ -81,8 +66,8 @@ async def test_cordon_keeps_other_taints_as_the_api_spells_them_at_the_version_r
         "timeAdded": "2026-03-01T11:00:00Z",
     }
     node = {"metadata": {"name": "n1", "resourceVersion": "77"}, "spec": {"taints": [theirs]}}
-    api = Api({"/api/v1/nodes/n1": node})
-    actions = ClusterActions(cast(ApiServer, api), limiter=RateLimiter(), clock=lambda: NOW)
+    api = FakeApiServer({"/api/v1/nodes/n1": node})
+    actions = ClusterActions(api, limiter=RateLimiter(), clock=lambda: NOW)
     notice = Notice(
         id="n-1",
         source="t",
@@ -106,7 +91,7 @@ async def test_cordon_keeps_other_taints_as_the_api_spells_them_at_the_version_r
     ]
     # Already cordoned with our taint: read, and nothing written.
     node["spec"] = {"unschedulable": True, "taints": [theirs, ours]}
-    api.requests.clear()
+    api.sent.clear()
     await actions.cordon_and_taint("n1", notice)
     assert [r[0] for r in api.requests] == ["GET"]
     # A node gone is nothing to cordon.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import pytest
+from fake_apiserver import FakeApiServer
 
-from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.claims import (
     CLAIM_ANNOTATION,
     HANDLED_KEPT,
@@ -176,30 +176,17 @@ def test_a_claim_of_a_holder_known_dead_is_taken_over_at_once() -> None:
 # --- the store over the API server ----------------------------------------------------------------
 
 
-class Api:
-    """``ApiServer``'s calls over objects by path (discovery: Kueue v1beta2); every request
-    kept as (method, path, query or body). A PATCH is taken and changes nothing here."""
-
-    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
-        self.objects = objects
-        self.requests: list[tuple[str, str, Any]] = []
-
-    async def get(self, path: str, **query: Any) -> dict[str, Any]:
-        self.requests.append(("GET", path, query))
-        if path == "/apis":
-            v = {"groupVersion": "kueue.x-k8s.io/v1beta2", "version": "v1beta2"}
-            return {"groups": [{"name": "kueue.x-k8s.io", "versions": [v]}]}
-        if path not in self.objects:
-            raise ApiStatus(404, b'{"message": "not found"}')
-        return self.objects[path]
-
-    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.append(("PATCH", path, body))
-        return {}
+DISCOVERY = {"/apis": {"groups": [{"name": "kueue.x-k8s.io", "versions": [
+    {"groupVersion": "kueue.x-k8s.io/v1beta2", "version": "v1beta2"}]}]}}  # fmt: skip
 
 
-def store(api: Api) -> ClaimStore:
-    return ClaimStore(cast(ApiServer, api), "a", clock=lambda: NOW)
+def fake(objects: dict[str, dict[str, Any]]) -> FakeApiServer:
+    """Objects by path, and discovery: Kueue serves v1beta2."""
+    return FakeApiServer({**DISCOVERY, **objects})
+
+
+def store(api: FakeApiServer) -> ClaimStore:
+    return ClaimStore(api, "a", clock=lambda: NOW)
 
 
 THEIR_TAINT = {
@@ -217,7 +204,7 @@ async def test_a_node_claim_is_one_merge_patch_at_the_version_read_with_the_cord
         "metadata": {"name": "gpu-1", "resourceVersion": "5", "annotations": {"x": "y"}},
         "spec": {"taints": [THEIR_TAINT]},
     }
-    api = Api({"/api/v1/nodes/gpu-1": node})
+    api = fake({"/api/v1/nodes/gpu-1": node})
     result = await store(api).claim(NODE, notice("n1", 120), cordon=True)
     assert result.status is ClaimStatus.CLAIMED and result.claim is not None
     read, written = api.requests
@@ -240,7 +227,8 @@ async def test_a_node_claim_is_one_merge_patch_at_the_version_read_with_the_cord
 
 async def test_a_workload_claim_is_written_at_the_served_version() -> None:
     wl = "/apis/kueue.x-k8s.io/v1beta2/namespaces/team-b/workloads/job-wl"
-    api = Api({wl: {"metadata": {"name": "job-wl", "namespace": "team-b", "resourceVersion": "9"}}})
+    meta = {"name": "job-wl", "namespace": "team-b", "resourceVersion": "9"}
+    api = fake({wl: {"metadata": meta}})
     result = await store(api).claim(WorkloadObj("team-b", "job-wl"), notice("n1", 120))
     assert result.status is ClaimStatus.CLAIMED
     assert [(m, p) for m, p, _ in api.requests] == [("GET", "/apis"), ("GET", wl), ("PATCH", wl)]
@@ -259,7 +247,7 @@ async def test_open_claims_are_listed_from_nodes_and_workloads() -> None:
         ]
     }
     wl = {"metadata": {"name": "w", "namespace": "ml", "annotations": {CLAIM_ANNOTATION: text}}}
-    api = Api(
+    api = fake(
         {
             "/api/v1/nodes": nodes,
             "/apis/kueue.x-k8s.io/v1beta2/workloads": {"items": [wl]},
@@ -268,7 +256,7 @@ async def test_open_claims_are_listed_from_nodes_and_workloads() -> None:
     )
     found = await store(api).list_open()
     assert [c.target for c in found] == [NodeObj("gpu-1"), WorkloadObj("ml", "w")]
-    api.requests.clear()
+    api.sent.clear()
     found = await store(api).list_open(("ml",), node_claims=[("gpu-9", text)])
     assert [c.target for c in found] == [NodeObj("gpu-9"), WorkloadObj("ml", "w")]
     assert [p for _, p, _ in api.requests] == [

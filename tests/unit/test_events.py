@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from fake_apiserver import FakeApiServer
 
 from reclaimd.cluster import client
 from reclaimd.cluster.apiserver import ApiServer
@@ -115,24 +116,9 @@ async def test_event_on_node_and_pod_has_the_fields_kubectl_shows() -> None:
     assert rec.emitted == 2
 
 
-class Api:
-    """``ApiServer``'s post and patch, kept as (method, path, body)."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, dict[str, Any]]] = []
-
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.append(("POST", path, body))
-        return {}
-
-    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.append(("PATCH", path, body))
-        return {}
-
-
 async def test_events_go_to_the_events_api_of_their_namespace() -> None:
-    api = Api()
-    sink = KubeEventSink(cast(ApiServer, api))
+    api = FakeApiServer()
+    sink = KubeEventSink(api)
     await sink.create("train", {"note": "n"})
     await sink.patch("default", "ip-10-0-0-1.abc", {"series": {"count": 2}})
     assert api.requests == [

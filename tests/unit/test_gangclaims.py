@@ -4,13 +4,13 @@ recording fake; the Lease semantics run against a real one in tests/e2e/test_clu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+
+from fake_apiserver import FakeApiServer
 
 from reclaimd.cluster import gangclaims, gangrecord
-from reclaimd.cluster.apiserver import MERGE_PATCH, ApiServer, ApiStatus, JsonObject
+from reclaimd.cluster.apiserver import MERGE_PATCH
 from reclaimd.cluster.gangclaims import (
     NOTICE_ANNOTATION,
     PODS_ANNOTATION,
@@ -19,38 +19,10 @@ from reclaimd.cluster.gangclaims import (
     GangClaims,
     lease_name,
 )
-from reclaimd.cluster.kubeconfig import Connection
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import Gang, GangKey, Member, Notice, NoticeKind, Target, utcnow
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/reclaimd/leases"
-Sent = tuple[str, str, dict[str, Any], Any, str]
-
-
-class Recording(ApiServer):
-    """An API server that records each request (its body as it would go on the wire) and
-    answers from ``answers``: a JSON object, or a status to raise."""
-
-    def __init__(self, *answers: JsonObject | int) -> None:
-        super().__init__(Connection("https://127.0.0.1:1", ssl=False), cast(Any, None))
-        self.answers = list(answers)
-        self.sent: list[Sent] = []
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, Any] | None = None,
-        body: Mapping[str, Any] | None = None,
-        content_type: str = "application/json",
-    ) -> JsonObject:
-        wire = None if body is None else json.loads(json.dumps(body))
-        self.sent.append((method, path, dict(params or {}), wire, content_type))
-        answer = self.answers.pop(0) if self.answers else {}
-        if isinstance(answer, int):
-            raise ApiStatus(answer, b'{"kind":"Status","message":"said no"}')
-        return answer
 
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -74,12 +46,12 @@ def notice(id: str = "n-1") -> Notice:
     )
 
 
-def claims(api: Recording) -> GangClaims:
+def claims(api: FakeApiServer) -> GangClaims:
     return GangClaims(api, "reclaimd", "replica-a", limiter=RateLimiter())
 
 
 async def test_the_first_notice_creates_the_gang_lease() -> None:
-    api = Recording({"metadata": {"resourceVersion": "1"}})
+    api = FakeApiServer(None, {"metadata": {"resourceVersion": "1"}})
     assert await claims(api).acquire(gang("a", "b"), notice())
     ((method, path, params, body, content),) = api.sent
     assert (method, path, params, content) == ("POST", LEASES, {}, "application/json")
@@ -96,7 +68,7 @@ async def test_a_new_incarnation_takes_the_lease_over_at_the_version_read() -> N
             "annotations": {NOTICE_ANNOTATION: "n-0", PODS_ANNOTATION: "a"},
         }
     }
-    api = Recording(409, old, {"metadata": {"resourceVersion": "42"}})
+    api = FakeApiServer(None, 409, old, {"metadata": {"resourceVersion": "42"}})
     assert await claims(api).acquire(gang("c", "d"), notice())
     create, read, take = api.sent
     name = lease_name(gang("c"))
@@ -110,7 +82,7 @@ async def test_a_new_incarnation_takes_the_lease_over_at_the_version_read() -> N
 
 async def test_the_same_incarnation_is_left_to_its_notice() -> None:
     other = {"metadata": {"annotations": {NOTICE_ANNOTATION: "n-0", PODS_ANNOTATION: "a"}}}
-    api = Recording(409, other)
+    api = FakeApiServer(None, 409, other)
     assert not await claims(api).acquire(gang("a", "b"), notice())
     assert [s[0] for s in api.sent] == ["POST", "GET"]
 
@@ -135,7 +107,7 @@ async def test_owned_by_reads_the_records_and_asks_the_other_holders() -> None:
         asked.append((holder, label))
         return {}
 
-    api = Recording(listed)
+    api = FakeApiServer(None, listed)
     leases = GangClaims(api, "reclaimd", "replica-a", limiter=RateLimiter(), peer_acks=peer_acks)
     owned = await leases.owned_by(notice("n-1"))
     assert list(owned) == [KEY]
@@ -163,7 +135,7 @@ async def test_the_sweep_deletes_old_leases_at_the_version_read() -> None:
             {"metadata": {"name": "never", "resourceVersion": "9"}, "spec": {}},
         ]
     }
-    api = Recording(listed, {})
+    api = FakeApiServer(None, listed, {})
     assert await claims(api).sweep(keep_s=3600) == 1
     listing, delete = api.sent
     assert listing[:3] == ("GET", LEASES, {"labelSelector": "reclaimd.io/notice"})
@@ -194,7 +166,7 @@ async def test_charged_lists_the_unmeasured_gangs_and_marks_one_at_its_version()
             }
         ]
     }
-    api = Recording(listed, 409)
+    api = FakeApiServer(None, listed, 409)
     leases = claims(api)
     (c,) = await leases.charged()
     assert (c.lease, c.version, c.holder, c.received_at, c.uids) == (
