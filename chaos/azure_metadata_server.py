@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -120,6 +120,40 @@ class Compute:
             "vmSize": self.vm_size,
             "zone": self.zone,
         }
+
+
+class AzureNode(Protocol):
+    """What ``compute_of`` reads of a node (``fleet.NodeSpec``, ``scenario.PlannedNode``)."""
+
+    @property
+    def instance_id(self) -> str: ...  # the VM name, ``<scale set>_<n>``
+    @property
+    def zone(self) -> str: ...  # ``<region>-<n>``, as AKS labels a node
+    @property
+    def sku(self) -> str: ...
+    @property
+    def purchase_option(self) -> str: ...
+    @property
+    def project(self) -> str: ...  # names the resource group
+
+
+def compute_of(node: AzureNode) -> Compute:
+    """The AKS instance a fleet's Azure node is (``fleet.NodeSpec.provider_id`` names the same):
+    its scale set and instance from its VM name, its region and zone from ``<region>-<n>``."""
+    from chaos import fleet
+
+    scale_set, instance = node.instance_id.rsplit("_", 1)
+    location, _, zone = node.zone.rpartition("-")
+    return Compute(
+        subscription=fleet.AZURE_SUBSCRIPTION,
+        resource_group=fleet.azure_resource_group(node.project),
+        scale_set=scale_set,
+        instance=instance,
+        vm_size=node.sku,
+        priority="Spot" if node.purchase_option == "spot" else "Regular",
+        location=location if location and zone.isdigit() else node.zone.replace("-", ""),
+        zone=zone if location and zone.isdigit() else "",
+    )
 
 
 def rfc1123(t: datetime) -> str:

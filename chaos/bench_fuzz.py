@@ -37,16 +37,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import handlers
-from chaos import hostile
+from chaos import azure_metadata_server, hostile
 from chaos.ports import free_port as _free_port
 from reclaimd.model import rfc3339, utcnow
-
-if TYPE_CHECKING:
-    from chaos.azure_metadata_server import Compute
-    from chaos.fleet import NodeSpec
 
 OUT = Path("out") / "bench-fuzz.json"
 TRANSPORTS = ("sqs", "pubsub", "kafka_notices", "kueue", "imds", "gce_metadata", "azure_scheduled")
@@ -251,25 +247,6 @@ def metadata_app(state: MetadataState) -> Any:
     return app
 
 
-def azure_compute(node: NodeSpec) -> Compute:
-    """The compute metadata of an AKS instance whose providerID is ``node``'s (its VM name
-    ``<scale set>_<n>``, its resource group named after ``node.project``)."""
-    from chaos import fleet
-    from chaos.azure_metadata_server import Compute
-
-    scale_set, instance = node.instance_id.rsplit("_", 1)
-    return Compute(
-        subscription=fleet.AZURE_SUBSCRIPTION,
-        resource_group=fleet.azure_resource_group(node.project),
-        scale_set=scale_set,
-        instance=instance,
-        vm_size=node.sku,
-        priority="Spot",
-        location=AZURE_LOCATION,
-        zone=AZURE_ZONE,
-    )
-
-
 def preempt_document(vm_name: str, incarnation: int, not_before_s: float) -> str:
     """A Scheduled Events document holding one Spot eviction of ``vm_name``, as IMDS sends it."""
     from chaos.azure_metadata_server import rfc1123
@@ -407,7 +384,7 @@ class FuzzRun:
                     "project/project-id": gce_node.project,
                 },
                 rng=random.Random(f"{self.args.seed}/metadata"),
-                azure_compute=azure_compute(azure_node).to_json(),
+                azure_compute=azure_metadata_server.compute_of(azure_node).to_json(),
                 azure=ScheduledEvents(random.Random(f"{self.args.seed}/azure")),
             )
             runner = web.AppRunner(metadata_app(self.state), access_log=None)

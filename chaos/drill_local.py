@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 from chaos.ports import free_port
 
 from .drill_world import Built, build_cluster
-from .scenario import Plan, PlannedNode, Scenario, ScenarioError, Source
+from .scenario import Plan, Scenario, ScenarioError, Source
 
 if TYPE_CHECKING:
-    from .azure_metadata_server import Compute
     from .harness import Harness
     from .process import DaemonProcess
     from .stack import StackEnv
@@ -66,7 +65,7 @@ class World:
 
     async def transports(self, h: Harness) -> None:
         """The per-run pieces of each transport the scenario uses."""
-        from .azure_metadata_server import AzureMetadataServer
+        from .azure_metadata_server import AzureMetadataServer, compute_of
         from .gce_metadata_server import GceMetadataServer
         from .inject import ImdsMock
 
@@ -90,7 +89,7 @@ class World:
                 await server.start()
                 self.built.gce[n.node] = server
             if n.source is Source.AZURE_SCHEDULED and n.node not in self.built.azure:
-                azure = AzureMetadataServer(azure_compute(node))
+                azure = AzureMetadataServer(compute_of(node))
                 await azure.start()
                 self.built.azure[n.node] = azure
 
@@ -299,25 +298,6 @@ def aemm_binary(stack: StackEnv) -> Path | None:
             return candidate
     return None
 
-
-def azure_compute(node: PlannedNode) -> Compute:
-    """The AKS instance a planned Azure node is (``fleet.NodeSpec.provider_id`` names the same):
-    its scale set and instance from its VM name, its region and zone from ``<region>-<n>``."""
-    from . import fleet
-    from .azure_metadata_server import Compute
-
-    scale_set, instance = node.instance_id.rsplit("_", 1)
-    location, _, zone = node.zone.rpartition("-")
-    return Compute(
-        subscription=fleet.AZURE_SUBSCRIPTION,
-        resource_group=fleet.azure_resource_group(node.project),
-        scale_set=scale_set,
-        instance=instance,
-        vm_size=node.sku,
-        priority="Spot" if node.purchase_option == "spot" else "Regular",
-        location=location if location and zone.isdigit() else node.zone.replace("-", ""),
-        zone=zone if location and zone.isdigit() else "",
-    )
 
 
 def kubeconfig_server(path: Path) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 import handlers
-from chaos import bench_fuzz
+from chaos import azure_metadata_server, bench_fuzz
 from chaos.azure_metadata_server import Compute
 from chaos.fleet import NodeSpec
 from reclaimd.intake import Admission
@@ -68,7 +68,7 @@ def test_the_azure_nodes_real_preempt_is_one_notice_for_that_node() -> None:
     """What ``_expect`` records: the stand-in's compute metadata names the kwok node's VM (its
     providerID as AKS writes it), and the real document is one approvable Spot eviction."""
     (node,) = _fleet(20)[2]
-    identity = Identity.from_compute(bench_fuzz.azure_compute(node).to_json())
+    identity = Identity.from_compute(azure_metadata_server.compute_of(node).to_json())
     document = bench_fuzz.preempt_document(identity.vm_name, 9, 30)
     payload = json.dumps(envelope(identity, document, node.name)).encode()
     outcome = handlers.parse("azure-scheduled", payload, received_at=utcnow())

@@ -64,7 +64,7 @@ def test_shipped_scenarios_load_and_plan(path: Path) -> None:
 def test_an_aks_drill_names_each_node_as_aks_and_its_metadata_service_do() -> None:
     """The node's providerID, the stand-in's VM and the notice's instance are one VM."""
     from chaos import fleet
-    from chaos.drill_local import azure_compute
+    from chaos.azure_metadata_server import compute_of
     from reclaimd import sources
 
     plan = scenario.plan(scenario.load(SCENARIOS / "aks-spot-evictions.yaml"), run_id="unit")
@@ -75,7 +75,7 @@ def test_an_aks_drill_names_each_node_as_aks_and_its_metadata_service_do() -> No
             name=node.name, instance_id=node.instance_id, zone=node.zone, sku=node.sku,
             purchase_option=node.purchase_option, cloud="azure", project=node.project,
         )  # fmt: skip
-        compute = azure_compute(node)
+        compute = compute_of(node)
         assert sources.instance_of(spec.provider_id) == compute.name == node.instance_id
         assert spec.provider_id.lower() == "azure://" + compute.resource_id.lower()
         assert (compute.location, compute.zone, compute.priority) == ("eastus", "1", "Spot")
