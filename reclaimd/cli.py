@@ -71,7 +71,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(daemon.run(settings))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, tools: bool = True) -> argparse.ArgumentParser:
+    """Every command; without ``tools``, none that brings its own modules (the report engine,
+    the post-mortem, the drill rig): what ``reclaimd run`` parses with."""
     p = argparse.ArgumentParser(
         prog="reclaimd",
         description="Gang-aware interruption and reclaim controller for GPU Kubernetes fleets.",
@@ -102,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="claim, signal, evict and record nothing: log and count what would be done",
     )
     s.set_defaults(func=cmd_run)
+    if not tools:
+        return p
 
     from reclaimd import postmortem, report
 
@@ -109,11 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     # The drills are the rig's (the chaos package), not the image's: where it is installed,
     # `reclaimd drill` is a command; elsewhere it is simply not one. Found by name, so the
-    # product imports nothing of the rig (the import contract).
+    # product imports nothing of the rig (the import contract); its light CLI module only.
     try:
-        drill = importlib.import_module("chaos.drill")
+        drill = importlib.import_module("chaos.drill_cli")
     except ModuleNotFoundError as e:
-        if e.name not in ("chaos", "chaos.drill"):
+        if e.name not in ("chaos", "chaos.drill_cli"):
             raise
     else:
         drill.add_parser(sub)
@@ -121,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A replica loads what it runs, not the other commands: where the rig is installed,
+    # `drill` would bring the drills and the generated Kubernetes client into every replica.
+    parser = build_parser(tools=argv[:1] != ["run"])
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

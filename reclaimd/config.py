@@ -221,7 +221,9 @@ class IntakeConfig(_Strict):
 
 
 class KubeSettings(_Strict):
-    kubeconfig: Path | None = None  # None: in-cluster service account
+    # None: in-cluster service account. A kubeconfig may give a client certificate, a token or
+    # tokenFile, or an exec plugin (EKS, GKE, AKS); auth-provider is refused (kubeconfig.py).
+    kubeconfig: Path | None = None
     # The write budget adapts between these: it starts at start_qps, grows while the API
     # server accepts, halves on 429 / Retry-After / priority-and-fairness rejections, and
     # never exceeds qps (the operator's cap). Every write (claims, evictions, Leases) shares

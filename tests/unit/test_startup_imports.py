@@ -37,9 +37,11 @@ NEVER = {"duckdb", "reclaimd.objectstore", "kubernetes_asyncio"}
 ALWAYS = {"aiokafka", "reclaimd.cluster.apiserver"}  # the ledger writer; the cluster side
 
 
-def probe(which: str, **otel: str) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+def probe(which: str, *, rig: bool = False, **otel: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PROBE_"))}
     env.update(otel, PYTHONPATH=str(REPO))
+    if rig:
+        env["PROBE_WITH_RIG"] = "1"  # chaos importable, as in a checkout or the chaos image
     out = subprocess.run(
         [sys.executable, str(PROBE), which],
         capture_output=True,
@@ -59,6 +61,14 @@ def test_sqs_alone_loads_boto3_and_no_pubsub_grpc_or_exporter() -> None:
     loaded = set(doc["loaded"])
     assert loaded >= AWS | ALWAYS
     assert loaded.isdisjoint(PUBSUB | EXPORTERS | NEVER), loaded
+
+
+def test_a_replica_loads_no_rig_and_no_other_command_where_the_rig_is_installed() -> None:
+    """``reclaimd run`` parses its own command only: ``drill`` (the rig, and with it the
+    generated Kubernetes client) and the report commands stay out of a replica."""
+    doc = probe("sqs", rig=True)
+    loaded = set(doc["loaded"])
+    assert loaded.isdisjoint({"chaos", "reclaimd.report"} | NEVER), loaded
 
 
 def test_pubsub_alone_loads_its_client_before_the_tasks_start_and_no_boto3() -> None:
