@@ -32,6 +32,7 @@ from typing import Any
 
 from reclaimd import annotations as contract_keys
 from reclaimd.annotations import POD_IP_ONLY, UrlPolicy
+from reclaimd.cluster import objects
 from reclaimd.model import (
     CheckpointScope,
     Gang,
@@ -88,31 +89,20 @@ def as_pod(pod: Any) -> Pod:
     raise TypeError(f"not a pod: {type(pod).__name__}")
 
 
-def _meta(pod: Pod) -> Mapping[str, Any]:
-    meta = pod.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def labels(pod: Pod) -> Mapping[str, str]:
-    value = _meta(pod).get("labels")
-    return value if isinstance(value, Mapping) else {}
+    return objects.part(objects.meta(pod), "labels")
 
 
 def pod_annotations(pod: Pod) -> Mapping[str, str]:
-    value = _meta(pod).get("annotations")
-    return value if isinstance(value, Mapping) else {}
+    return objects.part(objects.meta(pod), "annotations")
 
 
 def namespace_of(pod: Pod) -> str:
-    return str(_meta(pod).get("namespace") or "")
+    return str(objects.meta(pod).get("namespace") or "")
 
 
-def name_of(pod: Pod) -> str:
-    return str(_meta(pod).get("name") or "")
-
-
-def uid_of(pod: Pod) -> str:
-    return str(_meta(pod).get("uid") or "")
+name_of = objects.name
+uid_of = objects.uid
 
 
 def node_of(pod: Pod) -> str:
@@ -131,7 +121,7 @@ def _status(pod: Pod, key: str) -> str:
 
 
 def controller_of(pod: Pod) -> Mapping[str, Any] | None:
-    for ref in _meta(pod).get("ownerReferences") or ():
+    for ref in objects.meta(pod).get("ownerReferences") or ():
         if isinstance(ref, Mapping) and ref.get("controller"):
             return ref
     return None
