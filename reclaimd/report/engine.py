@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from reclaimd import skus
 from reclaimd.ledger import DEFAULT_ALLOW, PURCHASE_OPTIONS, normalize_purchase_option
+from reclaimd.report import google
 from reclaimd.report.ledger_input import (
     AllocationRow,
     InputError,
@@ -46,8 +47,6 @@ FOCUS_REQUIRED: Final = (
     "ChargeCategory",
     "ConsumedUnit",
 )
-# Where a Google row names its GPU SKU: needed only by a bill with Google rows.
-GPU_SKU_NAMES: Final = ("SkuMeter", "x_SkuDescription")
 # The text columns of relation ``focus``; an optional one the export lacks (SkuMeter) is NULL.
 FOCUS_TEXT: Final = (
     "ProviderName",
@@ -326,11 +325,12 @@ def focus_ids(source: str, kinds: Mapping[str, str]) -> str:
     The instance id is the last '/' or ':' segment (``name``); an Azure scale-set instance
     (``.../virtualMachineScaleSets/<vmss>/virtualMachines/<n>``, an AKS node) is
     '<vmss>_<n>', its VM name, as the ledger names it. GCE names an instance within its
-    project: ``project_name`` is 'project/name' where the resource name says its project
-    ('.../projects/<p>/...'), else NULL, and ``focus_view`` takes the row's SubAccountId
-    (FOCUS: the project) for it. Worked out once per distinct value, not per row; keyed on
-    the ResourceId alone (a DISTINCT of one column: a fifth of the three columns' time), as
-    the row's own ProviderName and SubAccountId decide the rest.
+    project: ``project`` is the resource name's ('.../projects/<p>/...'), else NULL, and
+    ``is_instance`` 1 when the resource name is an instance's ('.../instances/<id>'): Google's
+    FOCUS export names an instance by its numeric id there, so ``_instance_id`` takes the row's
+    ResourceName for it. Worked out once per distinct value, not per row; keyed on the
+    ResourceId alone (a DISTINCT of one column: a fifth of the three columns' time), as the
+    row's own ProviderName, SubAccountId and ResourceName decide the rest.
     """
     rid = (
         'f."ResourceId"' if kinds.get("ResourceId") == "text" else 'CAST(f."ResourceId" AS VARCHAR)'
@@ -342,23 +342,21 @@ def focus_ids(source: str, kinds: Mapping[str, str]) -> str:
         " '(?i)/virtualMachineScaleSets/([^/]+)/virtualMachines/[^/]+$', 1), '')"
     )
     last = "regexp_extract(raw, '[^/:]+$')"
+    instance = "CASE WHEN raw LIKE '%/instances/%' THEN 1 ELSE 0 END"
     return (
-        "SELECT raw, name, project || '/' || name AS project_name"
+        "SELECT raw, name, project, is_instance"
         f" FROM (SELECT raw, COALESCE({scale_set} || '_' || {last}, {last}) AS name,"
-        f" {project} AS project"
+        f" {project} AS project, {instance} AS is_instance"
         f' FROM (SELECT DISTINCT {rid} AS raw FROM {source} f WHERE f."ResourceId" IS NOT NULL)'
         " d) n"
     )
 
 
 def _instance_id(kinds: Mapping[str, str]) -> str:
-    """A bill row's instance id (``focus_ids``'s header): the name; a Google row's within its
-    project, that of the resource name, else the row's SubAccountId (a short name such as
-    'gpu-1' is in every project that has one)."""
-    sub = f"NULLIF({_text(kinds, 'SubAccountId')}, '')"
-    return (
-        f"CASE WHEN LOWER({_text(kinds, 'ProviderName')}) LIKE 'google%'"
-        f" THEN COALESCE(m.project_name, {sub} || '/' || m.name, m.name) ELSE m.name END"
+    """A bill row's instance id (``focus_ids``'s header): the name; a Google row's
+    'project/name' (``google.instance_id``)."""
+    return google.instance_id(
+        _text(kinds, "ProviderName"), _text(kinds, "SubAccountId"), _text(kinds, "ResourceName")
     )
 
 
@@ -389,13 +387,20 @@ def focus_view(
         kinds.get("ChargePeriodStart", ""),
         'CAST(TRY_CAST(f."ChargePeriodStart" AS TIMESTAMP WITH TIME ZONE) AS TIMESTAMP)',
     )
-    meter = text("SkuMeter")
-    if "x_SkuDescription" in kinds:
-        meter = f"COALESCE({meter}, {text('x_SkuDescription')})"
+
+    def stated(c: str) -> str | None:
+        return text(c) if c in kinds else None
+
+    derived = {
+        "SkuMeter": google.sku_name([text(c) for c in google.SKU_NAMES if c in kinds]),
+        "ServiceCategory": google.service_category(
+            text("ProviderName"), stated("ServiceCategory"), stated("ServiceName")
+        ),
+    }
     fields = [
         f"{start} AS ChargePeriodStart",
         f"{_instance_id(kinds)} AS ResourceId",
-        *(f"{meter if c == 'SkuMeter' else text(c)} AS {c}" for c in FOCUS_TEXT),
+        *(f"{derived.get(c) or text(c)} AS {c}" for c in FOCUS_TEXT),
         *(f"{number(c)} AS {c}" for c in FOCUS_NUMERIC),
     ]
     rid = (
@@ -502,16 +507,24 @@ def _check_focus(
 
 
 def check_columns(path: Path, kinds: Mapping[str, str]) -> None:
-    """Refuse a FOCUS file without a column a true price needs (``FOCUS_REQUIRED``)."""
-    missing = [c for c in FOCUS_REQUIRED if c not in kinds]
+    """Refuse a FOCUS file without a column a true price needs (``FOCUS_REQUIRED``), and
+    Google's detailed export by name. ServiceName stands in for ServiceCategory here (Google's
+    FOCUS export has none); ``load_focus`` refuses it where a row is not Google's."""
+    google.refuse_detailed_export(path, kinds)
+    service = "ServiceCategory" in kinds or "ServiceName" in kinds
+    missing = [
+        c for c in FOCUS_REQUIRED if c not in kinds and (c != "ServiceCategory" or not service)
+    ]
     if missing:
         raise InputError(f"{path}: missing FOCUS column(s) {', '.join(missing)}")
 
 
-def _has_google_rows(con: duckdb.DuckDBPyConnection) -> bool:
+def _has_rows(con: duckdb.DuckDBPyConnection, *, google: bool) -> bool:
+    """Whether the bill has a Google row (``google``), or a row that is not Google's."""
+    test = "LIKE" if google else "NOT LIKE"
     row = con.execute(
         "SELECT 1 FROM focus_raw"
-        " WHERE LOWER(CAST(\"ProviderName\" AS VARCHAR)) LIKE 'google%' LIMIT 1"
+        f" WHERE COALESCE(LOWER(CAST(\"ProviderName\" AS VARCHAR)), '') {test} 'google%' LIMIT 1"
     ).fetchone()
     return row is not None
 
@@ -533,10 +546,13 @@ def load_focus(con: duckdb.DuckDBPyConnection, path: Path | None, window: Window
     described = con.execute("SELECT column_name, column_type FROM (DESCRIBE focus_raw)")
     kinds = {str(n): kind_of(str(t)) for n, t in described.fetchall() if n != "__line"}
     check_columns(path, kinds)
-    if not any(c in kinds for c in GPU_SKU_NAMES) and _has_google_rows(con):
+    if "ServiceCategory" not in kinds and _has_rows(con, google=False):
+        # only a Google row's is read from its ServiceName
+        raise InputError(f"{path}: missing FOCUS column(s) ServiceCategory")
+    if not any(c in kinds for c in google.SKU_NAMES) and _has_rows(con, google=True):
         raise InputError(
-            f"{path}: missing FOCUS column(s) SkuMeter (a Google Cloud row names its GPU SKU"
-            " there, or in x_SkuDescription)"
+            f"{path}: missing FOCUS column(s) ChargeDescription (a Google Cloud row names its"
+            " SKU there, as Google's FOCUS export does, or in SkuMeter or x_SkuDescription)"
         )
     _check_focus(con, path, kinds, unit)
     # The ids as a table, not focus_view's subquery: DuckDB estimates a DISTINCT's rows as

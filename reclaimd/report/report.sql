@@ -28,7 +28,9 @@
 --          the hourly FOCUS cost-and-usage export, every row; ResourceId reduced to the
 --          instance id (GCE: 'project/name'). Every column the compute-row rule tests must
 --          be there (reclaimd refuses a file without one); SkuMeter and ListCost may be NULL
---          where the export has none.
+--          where the export has none. A Google row's SkuMeter is its SKU's description
+--          (Google's FOCUS export: ChargeDescription) and its ServiceCategory 'Compute' for
+--          ServiceName 'Compute Engine' (that export has no ServiceCategory).
 --   rates  (sku, purchase_option, usd_per_gpu_hour)   optional, may be empty
 --   skus   (sku, gpus)                                GPUs per instance type
 --
@@ -36,8 +38,8 @@
 -- ServiceCategory Compute, ConsumedUnit a time (hours, seconds) or a memory-time (GiB-hours,
 -- byte-seconds); data transfer, storage, support, tax, credits and commitment purchases are
 -- not, nor is a row that leaves one of the three blank (it is not shown to be compute). An instance-hour's GPU-hours are its instance-hours x GPUs (AWS and others) or the
--- hours of its GPU SKU rows (Google: SkuMeter names a GPU; its core and RAM SKUs are
--- apportioned over them). A GPU-hour costs the instance-hour's compute EffectiveCost / its
+-- hours of its GPU SKU rows (Google: SkuMeter, the SKU's description, names a GPU; its core
+-- and RAM SKUs are apportioned over them; a "Spot Preemptible" SKU is Dynamic). A GPU-hour costs the instance-hour's compute EffectiveCost / its
 -- GPU-hours, and its PricingCategory is that of the rows that carry the GPU-hours (mixed:
 -- Committed, else Dynamic, else Standard; see `bill`). Without
 -- a bill row it costs the rates file's figure for its SKU and purchase option. The
@@ -97,20 +99,31 @@ bill_rows AS (
     ListCost,
     ConsumedQuantity,
     LOWER(ConsumedUnit) AS unit,
+    LOWER(PricingCategory) AS pricing,
     CASE WHEN LOWER(ProviderName) LIKE 'google%' THEN 1 ELSE 0 END AS is_google,
-    CASE WHEN LOWER(SkuMeter) LIKE '%gpu%' THEN 1 ELSE 0 END AS names_gpu
+    CASE WHEN LOWER(SkuMeter) LIKE '%gpu%' THEN 1 ELSE 0 END AS names_gpu,
+    -- Google bills a Spot (or preemptible) VM's GPU, core and RAM under SKUs of their own,
+    -- "Spot Preemptible Nvidia H100 80GB GPU running in Americas": spot whatever its
+    -- PricingCategory says (Google's FOCUS view calls every row without a commitment
+    -- Standard, which would make spot rates the on-demand reference)
+    CASE WHEN LOWER(SkuMeter) LIKE 'spot preemptible %' OR LOWER(SkuMeter) LIKE 'preemptible %'
+      THEN 1 ELSE 0 END AS names_spot
   FROM focus
   WHERE ResourceId IS NOT NULL
-    AND ChargeCategory = 'Usage'
-    AND ServiceCategory = 'Compute'
+    -- FOCUS values, in any case (Google's FOCUS view writes 'usage')
+    AND LOWER(ChargeCategory) = 'usage'
+    AND LOWER(ServiceCategory) = 'compute'
 ),
 compute_rows AS (
   SELECT
     resource_id,
     hour_start,
     SkuId,
-    CASE PricingCategory
-      WHEN 'Committed' THEN 3 WHEN 'Dynamic' THEN 2 WHEN 'Standard' THEN 1 ELSE 0
+    CASE
+      WHEN pricing = 'committed' THEN 3
+      WHEN pricing = 'dynamic' OR is_google * names_spot = 1 THEN 2
+      WHEN pricing = 'standard' THEN 1
+      ELSE 0
     END AS pricing_rank,
     EffectiveCost,
     ListCost,

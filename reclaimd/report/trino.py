@@ -101,18 +101,27 @@ def _sql_type(duck_type: str) -> str:
     base = duck_type.split("(", maxsplit=1)[0].upper()
     if base.startswith("TIMESTAMP"):
         return _TYPES["TIMESTAMP"]
-    if base in ("DECIMAL", "FLOAT", "REAL"):
+    if base == "DECIMAL":
+        # as stored (BigQuery's NUMERIC is DECIMAL(38, 9)): Trino reads no DECIMAL as double
+        return duck_type.lower().replace(" ", "")
+    if base in ("FLOAT", "REAL"):
         return "double"
     return _TYPES.get(base, "varchar")
 
 
+def _nested(duck_type: str) -> bool:
+    return duck_type.upper().startswith(("STRUCT", "MAP", "UNION")) or duck_type.endswith("]")
+
+
 def parquet_columns(path: Path) -> list[tuple[str, str]]:
+    """The file's columns as Trino types; nested ones (Google's x_Credits, x_Project) are left
+    out: the report reads none, and a table maps Parquet columns by name."""
     con = engine.connect()
     try:
         rows = con.execute(f"DESCRIBE SELECT * FROM read_parquet({engine._quote(path)})").fetchall()
     finally:
         con.close()
-    return [(str(r[0]), _sql_type(str(r[1]))) for r in rows]
+    return [(str(r[0]), _sql_type(str(r[1]))) for r in rows if not _nested(str(r[1]))]
 
 
 def _table(c: Client, name: str, path: Path) -> dict[str, str]:

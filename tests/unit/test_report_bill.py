@@ -636,10 +636,12 @@ def test_a_bill_missing_a_column_the_compute_rule_needs_is_refused(
     # not $108); without ProviderName GCE's core and RAM rows were instance-hours (figures
     # NULL); without ServiceCategory a network or storage row on an instance's id with an
     # hourly unit is compute (none in this bill, which is no reason to take the rest on
-    # trust); without SkuMeter (this bill has Google rows) no GCE row names its GPU.
+    # trust); without SkuMeter (this bill has Google rows and no ChargeDescription, where
+    # Google's own FOCUS export names the SKU) no GCE row names its GPU.
     focus = without(bill_rows(), tmp_path / f"no-{column}.csv", column)
     rc, err = run(["--ledger", str(bill["ledger"]), "--focus", str(focus)], capsys)
-    assert rc == 2 and f"{focus}: missing FOCUS column(s) {column}" in err, err
+    named = "ChargeDescription" if column == "SkuMeter" else column
+    assert rc == 2 and f"{focus}: missing FOCUS column(s) {named}" in err, err
 
 
 REQUIRED = (

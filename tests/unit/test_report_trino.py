@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from test_report_bill import bill_rows, ledger_rows, write_csv, write_jsonl
+from test_report_google import TWO_HOURS, google_ledger, google_rows, write_bill
 from test_report_overhead import overhead_rows
 
 from chaos import bench_report as report_bench
@@ -102,3 +103,27 @@ def test_a_generated_fleet_gives_the_same_figures_in_trino_and_duckdb(
     )
     # unrounded, to a hundredth of a cent: the engines sum the same doubles in another order
     assert report_bench.differences({g.key: g.figures for g in got}, figures) == {}
+
+
+def test_googles_focus_export_gives_the_same_figures_in_trino_and_duckdb(
+    trino_url: str, tmp_path: Path
+) -> None:
+    # test_report_google's bill, as BigQuery exports the table (DECIMAL, UTC timestamps, the
+    # nested x_Credits and x_Project), read where it lies
+    ledger = ledger_input.read([str(write_jsonl(tmp_path / "l.jsonl", google_ledger()))], None,
+                               LabelPolicy())  # fmt: skip
+    alloc, waste = tmp_path / "alloc" / "a.parquet", tmp_path / "waste" / "w.parquet"
+    engine.land_ledger(ledger, "tenant", alloc, waste)
+    focus = tmp_path / "focus" / "f.parquet"
+    focus.parent.mkdir()
+    write_bill(focus, google_rows())
+    duck = shown(engine.report_landed(alloc, waste, focus, window=TWO_HOURS))
+    # test_report_google's figures
+    assert (duck["team-a"]["allocated_cost"], duck["team-a"]["spot_net_savings"]) == (36.00, 78.00)
+    assert (duck["team-b"]["allocated_cost"], duck["unallocated"]["unallocated_cost"]) == (
+        60.00,
+        20.00,
+    )
+    groups, _ = trino.run_report(trino_url, alloc=alloc, waste=waste, focus=focus,
+                                 window=TWO_HOURS)  # fmt: skip
+    assert shown(groups) == duck
