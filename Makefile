@@ -14,11 +14,13 @@ STACK := deploy/local/stack.sh
 
 .PHONY: venv demo test bench stack-up stack-down stack-status lint image deploy-tools
 
-# Re-installs when pyproject.toml is newer than the stamp (new or changed dependencies).
+# Re-installs when a pyproject is newer than the stamp (new or changed dependencies). The
+# trainer SDK (reclaimd-trainer, deploy/trainer/sdk) is installed editable with the controller,
+# which depends on it.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml deploy/trainer/sdk/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e deploy/trainer/sdk -e '.[dev]'
 	touch $@
 
 lint: venv
@@ -125,8 +127,9 @@ bench-failover: stack-up
 trainer-deps: venv
 	deploy/trainer/torch.sh
 
-# The trainer SDK as its own wheel, reclaimd-trainer (no controller libraries; torch,
-# lightning and hf are extras): out/reclaimd_trainer-<version>-py3-none-any.whl.
+# The trainer SDK as its own wheel, reclaimd-trainer (import name reclaimd_trainer; no controller
+# file or library; s3, aio, torch, lightning and hf are extras):
+# out/reclaimd_trainer-<version>-py3-none-any.whl.
 .PHONY: sdk-wheel
 sdk-wheel: venv
 	$(BIN)/python deploy/trainer/sdk/build.py out
@@ -138,7 +141,7 @@ sdk-wheel: venv
 chaos-wheel: venv
 	$(BIN)/python deploy/chaos/build.py out
 
-# The trainer side (reclaimd.trainer.torch) with a real gloo job: save time (stash, upload),
+# The trainer side (reclaimd_trainer.torch) with a real gloo job: save time (stash, upload),
 # ack latency, bytes/s against the disk's and moto's own rates, model sizes small to large:
 # out/bench-trainer.json and a table. BENCH_TRAINER_ARGS="--sizes 1,16" for a quick run.
 .PHONY: bench-trainer

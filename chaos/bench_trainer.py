@@ -39,7 +39,7 @@ from chaos.ports import free_port as _free_port
 from chaos.torchjob import TorchGang, read_log
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Gang, GangKey, Member, Notice, NoticeKind, Target, utcnow
-from reclaimd.objectstore import make_s3_client
+from reclaimd_trainer.s3 import make_s3_client
 from reclaimd.putbudget import TenantPutBudgets
 
 LAYERS = 4

@@ -43,9 +43,9 @@ import botocore.exceptions
 
 from chaos.ports import free_port
 from reclaimd.model import rfc3339, utcnow
-from reclaimd.objectstore import BoundPut, GuardedPut, PutCounters, PutLimits, make_s3_client
+from reclaimd_trainer.s3 import BoundPut, GuardedPut, PutCounters, PutLimits, make_s3_client
 from reclaimd.putbudget import HEADER, REQUEST_FIELD, TenantPutBudgets
-from reclaimd.workload import CheckpointRequest, CheckpointResult, CheckpointServer, upload_parts
+from reclaimd_trainer.server import CheckpointRequest, CheckpointResult, CheckpointServer, upload_parts
 
 POLL_INTERVAL_S = 0.5  # reclaimd's status poll
 TENANT = "acme"

@@ -161,7 +161,7 @@ class Drill:
         from .harness import Harness
 
         # A failing or cut-off fake trainer is the scenario working, not news for the console.
-        logging.getLogger("reclaimd.workload").setLevel(logging.ERROR)
+        logging.getLogger("reclaimd_trainer.server").setLevel(logging.ERROR)
         # The drill's own Kafka clients retry through a stop_kafka outage; one line a retry
         # would bury the progress lines (the reader says once that it reads again).
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

@@ -1,5 +1,5 @@
 """The drills' real torch job again, as a PyTorch Lightning ``Trainer`` (DDP, gloo on CPU) with
-``reclaimd.trainer.lightning.ReclaimdCallback``: same arguments and step log as
+``reclaimd_trainer.lightning.ReclaimdCallback``: same arguments and step log as
 chaos/torchjob.py (``TorchGang(..., module="chaos.lightningjob")`` starts it).
 
 Each rank is a process of its own with torchelastic's environment, so Lightning joins the
@@ -22,9 +22,9 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from chaos.torchjob import batch, build_model, digest
-from reclaimd.trainer import Signal
-from reclaimd.trainer.lightning import ReclaimdCallback
-from reclaimd.trainer.torch import S3Reader, SaveReport
+from reclaimd_trainer import Signal
+from reclaimd_trainer.lightning import ReclaimdCallback
+from reclaimd_trainer.torch import S3Reader, SaveReport
 
 
 class Batches(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     signal = Signal(host="127.0.0.1", port=0).start()
     store = reader = None
     if args.bucket:
-        from reclaimd.objectstore import GuardedPut, make_s3_client
+        from reclaimd_trainer.s3 import GuardedPut, make_s3_client
 
         s3: Any = make_s3_client(endpoint_url=args.endpoint or None)
         store = GuardedPut(s3).bind(args.tenant, args.bucket)

@@ -3,9 +3,9 @@
 Each rank is a process of its own (``python -m chaos.torchjob --rank R ...``); rank 0
 hosts the rendezvous on loopback. The model is built here (an MLP, no downloaded weights), the
 data is generated from (seed, step, rank), so two incarnations compute the same thing. Each rank
-serves reclaimd's checkpoint contract with ``reclaimd.trainer.Signal`` on a loopback port
+serves reclaimd's checkpoint contract with ``reclaimd_trainer.Signal`` on a loopback port
 (written to ``<workdir>/rank-<R>.url`` for the drill to announce) and saves through
-``reclaimd.trainer.torch.Checkpointer``: DCP to a stash, then the guarded PutObject to S3.
+``reclaimd_trainer.torch.Checkpointer``: DCP to a stash, then the guarded PutObject to S3.
 
 Every rank writes its step log, ``<workdir>/rank-<R>.jsonl`` (appended across incarnations),
 one JSON object per line: ``start`` (incarnation, restored step, parameters' digest),
@@ -31,8 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 from chaos.ports import free_port
-from reclaimd.trainer import Signal
-from reclaimd.trainer.torch import Checkpointer, S3Reader, SaveReport
+from reclaimd_trainer import Signal
+from reclaimd_trainer.torch import Checkpointer, S3Reader, SaveReport
 
 
 def build_model(hidden: int, layers: int, seed: int) -> nn.Module:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (one job, read 
 
     store = reader = None
     if args.bucket:
-        from reclaimd.objectstore import GuardedPut, PutLimits, make_s3_client
+        from reclaimd_trainer.s3 import GuardedPut, PutLimits, make_s3_client
 
         s3: Any = make_s3_client(endpoint_url=args.endpoint or None)
         limits = PutLimits(rate_per_s=args.put_qps) if args.put_qps else None

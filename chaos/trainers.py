@@ -1,4 +1,4 @@
-"""A fleet of fake trainers speaking the checkpoint contract through ``reclaimd.workload``.
+"""A fleet of fake trainers speaking the checkpoint contract through ``reclaimd_trainer.server``.
 
 Each rank gets its own ``CheckpointServer`` on loopback (kwok pod IPs are not routable, so a
 pod's ``checkpoint-url`` names the trainer's loopback port directly). A behaviour decides how
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from reclaimd.model import utcnow
-from reclaimd.workload import CheckpointRequest, CheckpointResult, CheckpointServer
+from reclaimd_trainer.server import CheckpointRequest, CheckpointResult, CheckpointServer
 
 
 @dataclass(frozen=True)

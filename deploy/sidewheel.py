@@ -13,18 +13,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def build_staged(pyproject: Path, out: Path, stem: str, stage: Callable[[Path], None]) -> Path:
+def build_staged(
+    pyproject: Path, out: Path, stem: str, stage: Callable[[Path], None], at: Path = Path(".")
+) -> Path:
     """``stage(directory)`` puts the package's files in ``directory``; the wheel built from
-    them into ``out`` (``<stem>-*.whl``), its path."""
+    them into ``out`` (``<stem>-*.whl``), its path. ``at``: where the pyproject goes under
+    ``directory`` (one that names its package by a relative path keeps its place)."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"{stem}-") as tmp:
         directory = Path(tmp)
-        shutil.copy(pyproject, directory / "pyproject.toml")
+        project = directory / at
+        project.mkdir(parents=True, exist_ok=True)
+        shutil.copy(pyproject, project / "pyproject.toml")
         stage(directory)
         before = set(out.glob(f"{stem}-*.whl"))
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-             "--no-build-isolation", "--wheel-dir", str(out), str(directory)],
+             "--no-build-isolation", "--wheel-dir", str(out), str(project)],
             check=True,
         )  # fmt: skip
     made = sorted(set(out.glob(f"{stem}-*.whl")) - before) or sorted(out.glob(f"{stem}-*.whl"))

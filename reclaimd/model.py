@@ -12,10 +12,16 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Self
+
+# The contract's times live with the trainer SDK, which speaks them too: one copy of each.
+from reclaimd_trainer.times import ParseError, parse_time, rfc3339, utcnow
+
+# Re-exported: the contract's times, which the trainer SDK owns (one copy for both sides).
+__all__ = ["ParseError", "parse_time", "rfc3339", "utcnow"]
 
 
 class NoticeKind(StrEnum):
@@ -258,10 +264,6 @@ class Windows:
         return "Windows(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
 
 
-class ParseError(ValueError):
-    """A payload that cannot be read as what its transport promised. Never retried."""
-
-
 # --- cluster side -------------------------------------------------------------------------
 
 
@@ -379,37 +381,6 @@ class RestartWaste:
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def rfc3339(t: datetime) -> str:
-    """UTC, second precision unless the time has a fraction (kept whole), always with ``Z``."""
-    t = t.astimezone(UTC)
-    # isoformat pads the year to four digits, where strftime("%Y") does not on every libc.
-    return (
-        t.replace(tzinfo=None).isoformat(timespec="microseconds" if t.microsecond else "seconds")
-        + "Z"
-    )
-
-
-def parse_time(value: str) -> datetime:
-    """RFC 3339 in, aware UTC datetime out. Raises ``ParseError``."""
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        t = datetime.fromisoformat(text)
-    except ValueError as e:
-        raise ParseError(f"not an RFC 3339 time: {value[:40]!r}") from e
-    if t.tzinfo is None:
-        raise ParseError(f"time without a zone: {value[:40]!r}")
-    try:
-        return t.astimezone(UTC)
-    except OverflowError as e:
-        raise ParseError(f"time out of range: {value[:40]!r}") from e
 
 
 def stable_id(source: str, *parts: str) -> str:

@@ -80,7 +80,7 @@ FirstStep = Callable[[str], Awaitable[tuple[bool, datetime | None]]]
 async def sdk_first_step(
     session: aiohttp.ClientSession, url: str, timeout_s: float = 2.0
 ) -> tuple[bool, datetime | None]:
-    """Ask a rank at ``<checkpoint url>/incarnation`` (``reclaimd.trainer.Signal``) when it
+    """Ask a rank at ``<checkpoint url>/incarnation`` (``reclaimd_trainer.Signal``) when it
     first stepped. A rank that does not answer it (no SDK, an older one, unreachable) does not
     speak it: Ready is all there is to know of it."""
     base, _, query = url.partition("?")

@@ -36,7 +36,7 @@ HEAVY = (
     "opentelemetry.exporter.otlp.proto.grpc",
     "opentelemetry.exporter.otlp.proto.http",
     "duckdb",
-    "reclaimd.objectstore",
+    "reclaimd_trainer.s3",
     "aiokafka",
     "kubernetes_asyncio",
     "reclaimd.cluster.apiserver",

@@ -47,7 +47,7 @@ SDK_ROUND_TRIP = textwrap.dedent(
     def round_trip(sdk):
         import json, threading, urllib.request
         from datetime import timedelta
-        from reclaimd.model import rfc3339, utcnow
+        from reclaimd_trainer.times import rfc3339, utcnow
         with sdk.Signal(host="127.0.0.1", port=0) as signal:
             body = {"notice_id": "n-1", "deadline": rfc3339(utcnow() + timedelta(seconds=30))}
             def answer():

@@ -32,7 +32,8 @@ LOGS=$CACHE_DIR/logs
 # The image is built from a commit (IMAGE_REV, default HEAD), never from the work tree: the
 # tree is shared, and someone's half-done edit must not end up in an image.
 IMAGE_REV=${IMAGE_REV:-HEAD}
-IMAGE_PATHS=(Containerfile pyproject.toml README.md reclaimd handlers deploy/image/torch_modules.py deploy/image/import_all.py)
+IMAGE_PATHS=(Containerfile pyproject.toml README.md reclaimd handlers reclaimd_trainer deploy/trainer/sdk
+             deploy/sidewheel.py deploy/image/torch_modules.py deploy/image/import_all.py)
 # What the chaos layer adds (its own archive: the product's wheel never sees chaos/).
 CHAOS_PATHS=(deploy/image/Containerfile.chaos deploy/chaos deploy/sidewheel.py chaos deploy/image/torch_modules.py deploy/image/import_all.py)
 PY=$REPO_DIR/.venv/bin/python
@@ -85,17 +86,22 @@ ensure_base() {
 
 build_wheels() {
     # The commit's product files: reclaimd and handlers, not the rig (chaos/ is not archived,
-    # so the wheel built here has no chaos package), less the modules that need torch.
+    # so the wheel built here has no chaos package), and the trainer SDK it depends on (its own
+    # wheel, reclaimd-trainer, less the integrations that need torch).
     local ctx=$1 src=$1/src
     mkdir -p "$src" "$ctx/wheels"
     git -C "$REPO_DIR" archive --format=tar "$IMAGE_REV" "${IMAGE_PATHS[@]}" | tar -x -C "$src"
     cp "$src/Containerfile" "$ctx/Containerfile"
     cp "$src/deploy/image/import_all.py" "$ctx/import_all.py"
     local left_out
-    left_out=$("$PY" "$src/deploy/image/torch_modules.py" "$src" reclaimd handlers)
+    left_out=$("$PY" "$src/deploy/image/torch_modules.py" "$src" reclaimd reclaimd_trainer handlers)
     echo "left out (need torch): ${left_out//$'\n'/ }"
-    (cd "$src" && xargs -r rm -- <<<"$left_out")
-    nice -n 10 "$REPO_DIR/.venv/bin/pip" wheel -q --wheel-dir "$ctx/wheels" "$src"
+    # shellcheck disable=SC2086 # one path a word
+    nice -n 10 "$PY" "$src/deploy/trainer/sdk/build.py" "$ctx/wheels" $left_out
+    # The controller's own wheel: its pyproject leaves reclaimd_trainer/ out; the SDK it
+    # requires is found in the wheel just built, not on an index.
+    rm -rf "$src/reclaimd_trainer"
+    nice -n 10 "$REPO_DIR/.venv/bin/pip" wheel -q --find-links "$ctx/wheels" --wheel-dir "$ctx/wheels" "$src"
     rm -rf "$src"
 }
 

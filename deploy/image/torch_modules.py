@@ -1,11 +1,11 @@
 """The modules of the tree that cannot be imported without a training framework (torch,
-Lightning, transformers, accelerate): the trainer SDK's integrations (shipped in the
-reclaimd-trainer wheel) and the rig's torch jobs. The controller image and the reclaimd-chaos
-wheel carry no framework, so they leave these out, and their builds import every module they
-do ship.
+Lightning, transformers, accelerate): the trainer SDK's integrations (reclaimd_trainer's torch,
+routine, lightning and hf: its own wheel has them) and the rig's torch jobs. The controller
+image (which carries the SDK for the contract it speaks) and the reclaimd-chaos wheel carry no
+framework, so they leave these out, and their builds import every module they do ship.
 
 ``python deploy/image/torch_modules.py ROOT [PACKAGE...]`` prints their paths relative to
-ROOT, one a line (default packages: reclaimd handlers chaos).
+ROOT, one a line (default packages: reclaimd reclaimd_trainer handlers chaos).
 
 A module is in when an import it runs at import time names a framework or a module that is
 in (its own parent packages count: importing ``a.b.c`` runs ``a.b``). Imports inside a
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 FRAMEWORKS = frozenset({"torch", "lightning", "pytorch_lightning", "transformers", "accelerate"})
-PACKAGES = ("reclaimd", "handlers", "chaos")
+PACKAGES = ("reclaimd", "reclaimd_trainer", "handlers", "chaos")
 _OPTIONAL = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
 

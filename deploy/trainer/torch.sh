@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # torch (CPU use of the PyPI CUDA build: the CPU-only index is not reachable here), Lightning
-# and transformers (+ accelerate) for the trainer SDK's tests and bench, into the project venv. The wheels are
+# and transformers (+ accelerate) for the trainer SDK's tests and bench, into the project venv,
+# and the wheels the SDK's s3/aio extras need (for the docs test's SDK-only venv). The wheels are
 # downloaded once into ~/.cache/reclaimd/wheels (about 2.9 GB, most of it nvidia-* wheels) and
 # installed offline from there; a venv that already has these versions is left alone.
 set -euo pipefail
@@ -22,6 +23,25 @@ have = (version("torch").split("+")[0], version("lightning"), version("transform
 sys.exit(0 if have == tuple(sys.argv[1:5]) else 1)
 PYEOF
 }
+
+# What the SDK's other extras need (s3: boto3, tenacity; aio: aiohttp; and its own
+# dependencies), cached beside the frameworks: tests/e2e/test_trainer_docs.py installs the SDK's
+# wheel with all of them offline from here into a venv of its own. Once per set of requirements.
+mapfile -t SDK_REQS < <("$PY" - <<'PYEOF'
+import tomllib
+project = tomllib.load(open("deploy/trainer/sdk/pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+for req in [*project["dependencies"], *extras["s3"], *extras["aio"]]:
+    print(req)
+PYEOF
+)
+mkdir -p "$CACHE"
+stamp=$CACHE/.sdk-deps-$(printf '%s\n' "${SDK_REQS[@]}" | sha256sum | cut -c1-12)
+if [[ ! -f $stamp ]]; then
+  echo "trainer deps: downloading the SDK's extras' requirements (${SDK_REQS[*]}) into $CACHE"
+  "$PY" -m pip download -q -d "$CACHE" "${SDK_REQS[@]}"
+  touch "$stamp"
+fi
 
 if have; then
   echo "torch $TORCH_VERSION, lightning $LIGHTNING_VERSION, transformers $TRANSFORMERS_VERSION: installed"

@@ -132,16 +132,16 @@ def found(image: str, *names: str) -> dict[str, bool]:
 
 
 def test_holds_the_daemon_only(image: str) -> None:
-    names = ["reclaimd.daemon", "handlers.ec2_spot", "reclaimd.trainer", "reclaimd.trainer.torch",
-             "reclaimd.trainer.lightning", "reclaimd.trainer.hf", "chaos", "pytest", "moto",
+    names = ["reclaimd.daemon", "handlers.ec2_spot", "reclaimd_trainer", "reclaimd_trainer.torch",
+             "reclaimd_trainer.lightning", "reclaimd_trainer.hf", "chaos", "pytest", "moto",
              "hypothesis", "ruff", "mypy", "pip", "torch"]  # fmt: skip
     assert found(image, *names) == {
         "reclaimd.daemon": True,
         "handlers.ec2_spot": True,
-        "reclaimd.trainer": True,  # the checkpoint contract the daemon speaks
-        "reclaimd.trainer.torch": False,  # the SDK's integrations need torch: its own wheel
-        "reclaimd.trainer.lightning": False,
-        "reclaimd.trainer.hf": False,
+        "reclaimd_trainer": True,  # the checkpoint contract the daemon speaks
+        "reclaimd_trainer.torch": False,  # the SDK's integrations need torch: its own wheel
+        "reclaimd_trainer.lightning": False,
+        "reclaimd_trainer.hf": False,
         "chaos": False,  # the drills are the chaos image's
         "pytest": False,
         "moto": False,
@@ -201,7 +201,7 @@ def test_the_chaos_image_runs_as_65532_on_a_read_only_root(chaos_image: str) -> 
 
 def test_the_chaos_image_holds_the_rig_and_no_test_tools(chaos_image: str) -> None:
     names = ["chaos.drill", "chaos.scenario", "reclaimd.daemon", "chaos.torchjob",
-             "chaos.bench_trainer", "reclaimd.trainer.torch", "pytest", "moto", "hypothesis",
+             "chaos.bench_trainer", "reclaimd_trainer.torch", "pytest", "moto", "hypothesis",
              "pip", "torch"]  # fmt: skip
     assert found(chaos_image, *names) == {
         "chaos.drill": True,
@@ -209,7 +209,7 @@ def test_the_chaos_image_holds_the_rig_and_no_test_tools(chaos_image: str) -> No
         "reclaimd.daemon": True,
         "chaos.torchjob": False,  # the torch jobs stay out: no torch here
         "chaos.bench_trainer": False,
-        "reclaimd.trainer.torch": False,
+        "reclaimd_trainer.torch": False,
         "pytest": False,
         "moto": False,
         "hypothesis": False,

@@ -9,7 +9,7 @@ import botocore.exceptions
 import pytest
 
 from reclaimd.model import utcnow
-from reclaimd.objectstore import GuardedPut, PutFailed, ScopeRefused, make_s3_client
+from reclaimd_trainer.s3 import GuardedPut, PutFailed, ScopeRefused, make_s3_client
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from chaos.ports import free_port
 from reclaimd import restarts
 from reclaimd.cluster.gangclaims import RESTART_ANNOTATION, lease_name
 from reclaimd.model import Gang, GangKey, parse_time
-from reclaimd.trainer.signal import Signal
+from reclaimd_trainer.signal import Signal
 
 
 @pytest.fixture

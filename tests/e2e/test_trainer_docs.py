@@ -1,56 +1,125 @@
 """Every Python snippet of docs/checkpoint-contract.md's trainer section, run as written, in
-order and in one namespace, against moto, while reclaimd's own signaller asks: each must ack
-durably, and the plain loop run again restores the step it saved."""
+order and in one namespace, where only the SDK is installed: a fresh venv holding the
+reclaimd-trainer wheel, whose libraries are exactly what its extras (s3, aio, torch, lightning,
+hf) require, installed offline from the wheel cache of `make trainer-deps` (no reclaimd, no
+chaos). The snippets run there (trainer_docs_runner.py) against moto while reclaimd's own
+signaller asks from here: each must ack durably, and the plain loop run again restores the step
+it saved."""
 
 from __future__ import annotations
 
 import asyncio
-import re
-import threading
-import time
+import email.parser
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
 import uuid
+import zipfile
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import boto3
 import pytest
-import torch
-from torch.utils.data import DataLoader, IterableDataset
 from trainer_helpers import jobset_gang, spot_notice
+from wheels import fresh_venv, outside_env, pip, run, sdk_wheel
 
-from chaos.lightningjob import Module
-from chaos.torchjob import batch, build_model
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Member, RankAck, utcnow
-from reclaimd.objectstore import make_s3_client
 from reclaimd.putbudget import TenantPutBudgets
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "checkpoint-contract.md"
-SECTION = "## Trainer side in a few lines: `reclaimd.trainer`"
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "checkpoint-contract.md"
+RUNNER = Path(__file__).resolve().parent / "trainer_docs_runner.py"
+VERSIONS = REPO / "deploy" / "trainer" / "versions.env"
+CACHE = Path(os.environ.get("RECLAIMD_CACHE", Path.home() / ".cache" / "reclaimd"))
+EXTRAS = "s3,aio,torch,lightning,hf"
 
 
-def snippets() -> list[str]:
-    text = DOC.read_text()
-    return re.findall(r"```python\n(.*?)```", text[text.index(SECTION) :], re.S)
+def pins() -> list[str]:
+    """The framework versions the trainer tests use (deploy/trainer/versions.env)."""
+    v = dict(
+        line.split("=", 1) for line in VERSIONS.read_text().splitlines() if "=" in line
+    )  # fmt: skip
+    return [
+        f"torch=={v['TORCH_VERSION']}",
+        f"lightning=={v['LIGHTNING_VERSION']}",
+        f"transformers=={v['TRANSFORMERS_VERSION']}",
+        f"accelerate=={v['ACCELERATE_VERSION']}",
+    ]
 
 
-class SlowBatches(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __iter__(self) -> Any:
-        for step in range(100_000):
-            time.sleep(0.02)
-            yield batch(7, step, 0)
+def requirements_of(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(z.read(name).decode())
+    return sorted(meta.get_all("Requires-Dist") or [])
 
 
-class Tiny(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = build_model(32, 1, 7)
+def libraries(wheel: Path) -> Path:
+    """The site-packages of a venv holding what the SDK's extras require and nothing else,
+    installed offline from the wheel cache: built once per set of requirements (installing
+    torch takes minutes), in the cache. The SDK itself is not in it."""
+    key = hashlib.sha256(
+        "\n".join([*requirements_of(wheel), *pins(), sys.version]).encode()
+    ).hexdigest()[:12]
+    venv = CACHE / f"trainer-docs-libs-{key}"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".trainer-docs-libs.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same
+        if not (venv / "done").exists():
+            partial = venv.with_name(venv.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            python = fresh_venv(partial)
+            wheels = CACHE / "wheels"
+            built = subprocess.run(
+                [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+                 "--no-index", "--find-links", str(wheels), f"{wheel}[{EXTRAS}]", *pins()],
+                capture_output=True, text=True, timeout=1800, check=False,
+            )  # fmt: skip
+            assert built.returncode == 0, (
+                f"the SDK's requirements are not all in {wheels}: run `make trainer-deps`\n"
+                + built.stderr[-1500:]
+            )
+            pip(python, "uninstall", "--yes", "--quiet", "reclaimd-trainer")
+            # A venv's scripts name its path: only its site-packages is used, by a .pth.
+            (partial / "done").touch()
+            partial.rename(venv)
+    purelib = run(
+        venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    )
+    return Path(purelib.stdout.strip())
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        time.sleep(0.02)
-        out = self.net(x)
-        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+@pytest.fixture(scope="module")
+def sdk_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv: the SDK's wheel, and the libraries its extras require."""
+    tmp = tmp_path_factory.mktemp("sdk-only")
+    wheel = sdk_wheel(tmp / "dist")
+    python = fresh_venv(tmp / "venv", libraries(wheel))
+    pip(python, "install", "--quiet", "--no-deps", "--no-index", wheel)
+    probe = run(
+        python, "-c",
+        "import json, importlib.util as u; print(json.dumps({m: u.find_spec(m) is not None "
+        "for m in ('reclaimd_trainer', 'reclaimd', 'handlers', 'chaos', 'kubernetes_asyncio', "
+        "'pytest')}))",
+        env=outside_env(), cwd=tmp,
+    )  # fmt: skip
+    assert json.loads(probe.stdout) == {
+        "reclaimd_trainer": True,
+        "reclaimd": False,
+        "handlers": False,
+        "chaos": False,
+        "kubernetes_asyncio": False,
+        "pytest": False,
+    }
+    return python
 
 
 async def ask(url: str) -> RankAck:
@@ -78,121 +147,55 @@ async def ask(url: str) -> RankAck:
     return acks[0]
 
 
-async def run_and_ask(code: str, ns: dict[str, Any], ready: str = "signal") -> RankAck:
-    """Run ``code`` in a thread; once ``ns[ready]`` serves, ask it; the ack."""
-    errors: list[BaseException] = []
-    before = ns.get(ready)
-
-    def go() -> None:
-        try:
-            exec(code, ns)
-        except BaseException as e:  # surfaced by the test below
-            errors.append(e)
-
-    t = threading.Thread(target=go)
-    t.start()
-    for _ in range(600):
-        if ns.get(ready) is not before or errors:
-            break
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1.5)  # some steps
-    assert not errors, errors
-    ack = await ask(ns["signal"].url)
-    await asyncio.to_thread(t.join, 240)
-    assert not errors, errors
-    return ack
+async def lines(proc: asyncio.subprocess.Process) -> AsyncIterator[dict[str, Any]]:
+    assert proc.stdout is not None
+    while True:
+        line = await asyncio.wait_for(proc.stdout.readline(), 300)
+        if not line:
+            return
+        if line.startswith(b"{"):
+            yield json.loads(line)
 
 
-@pytest.fixture
-def ns(stack: Any, tmp_path: Path) -> dict[str, Any]:
-    s3 = make_s3_client(endpoint_url=stack.aws_endpoint)
+async def test_every_trainer_snippet_runs_where_only_the_sdk_is_installed_and_acks_durably(
+    stack: Any, sdk_python: Path, tmp_path: Path
+) -> None:
     bucket = f"doc-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
-    model = build_model(64, 2, 7)
-    first_steps: list[int] = []
+    boto3.client("s3", endpoint_url=stack.aws_endpoint, region_name="us-east-1").create_bucket(
+        Bucket=bucket
+    )
+    errors = (tmp_path / "runner.err").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        str(sdk_python), str(RUNNER), str(DOC), bucket, str(tmp_path),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errors,
+        env=outside_env(), cwd=tmp_path,  # not the checkout: nothing of it is importable
+    )  # fmt: skip
+    acks: dict[str, RankAck] = {}
+    said: dict[str, dict[str, Any]] = {}
+    try:
+        async for doc in lines(proc):
+            if "ask" in doc:
+                ack = acks[doc["phase"]] = await ask(doc["ask"])
+                if doc["phase"] == "plain":
+                    assert proc.stdin is not None
+                    proc.stdin.write(f"{ack.step}\n".encode())
+                    await proc.stdin.drain()
+            else:
+                said[doc["phase"]] = doc
+        code = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        errors.close()
+    assert code == 0, (tmp_path / "runner.err").read_text()[-3000:]
 
-    def train_step(model: Any, optimizer: Any, step: int) -> None:
-        first_steps.append(step)
-        x, y = batch(7, step, 0)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        time.sleep(0.02)
-
-    from transformers import TrainingArguments
-
-    g = torch.Generator().manual_seed(0)
-    xs = torch.randn(8192, 32, generator=g)
-    return {
-        "tenant": "team-a",
-        "bucket": bucket,
-        "stash_dir": str(tmp_path / "stash-0"),
-        "port": 0,
-        "steps": 200,
-        "model": model,
-        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-        "train_step": train_step,
-        "first_steps": first_steps,
-        "module": Module(64, 2, 7),
-        "data": DataLoader(SlowBatches(), batch_size=None),
-        "hf_model": Tiny(),
-        "args": TrainingArguments(
-            output_dir=str(tmp_path / "hf"),
-            max_steps=200,
-            per_device_train_batch_size=16,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            logging_strategy="no",
-            disable_tqdm=True,
-        ),
-        "dataset": [{"x": x, "labels": x.sum().sin().reshape(1)} for x in xs],
-        "_s3": s3,
-        "_tmp": tmp_path,
-    }
-
-
-async def test_every_trainer_snippet_runs_and_acks_durably(ns: dict[str, Any]) -> None:
-    plain, lightning, hf, asyncio_server = snippets()
-
-    ack = await run_and_ask(plain, ns)
-    assert ack.acked and ack.durable and ack.step is not None, ack
-    assert ack.uri.endswith(f"/checkpoints/team-a/llama/step-{ack.step:010d}/")
-    # the same loop on a new node (a fresh stash): restores the saved step from the bucket
-    ns["signal"].stop()
-    ns["stash_dir"] = str(ns["_tmp"] / "stash-1")
-    ns["first_steps"].clear()
-    ns["steps"] = ack.step + 3
-    await asyncio.to_thread(exec, plain, ns)
-    assert ns["first_steps"][0] == ack.step
-
-    ns["steps"] = 200
-    ack = await run_and_ask(lightning, ns, ready="trainer")
-    assert ack.acked and ack.durable, ack
-    assert ns["reclaimd_cb"].saves[0].step == ack.step
-
-    ack = await run_and_ask(hf, ns, ready="trainer")
-    assert ack.acked and ack.durable, ack
-    assert ns["reclaimd_cb"].saves[0].step == ack.step
-
-    ns["trainer_loop"] = lambda: asyncio.sleep(6)
-    exec(asyncio_server, ns)
-    servers: list[Any] = []
-    real = ns["CheckpointServer"]
-
-    class Recorded(real):  # type: ignore[misc, valid-type]
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, **kw)
-            servers.append(self)
-
-    ns["CheckpointServer"] = Recorded  # the real server, remembered to learn its URL
-    t = threading.Thread(target=exec, args=("import asyncio\nasyncio.run(main())", ns))
-    t.start()
-    for _ in range(200):
-        if servers and servers[0].port != 0:
-            break
-        await asyncio.sleep(0.05)
-    ack = await ask(servers[0].url)
-    await asyncio.to_thread(t.join, 60)
-    assert ack.acked and ack.durable, ack
-    assert servers[0].save_count == 1
+    plain = acks["plain"]
+    assert plain.acked and plain.durable and plain.step is not None, plain
+    assert plain.uri.endswith(f"/checkpoints/team-a/llama/step-{plain.step:010d}/")
+    assert said["plain-again"]["first_step"] == plain.step  # restored from the bucket
+    for phase in ("lightning", "hf"):
+        assert acks[phase].acked and acks[phase].durable, acks[phase]
+        assert said[f"{phase}-saved"]["step"] == acks[phase].step
+    assert acks["aio"].acked and acks["aio"].durable, acks["aio"]
+    assert said["aio-saved"]["saves"] == 1

@@ -35,8 +35,8 @@ from chaos.torchjob import TorchGang, read_log
 from reclaimd import restarts
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Member, parse_time, utcnow
-from reclaimd.objectstore import make_s3_client
 from reclaimd.putbudget import TenantPutBudgets
+from reclaimd_trainer.s3 import make_s3_client
 
 STEP_SLEEP_S = 0.05  # a step of ~60 ms: lost work is measurable in steps
 
@@ -356,10 +356,10 @@ async def test_hf_trainer_saves_with_the_callback_and_resumes_from_it(  # noqa: 
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from chaos.torchjob import build_model
-    from reclaimd.objectstore import GuardedPut
-    from reclaimd.trainer import Signal
-    from reclaimd.trainer.hf import ReclaimdTrainerCallback
-    from reclaimd.trainer.torch import S3Reader
+    from reclaimd_trainer import Signal
+    from reclaimd_trainer.hf import ReclaimdTrainerCallback
+    from reclaimd_trainer.s3 import GuardedPut
+    from reclaimd_trainer.torch import S3Reader
 
     class Tiny(torch.nn.Module):
         def __init__(self) -> None:
@@ -514,7 +514,7 @@ async def test_routine_async_saves_train_on_and_a_gang_lost_without_notice_resto
     trains on; the gang dies without any notice (SIGKILL), the next incarnation restores the
     newest COMMITTED routine step bit for bit; then asked, it saves once, after the routine
     save in flight."""
-    from reclaimd.trainer.torch import S3Reader, durable_steps
+    from reclaimd_trainer.torch import S3Reader, durable_steps
 
     world, every = 2, 10
     # ~4 M parameters (~50 MB with Adam's state): a save takes several steps to finish
@@ -579,9 +579,9 @@ def test_restore_skips_a_newer_step_without_committed_and_an_incomplete_stash(
     import torch
 
     from chaos.torchjob import build_model, digest
-    from reclaimd.objectstore import GuardedPut
-    from reclaimd.trainer import Signal
-    from reclaimd.trainer.torch import Checkpointer, Decision, S3Reader, TrainState
+    from reclaimd_trainer import Signal
+    from reclaimd_trainer.s3 import GuardedPut
+    from reclaimd_trainer.torch import Checkpointer, Decision, S3Reader, TrainState
 
     model = build_model(16, 1, 3)
     opt = torch.optim.Adam(model.parameters())

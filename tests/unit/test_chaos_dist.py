@@ -16,16 +16,14 @@ import ast
 import email.parser
 import json
 import os
-import shutil
-import subprocess
 import sys
-import sysconfig
 import textwrap
 import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+from wheels import dependency_links, product_wheel, run, sdk_wheel
 
 import reclaimd
 
@@ -33,10 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "deploy" / "chaos" / "build.py"
 VERSION = reclaimd.__version__
 FRAMEWORKS = ("torch", "lightning", "transformers", "accelerate")
-# Left out of the dependency links: the frameworks (and their kin), the editable reclaimd.
+# Left out of the dependency links (besides the checkout's own): the frameworks and their kin.
 NOT_LINKED = (
     "torch", "functorch", "lightning", "pytorch_lightning", "transformers", "accelerate",
-    "triton", "reclaimd", "__editable__",
+    "triton",
 )  # fmt: skip
 # What each third-party import of chaos is a part of (a new import must be added here and
 # declared in deploy/chaos/pyproject.toml).
@@ -52,6 +50,7 @@ DISTRIBUTION_OF = {
     "yaml": "PyYAML",
     "reclaimd": "reclaimd",
     "handlers": "reclaimd",
+    "reclaimd_trainer": "reclaimd-trainer",  # its fake fleets' server, the guarded upload
 }
 
 PROGRAM = textwrap.dedent(
@@ -77,41 +76,6 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def run(
-    *cmd: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [str(c) for c in cmd],
-        capture_output=True, text=True, timeout=300, check=False, env=env, cwd=cwd,
-    )  # fmt: skip
-    assert done.returncode == 0, f"{cmd[:4]}: {done.stderr[-2000:]}"
-    return done
-
-
-def product_wheel(out: Path) -> Path:
-    """reclaimd's wheel as the image builds it: from the product files, without chaos/."""
-    stage = out / "product"
-    stage.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, stage / name)
-    for top in ("reclaimd", "handlers"):
-        shutil.copytree(REPO / top, stage / top, ignore=shutil.ignore_patterns("__pycache__"))
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-        "--wheel-dir", out, stage)  # fmt: skip
-    (wheel,) = out.glob("reclaimd-*.whl")
-    return wheel
-
-
-def dependency_links(into: Path) -> Path:
-    """The dev venv's site-packages as links, less NOT_LINKED."""
-    into.mkdir()
-    site = Path(sysconfig.get_paths()["purelib"])
-    for entry in site.iterdir():
-        if not entry.name.lower().replace("-", "_").startswith(NOT_LINKED):
-            (into / entry.name).symlink_to(entry)
-    return into
-
-
 def metadata(wheel: Path, dist: str) -> email.message.Message:
     with zipfile.ZipFile(wheel) as z:
         text = z.read(f"{dist}-{VERSION}.dist-info/METADATA").decode()
@@ -132,11 +96,11 @@ def third_party_roots(paths: list[Path]) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     out = tmp_path_factory.mktemp("dist")
     built = run(sys.executable, BUILD, out)
     chaos = Path(built.stdout.strip().splitlines()[-1])
-    return chaos, product_wheel(out / "reclaimd")
+    return chaos, product_wheel(out / "reclaimd"), sdk_wheel(out / "sdk")
 
 
 def shipped_sources() -> list[Path]:
@@ -149,9 +113,9 @@ def shipped_sources() -> list[Path]:
 
 
 def test_the_chaos_wheel_holds_chaos_and_its_data_without_the_torch_jobs(
-    wheels: tuple[Path, Path],
+    wheels: tuple[Path, Path, Path],
 ) -> None:
-    chaos, product = wheels
+    chaos, product, _ = wheels
     assert chaos.name == f"reclaimd_chaos-{VERSION}-py3-none-any.whl"
     with zipfile.ZipFile(chaos) as z:
         files = sorted(n for n in z.namelist() if not n.startswith("reclaimd_chaos-"))
@@ -171,7 +135,7 @@ def test_the_chaos_wheel_holds_chaos_and_its_data_without_the_torch_jobs(
 
 
 def test_the_chaos_wheel_declares_reclaimd_at_its_version_and_what_chaos_imports(
-    wheels: tuple[Path, Path],
+    wheels: tuple[Path, Path, Path],
 ) -> None:
     requires = metadata(wheels[0], "reclaimd_chaos").get_all("Requires-Dist") or []
     names = {r.split(";")[0].replace(" ", "") for r in requires}
@@ -185,20 +149,21 @@ def test_the_chaos_wheel_declares_reclaimd_at_its_version_and_what_chaos_imports
     ours = tomllib.loads((REPO / "deploy/chaos/pyproject.toml").read_text())["project"]
     assert ours["version"] == main["version"] == VERSION
     assert set(ours["dependencies"]) - {f"reclaimd=={VERSION}"} <= set(main["dependencies"])
+    assert f"reclaimd-trainer=={VERSION}" in main["dependencies"]
     assert main["optional-dependencies"]["chaos"] == [f"reclaimd-chaos=={VERSION}"]
 
 
 def test_installed_without_the_checkout_or_torch_reclaimd_drill_runs_and_every_module_imports(
-    wheels: tuple[Path, Path], tmp_path: Path
+    wheels: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
-    chaos, product = wheels
+    chaos, product, sdk = wheels
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv)
     python = venv / "bin" / "python"
     run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps",
-        "--no-index", chaos, product)  # fmt: skip
+        "--no-index", chaos, product, sdk)  # fmt: skip
     purelib = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    links = dependency_links(tmp_path / "deps")
+    links = dependency_links(tmp_path / "deps", NOT_LINKED)
     (Path(purelib.stdout.strip()) / "zz_deps.pth").write_text(
         f"import site; site.addsitedir({str(links)!r})\n"
     )

@@ -41,7 +41,7 @@ from reclaimd.model import (
     parse_time,
     utcnow,
 )
-from reclaimd.workload import (
+from reclaimd_trainer.server import (
     CheckpointRequest,
     CheckpointResult,
     CheckpointServer,

@@ -1,7 +1,8 @@
 """What the controller image and the reclaimd-chaos wheel leave out: the modules that cannot be
 imported without a training framework (deploy/image/torch_modules.py). Checked against the
 interpreter: with torch, Lightning, transformers and accelerate refused, each module left out
-fails to import and every other module of reclaimd, handlers and chaos imports."""
+fails to import and every other module of reclaimd, reclaimd_trainer, handlers and chaos
+imports."""
 
 from __future__ import annotations
 
@@ -50,15 +51,15 @@ def load() -> ModuleType:
 
 
 def test_the_product_leaves_out_the_trainer_integrations_only() -> None:
-    found: list[str] = load().torch_modules(REPO, ["reclaimd", "handlers"])
-    assert {
-        "reclaimd/trainer/torch.py",
-        "reclaimd/trainer/lightning.py",
-        "reclaimd/trainer/hf.py",
-    } <= set(found)
-    # The controller needs no framework: only the SDK's integrations are left out.
-    assert all(p.startswith("reclaimd/trainer/") for p in found)
-    assert "reclaimd/trainer/__init__.py" not in found  # reclaimd.workload uses its contract
+    # The controller needs no framework: it leaves out nothing of its own.
+    assert load().torch_modules(REPO, ["reclaimd", "handlers"]) == []
+    # The SDK it carries for the contract (times, share, request) leaves out its integrations.
+    assert set(load().torch_modules(REPO, ["reclaimd_trainer"])) == {
+        "reclaimd_trainer/torch.py",
+        "reclaimd_trainer/routine.py",
+        "reclaimd_trainer/lightning.py",
+        "reclaimd_trainer/hf.py",
+    }
 
 
 def test_the_rig_leaves_out_the_torch_jobs() -> None:
@@ -93,7 +94,7 @@ def test_left_out_means_cannot_import_without_a_framework_and_the_rest_imports()
     left_out = set(m.torch_modules(REPO))
     names = sorted(
         m.module_name(REPO, p)
-        for top in ("reclaimd", "handlers", "chaos")
+        for top in ("reclaimd", "reclaimd_trainer", "handlers", "chaos")
         for p in (REPO / top).rglob("*.py")
         if "__pycache__" not in p.parts
     )

@@ -32,11 +32,11 @@ from reclaimd.model import (
     Target,
     frozen_map,
 )
-from reclaimd.objectstore import PutCounters
 from reclaimd.pipeline import Report
 from reclaimd.sourcing import Slot
 from reclaimd.transports import Counters
 from reclaimd.transports.pubsub import SlottedPubSubSource
+from reclaimd_trainer.s3 import PutCounters
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -9,7 +9,7 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from reclaimd.objectstore import (
+from reclaimd_trainer.s3 import (
     GuardedPut,
     PrefixScope,
     PutFailed,

@@ -9,8 +9,8 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from reclaimd.objectstore import GuardedPut, PutFailed, PutLimits, TokenBucket
 from reclaimd.putbudget import Share
+from reclaimd_trainer.s3 import GuardedPut, PutFailed, PutLimits, TokenBucket
 
 BUCKET = "ckpt-bucket"
 BASE = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

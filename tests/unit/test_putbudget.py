@@ -9,7 +9,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reclaimd.model import Gang, GangKey, Member, Notice, NoticeKind, Target
-from reclaimd.objectstore import TokenBucket
 from reclaimd.putbudget import (
     HEADER,
     MILLI,
@@ -20,6 +19,7 @@ from reclaimd.putbudget import (
     rank_key,
     tenant_of,
 )
+from reclaimd_trainer.s3 import TokenBucket
 
 # --- wire format ---------------------------------------------------------------------------
 

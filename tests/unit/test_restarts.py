@@ -306,7 +306,7 @@ def test_the_cache_keeps_when_a_pod_became_ready() -> None:
 async def test_the_sdk_says_when_the_loop_first_stepped_and_the_watcher_reads_it() -> None:
     import aiohttp
 
-    from reclaimd.trainer.signal import Signal
+    from reclaimd_trainer.signal import Signal
 
     with Signal(host="127.0.0.1", port=0) as signal:
         async with aiohttp.ClientSession() as session:

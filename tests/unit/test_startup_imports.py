@@ -33,7 +33,7 @@ EXPORTERS = {
 }
 # The report command's engine; the trainers' S3 guard; the generated Kubernetes client (60 MB:
 # the product speaks to the API server through its own reclaimd.cluster.apiserver).
-NEVER = {"duckdb", "reclaimd.objectstore", "kubernetes_asyncio"}
+NEVER = {"duckdb", "reclaimd_trainer.s3", "kubernetes_asyncio"}
 ALWAYS = {"aiokafka", "reclaimd.cluster.apiserver"}  # the ledger writer; the cluster side
 
 

@@ -1,9 +1,10 @@
 """The trainer SDK imports in a process where the controller's libraries cannot be imported.
 
-A trainer image should not carry boto3, kubernetes-asyncio, grpc, OpenTelemetry or aiohttp:
-the subprocess below installs an import hook that refuses them (and the controller's own
-modules that need them), then imports the SDK, serves one request and acks it. torch is allowed:
-``reclaimd.trainer.torch`` is the PyTorch integration, and it must not pull them in either.
+A trainer image should not carry boto3, kubernetes-asyncio, grpc, OpenTelemetry or aiohttp,
+nor the controller itself: the subprocess below installs an import hook that refuses them (and
+every module of reclaimd, handlers and chaos), then imports the SDK, serves one request and
+acks it. torch is allowed:
+``reclaimd_trainer.torch`` is the PyTorch integration, and it must not pull them in either.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ BLOCKED = (
     "google",
     "tenacity",
     "pydantic",
+    "reclaimd",
+    "handlers",
+    "chaos",
 )
 
 PROGRAM = (
@@ -41,8 +45,8 @@ PROGRAM = (
                 return None
 
         sys.meta_path.insert(0, Refuse())
-        import reclaimd.trainer as sdk
-        import reclaimd.trainer.torch  # the DCP integration: torch, nothing of the controller
+        import reclaimd_trainer as sdk
+        import reclaimd_trainer.torch  # the DCP integration: torch, nothing of the controller
         """
     )
     + SDK_ROUND_TRIP
@@ -73,8 +77,8 @@ def test_sdk_imports_and_serves_without_the_controllers_libraries() -> None:
 
 
 def test_the_hook_really_blocks() -> None:
-    """The same hook makes the async server (aiohttp) fail to import: the test can fail."""
-    program = PROGRAM.split("import reclaimd.trainer as sdk")[0] + "import reclaimd.workload\n"
+    """The same hook makes the guarded S3 upload (boto3) fail to import: the test can fail."""
+    program = PROGRAM.split("import reclaimd_trainer as sdk")[0] + "import reclaimd_trainer.s3\n"
     out = subprocess.run(
         [sys.executable, "-c", program, ",".join(BLOCKED)],
         capture_output=True,
@@ -83,4 +87,4 @@ def test_the_hook_really_blocks() -> None:
         check=False,
     )
     assert out.returncode != 0
-    assert "blocked in this test: aiohttp" in out.stderr
+    assert "blocked in this test: boto3" in out.stderr

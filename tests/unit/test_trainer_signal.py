@@ -1,4 +1,4 @@
-"""The trainer SDK's synchronous facade (``reclaimd.trainer.Signal``) over real loopback HTTP,
+"""The trainer SDK's synchronous facade (``reclaimd_trainer.Signal``) over real loopback HTTP,
 and against reclaimd's own signaller (``reclaimd.checkpoint.signal_gang``)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from reclaimd import putbudget
 from reclaimd.checkpoint import signal_gang
 from reclaimd.model import Member, rfc3339, utcnow
 from reclaimd.putbudget import Share, TenantPutBudgets
-from reclaimd.trainer import CheckpointResult, Signal
+from reclaimd_trainer import CheckpointResult, Signal
 
 
 @pytest.fixture

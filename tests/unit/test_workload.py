@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from reclaimd.model import rfc3339, utcnow
-from reclaimd.workload import (
+from reclaimd_trainer.server import (
     CheckpointRequest,
     CheckpointResult,
     CheckpointServer,

@@ -12,7 +12,7 @@ import pytest
 
 from reclaimd.model import rfc3339, utcnow
 from reclaimd.putbudget import HEADER, Share
-from reclaimd.workload import (
+from reclaimd_trainer.server import (
     CheckpointRequest,
     CheckpointResult,
     CheckpointServer,

@@ -29,9 +29,9 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from reclaimd.trainer.contract import ObjectPut
-from reclaimd.trainer.signal import Signal
-from reclaimd.trainer.torch import Checkpointer, Decision, ObjectRead, SaveReport, durable_steps
+from reclaimd_trainer.contract import ObjectPut
+from reclaimd_trainer.signal import Signal
+from reclaimd_trainer.torch import Checkpointer, Decision, ObjectRead, SaveReport, durable_steps
 
 log = logging.getLogger(__name__)
 

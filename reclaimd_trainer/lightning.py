@@ -32,9 +32,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from reclaimd.trainer.contract import ObjectPut
-from reclaimd.trainer.signal import Signal
-from reclaimd.trainer.torch import (
+from reclaimd_trainer.contract import ObjectPut
+from reclaimd_trainer.signal import Signal
+from reclaimd_trainer.torch import (
     COMMITTED,
     Checkpointer,
     ObjectRead,

@@ -58,17 +58,17 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
-from reclaimd.model import utcnow
-from reclaimd.putbudget import Share
-from reclaimd.trainer.contract import (
+from reclaimd_trainer.budget import Share
+from reclaimd_trainer.contract import (
     CheckpointRequest,
     CheckpointResult,
     ObjectPut,
     one_line,
     upload_parts,
 )
-from reclaimd.trainer.routine import RoutineSaves
-from reclaimd.trainer.signal import Signal
+from reclaimd_trainer.routine import RoutineSaves
+from reclaimd_trainer.signal import Signal
+from reclaimd_trainer.times import utcnow
 
 COMMITTED = "COMMITTED"
 METADATA = ".metadata"
@@ -225,7 +225,7 @@ class Checkpointer:
         self.saves: list[SaveReport] = []
         self.saved_steps: set[int] = set()
         self.poll_count = 0
-        # every > 0: routine async saves between asks (reclaimd/trainer/routine.py)
+        # every > 0: routine async saves between asks (reclaimd_trainer/routine.py)
         self.routine = RoutineSaves(self, every=every, on_durable=on_durable) if every else None
 
     # --- the decision ------------------------------------------------------------------------

@@ -30,11 +30,11 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.stateful import Stateful
 
-from reclaimd.model import utcnow
-from reclaimd.trainer.contract import CheckpointResult, one_line
+from reclaimd_trainer.contract import CheckpointResult, one_line
+from reclaimd_trainer.times import utcnow
 
 if TYPE_CHECKING:
-    from reclaimd.trainer.torch import Checkpointer, Decision, SaveReport
+    from reclaimd_trainer.torch import Checkpointer, Decision, SaveReport
 
 
 class RoutineSaves:
@@ -78,7 +78,7 @@ class RoutineSaves:
             self.skipped += 1
             return False
         self._collect()
-        from reclaimd.trainer.torch import Decision, SaveReport  # the module that made us
+        from reclaimd_trainer.torch import Decision, SaveReport  # the module that made us
 
         taken = utcnow()
         directory = self.ckpt.step_dir(step)

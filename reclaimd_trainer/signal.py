@@ -1,7 +1,7 @@
 """The synchronous facade: a background thread serves the contract, the loop checks a flag.
 
 A plain PyTorch loop, a Lightning or a Hugging Face ``Trainer`` has no event loop to run
-``reclaimd.workload.CheckpointServer`` in. ``Signal`` serves the same contract
+``reclaimd_trainer.server.CheckpointServer`` in. ``Signal`` serves the same contract
 (docs/checkpoint-contract.md) from a standard-library HTTP server on a daemon thread, and the
 training thread meets it only at step boundaries::
 
@@ -19,7 +19,7 @@ What the thread does on its own:
 - One save per notice: a repeated ``notice_id`` joins the request already waiting, or gets the
   result it was answered with. ``fail(error)`` answers ``500`` with one line, and keeps doing so.
 - ``ack(result, covers=ids)`` also answers notices this rank has not been asked for yet: the
-  other ranks of the gang saved the same step for them (``reclaimd.trainer.torch`` agrees on
+  other ranks of the gang saved the same step for them (``reclaimd_trainer.torch`` agrees on
   the step), so the request, when it arrives, is answered at once rather than saved again.
 - ``GET <path>/incarnation`` says when this process started serving and when the loop first
   reached a step boundary (its first read of ``requested``): reclaimd ends a restarted gang's
@@ -46,16 +46,16 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote, unquote
 
-from reclaimd import putbudget
-from reclaimd.model import rfc3339, utcnow
-from reclaimd.putbudget import Share
-from reclaimd.trainer.contract import (
+from reclaimd_trainer import budget
+from reclaimd_trainer.budget import Share
+from reclaimd_trainer.contract import (
     MAX_REQUEST_BYTES,
     CheckpointRequest,
     CheckpointResult,
     one_line,
     served_url,
 )
+from reclaimd_trainer.times import rfc3339, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def _handler(signal: Signal) -> type[BaseHTTPRequestHandler]:
                 req = CheckpointRequest.from_json(
                     doc, traceparent=self.headers.get("traceparent", "")
                 )
-                polled = putbudget.parse_header(self.headers.get(putbudget.HEADER))
+                polled = budget.parse_header(self.headers.get(budget.HEADER))
             except ValueError as e:
                 self._json(400, {"error": one_line(str(e))})
                 return
@@ -333,7 +333,7 @@ def _handler(signal: Signal) -> type[BaseHTTPRequestHandler]:
                 return
             if not n.done.is_set():
                 try:
-                    share = putbudget.parse_header(self.headers.get(putbudget.HEADER))
+                    share = budget.parse_header(self.headers.get(budget.HEADER))
                 except ValueError as e:
                     log.warning("ignored a malformed put budget: %s", e)
                     share = None

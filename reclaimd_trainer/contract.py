@@ -3,12 +3,12 @@
 What every trainer integration shares (docs/checkpoint-contract.md): the request reclaimd
 sends (``CheckpointRequest``), the answer (``CheckpointResult``), and the stash-then-upload step
 (``upload_parts``): the trainer has stashed its state (host memory, local disk), then hands the
-bytes to any object with ``async put(key, body, *, deadline) -> uri`` (``reclaimd.objectstore``'s
+bytes to any object with ``async put(key, body, *, deadline) -> uri`` (``reclaimd_trainer.s3``'s
 guarded PutObject fits); the result is durable only if every part was stored before reclaimd
 stops waiting, and otherwise points at the stash so the ack still arrives in time.
 
-Standard library only (plus ``reclaimd.putbudget`` and ``reclaimd.model``, which are too): the
-async server (``reclaimd.workload``, aiohttp) and the synchronous one (``reclaimd.trainer``)
+Standard library only (and the SDK's ``budget`` and ``times``, which are too): the async server
+(``reclaimd_trainer.server``, aiohttp) and the synchronous one (``reclaimd_trainer.Signal``)
 both speak it.
 """
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from reclaimd import putbudget
-from reclaimd.model import parse_time, rfc3339, utcnow
-from reclaimd.putbudget import Share
+from reclaimd_trainer import budget
+from reclaimd_trainer.budget import Share
+from reclaimd_trainer.times import parse_time, rfc3339, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class CheckpointRequest:
             pod=_text(doc, "pod"),
             notice_deadline=parse_time(raw_notice_deadline) if raw_notice_deadline else None,
             traceparent=traceparent[:_MAX_FIELD],
-            put_budget=putbudget.parse_field(doc),
+            put_budget=budget.parse_field(doc),
         )
 
 

@@ -16,7 +16,7 @@ CheckpointResult``, and the server speaks the rest of the contract (docs/checkpo
 
 ``upload_checkpoint`` is the stash-then-upload pattern of ARCHITECTURE §4 as one call: the
 trainer has stashed its state (host memory, local disk), then hands the bytes to any object with
-``async put(key, body, *, deadline) -> uri`` (``reclaimd.objectstore``'s guarded PutObject fits);
+``async put(key, body, *, deadline) -> uri`` (``reclaimd_trainer.s3``'s guarded PutObject fits);
 the result is durable only if the upload finished before reclaimd stops waiting, and otherwise
 points at the stash so the ack still arrives in time.
 """
@@ -35,13 +35,12 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from reclaimd import putbudget
-from reclaimd.model import utcnow
-from reclaimd.putbudget import Share
+from reclaimd_trainer import budget
+from reclaimd_trainer.budget import Share
 
 # The contract's data and the upload step live with the trainer SDK (no aiohttp there); they
 # are re-exported here, where asyncio trainers and the drills have always found them.
-from reclaimd.trainer.contract import (
+from reclaimd_trainer.contract import (
     MAX_REQUEST_BYTES,
     CheckpointRequest,
     CheckpointResult,
@@ -50,7 +49,8 @@ from reclaimd.trainer.contract import (
     upload_checkpoint,
     upload_parts,
 )
-from reclaimd.trainer.contract import one_line as _one_line
+from reclaimd_trainer.contract import one_line as _one_line
+from reclaimd_trainer.times import utcnow
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -192,7 +192,7 @@ class CheckpointServer:
             req = CheckpointRequest.from_json(
                 doc, traceparent=request.headers.get("traceparent", "")
             )
-            polled = putbudget.parse_header(request.headers.get(putbudget.HEADER))
+            polled = budget.parse_header(request.headers.get(budget.HEADER))
         except ValueError as e:
             return _error(400, _one_line(str(e)))
         self.requests.append(req)
@@ -226,7 +226,7 @@ class CheckpointServer:
 
     def _take_polled_share(self, request: web.Request) -> None:
         try:
-            share = putbudget.parse_header(request.headers.get(putbudget.HEADER))
+            share = budget.parse_header(request.headers.get(budget.HEADER))
         except ValueError as e:
             # A save under way is not failed over a bad header: it keeps the share it has.
             log.warning("ignored a malformed put budget", extra={"fields": {"error": str(e)}})
