@@ -461,17 +461,19 @@ def _notice(
     )
 
 
-def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOutcome:
-    """A Scheduled Events document in the poller's envelope (see the module docstring)."""
-    envelope = as_object(load(payload), "scheduled events envelope")
-    node = _node(envelope)
-    body = member(envelope, "document")
-    document = as_object(load(body) if isinstance(body, str) else body, "document")
-    _int(member(document, "DocumentIncarnation", at="document"), "document.DocumentIncarnation")
-    events = [
-        _event(raw, f"document.Events[{i}]")
-        for i, raw in enumerate(items(document, "Events", at="document"))
+def _events(body: Any, at: str) -> list[_Event]:
+    """The document's events, read and checked (an object, or its text)."""
+    document = as_object(load(body) if isinstance(body, str) else body, at)
+    _int(member(document, "DocumentIncarnation", at=at), f"{at}.DocumentIncarnation")
+    return [
+        _event(raw, f"{at}.Events[{i}]") for i, raw in enumerate(items(document, "Events", at=at))
     ]
+
+
+def _outcome(
+    events: list[_Event], node: _Node, *, received_at: datetime, windows: Windows, payload: bytes
+) -> ParseOutcome:
+    """The notices the events make for this VM, else why there are none."""
     notices: list[Notice] = []
     reasons: list[str] = []
     for event in events:
@@ -490,4 +492,56 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         return Ignored("; ".join(reasons))
     if events:
         return Ignored(f"{len(events)} event(s), none for {node.vm_name}")
+    return Ignored("no scheduled events")
+
+
+def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOutcome:
+    """A Scheduled Events document in the poller's envelope (see the module docstring)."""
+    envelope = as_object(load(payload), "scheduled events envelope")
+    node = _node(envelope)
+    events = _events(member(envelope, "document"), "document")
+    return _outcome(events, node, received_at=received_at, windows=windows, payload=payload)
+
+
+def parse_saved(
+    payload: bytes, *, received_at: datetime, windows: Windows, target: str = ""
+) -> ParseOutcome:
+    """What ``reclaimd parse`` reads: the poller's envelope, or the bare document as IMDS
+    returns it (``curl -H Metadata:true .../metadata/scheduledevents?api-version=2020-07-01``
+    saved to a file), for the VM ``target`` names or, without it, every VM an event names.
+
+    A bare document does not say which VM read it, so a VM it names is read as the poller on
+    that VM would (its name is its target; no resource ID, node or size). A name that is no
+    Azure VM name is skipped (another VM's, as the poller compares it and never uses it).
+    """
+    raw = as_object(load(payload), "scheduled events document")
+    if "document" in raw or "vm_name" in raw:  # the poller's envelope
+        node = _node(raw)
+        if target and target.lower() != node.vm_name.lower():
+            raise ParseError(f"vm: {show(target)} is not the envelope's VM, {show(node.vm_name)}")
+        return parse(payload, received_at=received_at, windows=windows)
+    events = _events(raw, "document")
+    if target:
+        node = _node({"vm_name": VM_RESOURCE_NAME.check(target, "vm")})
+        return _outcome(events, node, received_at=received_at, windows=windows, payload=payload)
+    named = {r.lower(): r for event in events for r in event.resources}  # first spelling kept
+    notices: list[Notice] = []
+    reasons: list[str] = []
+    for name in named.values():
+        try:
+            node = _node({"vm_name": name})
+        except ParseError as e:
+            reasons.append(f"{name}: skipped ({e})")
+            continue
+        outcome = _outcome(events, node, received_at=received_at, windows=windows, payload=payload)
+        if isinstance(outcome, Ignored):
+            reasons.append(f"{name}: {outcome.reason}")
+        else:
+            notices.extend(outcome)
+    if notices:
+        return tuple(notices)
+    if reasons:
+        return Ignored("; ".join(reasons))
+    if events:
+        return Ignored(f"{len(events)} event(s), none naming a VM")
     return Ignored("no scheduled events")

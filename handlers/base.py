@@ -19,3 +19,13 @@ class Parser(Protocol):
     def __call__(
         self, payload: bytes, *, received_at: datetime, windows: Windows
     ) -> ParseOutcome: ...
+
+
+class SavedParser(Protocol):
+    """A handler's reading of what a user saved from the source itself (``reclaimd parse``),
+    where that differs from its transport's payload (``parse_saved``): ``target`` names the
+    instance a document that lists several is read for ("": every one it names)."""
+
+    def __call__(
+        self, payload: bytes, *, received_at: datetime, windows: Windows, target: str = ""
+    ) -> ParseOutcome: ...

@@ -48,9 +48,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_parse(args: argparse.Namespace) -> int:
     import handlers
 
+    if args.vm is not None and args.source not in handlers.SAVED:
+        raise UsageError(f"--vm: only with --source {', '.join(sorted(handlers.SAVED))}")
     windows = config.load(args.config).windows if args.config else config.Settings().windows
-    outcome = handlers.parse(
-        args.source, _read_input(args.file), received_at=utcnow(), windows=windows
+    # what people save (a metadata document as the endpoint returns it, for one VM or every
+    # VM it names), or the transport's payload
+    outcome = handlers.parse_saved(
+        args.source,
+        _read_input(args.file),
+        received_at=utcnow(),
+        windows=windows,
+        target=args.vm or "",
     )
     if isinstance(outcome, Ignored):
         if args.verbose:
@@ -93,6 +101,12 @@ def build_parser(*, tools: bool = True) -> argparse.ArgumentParser:
     s.add_argument("file", nargs="?", default="-", help="payload file, or - for stdin")
     s.add_argument("--config", help="settings file (for the notice windows)")
     s.add_argument("-v", "--verbose", action="store_true", help="say why a payload is ignored")
+    s.add_argument(
+        "--vm",
+        metavar="NAME",
+        help="the VM (IMDS compute.name) a saved document that lists several is read for"
+        " (a scheduled events document); without it, every VM it names",
+    )
     s.set_defaults(func=cmd_parse)
 
     s = sub.add_parser("run", help="run the daemon")
