@@ -44,6 +44,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -51,6 +52,7 @@ from opentelemetry import trace as otel
 from yarl import URL
 
 from reclaimd import putbudget, tracing
+from reclaimd.identity import TokenFile, bearer
 from reclaimd.model import (
     CheckpointOutcome,
     CheckpointScope,
@@ -652,13 +654,19 @@ class Signaller:
                 span.end()
 
 
-def session(max_connections: int) -> aiohttp.ClientSession:
-    """The HTTP session every checkpoint request goes through. Its pool is sized for a storm
-    (thousands of ranks asked within seconds); each rank is its own host, so no per-host cap
-    beyond a few sockets (a rank sees a POST and then polls)."""
+def session(max_connections: int, identity_token_file: Path | None = None) -> aiohttp.ClientSession:
+    """The HTTP session every checkpoint request goes through (status polls and /incarnation
+    reads too). Its pool is sized for a storm (thousands of ranks asked within seconds); each
+    rank is its own host, so no per-host cap beyond a few sockets (a rank sees a POST and then
+    polls). With ``identity_token_file``, every request carries reclaimd's ServiceAccount token
+    from it (``identity``), for the ranks that verify who asks."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=4)
+    middlewares = () if identity_token_file is None else (bearer(TokenFile(identity_token_file)),)
     return aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None), raise_for_status=False
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None),
+        raise_for_status=False,
+        middlewares=middlewares,
     )
 
 

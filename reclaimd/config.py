@@ -187,6 +187,10 @@ class CheckpointConfig(_Strict):
     allowed_hosts: tuple[str, ...] = ()
     poll_interval_s: float = Field(0.5, gt=0, le=60)  # a status URL is polled this often
     concurrency: int = Field(64, ge=1, le=65_536)  # requests in flight per gang
+    # reclaimd's projected ServiceAccount token (audience reclaimd.io/checkpoint), sent with
+    # every request to a rank so that ranks can verify who asks (reclaimd/identity.py); the
+    # chart mounts it here. None: requests carry no token (a rank that verifies refuses them).
+    identity_token_file: Path | None = None
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -77,7 +77,7 @@ class Daemon:
         api = await client.build_api_client(
             str(s.kube.kubeconfig) if s.kube.kubeconfig else None, pool_size=s.kube.connections
         )
-        session = checkpoint.session(s.checkpoint_connections)
+        session = checkpoint.session(s.checkpoint_connections, s.checkpoint.identity_token_file)
         parts = wire(s, api, provider, session, self.on_report)
         self.limiter = parts.limiter
         self.dry_run = parts.dry_run.counters if parts.dry_run is not None else None

@@ -36,6 +36,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from reclaimd_trainer import budget
+from reclaimd_trainer.auth import FROM_ENVIRONMENT, Auth, TokenVerifier, Unauthorized, resolve
 from reclaimd_trainer.budget import Share
 
 # The contract's data and the upload step live with the trainer SDK (no aiohttp there); they
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 
 
 SaveFn = Callable[[CheckpointRequest], Awaitable[CheckpointResult]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class PutBudgetSink(Protocol):
@@ -88,6 +90,11 @@ class CheckpointServer:
     runs: from the request's ``put_budget`` field (absent: ``None``, the uploader's own limit),
     then from the ``X-Reclaimd-Put-Budget`` header of every status poll, and ``None`` again
     once no save is running.
+
+    ``auth``: who may ask (``reclaimd_trainer.auth``; by default what the pod's
+    ``reclaimd.io/checkpoint-auth`` annotation says). With a verifier, every request must carry
+    reclaimd's ServiceAccount token; any other is answered ``401`` and starts nothing
+    (``refused`` counts them).
     """
 
     def __init__(
@@ -101,6 +108,7 @@ class CheckpointServer:
         keep_results: int = 256,
         keep_requests: int = 4096,
         put_budget: PutBudgetSink | None = None,
+        auth: Auth = FROM_ENVIRONMENT,
     ) -> None:
         if not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"path must start and not end with '/': {path!r}")
@@ -119,13 +127,18 @@ class CheckpointServer:
         self._runner: web.AppRunner | None = None
         self._sink = put_budget
         self.put_budget: Share | None = None  # the share in force, as last handed to the sink
+        self._auth = auth
+        self.verifier: TokenVerifier | None = None  # set at start from ``auth``
+        self.refused = 0  # requests answered 401
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         if self._runner is not None:
             raise RuntimeError("checkpoint server already started")
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        # The environment and the first key fetch may block: not on the loop.
+        self.verifier = await asyncio.to_thread(resolve, self._auth)
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._authorize])
         app.router.add_post(self.path, self._post)
         app.router.add_get(self.path + "/status/{notice_id}", self._status)
         runner = web.AppRunner(app, access_log=None)
@@ -182,6 +195,23 @@ class CheckpointServer:
         return task.result()
 
     # --- handlers ----------------------------------------------------------------------------
+
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every request, before its handler (and before its body is read): reclaimd's?"""
+        if self.verifier is not None:
+            try:
+                # a key fetch (unknown key id) blocks: in a thread
+                await asyncio.to_thread(self.verifier.verify, request.headers.get("Authorization"))
+            except Unauthorized as e:
+                self.refused += 1
+                log.warning("refused a checkpoint request", extra={"fields": {"error": str(e)}})
+                return web.json_response(
+                    {"error": f"unauthorized: {e}"},
+                    status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="reclaimd-checkpoint"'},
+                )
+        return await handler(request)
 
     async def _post(self, request: web.Request) -> web.Response:
         try:

@@ -24,6 +24,10 @@ What the thread does on its own:
 - ``GET <path>/incarnation`` says when this process started serving and when the loop first
   reached a step boundary (its first read of ``requested``): reclaimd ends a restarted gang's
   restart overhead at its ranks' first steps after ``restore()`` (docs/ledger.md).
+- Who may ask: with a verifier (``auth``: by default what the pod's
+  ``reclaimd.io/checkpoint-auth`` annotation says, ``reclaimd_trainer.auth``), every request
+  (POST, status, ``/incarnation``) must carry reclaimd's ServiceAccount token; any other gets
+  ``401`` and is not seen by the loop (``refused`` counts them).
 - The PutObject share (``put_budget`` in the request, ``X-Reclaimd-Put-Budget`` on polls) is
   kept in ``put_budget`` while a request waits, ``None`` once none does; ``on_share`` is called
   (on the server thread) with every change.
@@ -47,6 +51,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from reclaimd_trainer import budget
+from reclaimd_trainer.auth import FROM_ENVIRONMENT, Auth, TokenVerifier, Unauthorized, resolve
 from reclaimd_trainer.budget import Share
 from reclaimd_trainer.contract import (
     MAX_REQUEST_BYTES,
@@ -85,6 +90,7 @@ class Signal:
         keep_results: int = 256,
         keep_requests: int = 4096,
         on_share: Callable[[Share | None], None] | None = None,
+        auth: Auth = FROM_ENVIRONMENT,
     ) -> None:
         if not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"path must start and not end with '/': {path!r}")
@@ -94,6 +100,9 @@ class Signal:
         self._port = port
         self._keep_results = keep_results
         self._on_share = on_share
+        self._auth = auth
+        self.verifier: TokenVerifier | None = None  # set at start from ``auth``
+        self.refused = 0  # requests answered 401
         self._lock = threading.Condition()
         self._notices: OrderedDict[str, _Notice] = OrderedDict()
         self._server: ThreadingHTTPServer | None = None
@@ -111,6 +120,7 @@ class Signal:
     def start(self) -> Signal:
         if self._server is not None:
             raise RuntimeError("signal already started")
+        self.verifier = resolve(self._auth)
         server = ThreadingHTTPServer((self._host, self._port), _handler(self))
         server.daemon_threads = True
         self._server = server
@@ -288,7 +298,25 @@ def _handler(signal: Signal) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log
             return
 
+        def _refused(self) -> bool:
+            """401 (and the connection closed: the body is left unread) unless the request
+            proves it is reclaimd's."""
+            if signal.verifier is None:
+                return False
+            try:
+                signal.verifier.verify(self.headers.get("Authorization"))
+            except Unauthorized as e:
+                with signal._lock:
+                    signal.refused += 1
+                log.warning("refused a checkpoint request: %s", e)
+                self.close_connection = True
+                self._json(401, {"error": f"unauthorized: {e}"}, challenge=True)
+                return True
+            return False
+
         def do_POST(self) -> None:
+            if self._refused():
+                return
             if self.path.split("?", 1)[0] != signal.path:
                 self._json(404, {"error": "not found"})
                 return
@@ -319,6 +347,8 @@ def _handler(signal: Signal) -> type[BaseHTTPRequestHandler]:
             self._answer(req.notice_id, n)
 
         def do_GET(self) -> None:
+            if self._refused():
+                return
             if self.path.split("?", 1)[0] == signal.path + "/incarnation":
                 self._json(200, signal.incarnation())
                 return
@@ -355,13 +385,19 @@ def _handler(signal: Signal) -> type[BaseHTTPRequestHandler]:
             signal._answered(notice_id)
             self._json(200, n.result.to_json())
 
-        def _json(self, status: int, body: dict[str, Any], *, location: str = "") -> None:
+        def _json(
+            self, status: int, body: dict[str, Any], *, location: str = "", challenge: bool = False
+        ) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             if location:
                 self.send_header("Location", location)
+            if challenge:
+                self.send_header("WWW-Authenticate", 'Bearer realm="reclaimd-checkpoint"')
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 

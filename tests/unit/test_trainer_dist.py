@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 from trainer_helpers import SDK_ROUND_TRIP, check_round_trip
 from wheels import (
     REPO,
@@ -86,8 +87,8 @@ def test_the_sdk_wheel_holds_reclaimd_trainer_alone(wheels: tuple[Path, Path]) -
     assert files_of(sdk) == sorted([*shipped, "reclaimd_trainer/py.typed"])
     # What it requires is what its pyproject declares; torch and the rest are extras.
     requires = metadata(sdk, "reclaimd_trainer").get_all("Requires-Dist") or []
-    core = sorted(r for r in requires if "extra ==" not in r)
-    assert core == sorted(SDK_PROJECT["dependencies"])
+    core = sorted(str(Requirement(r)) for r in requires if "extra ==" not in r)
+    assert core == sorted(str(Requirement(r)) for r in SDK_PROJECT["dependencies"])
     extras = metadata(sdk, "reclaimd_trainer").get_all("Provides-Extra") or []
     assert set(extras) == {"s3", "aio", "torch", "lightning", "hf"}
 
