@@ -54,6 +54,9 @@ azure.workload.identity/use: "true"
 {{- define "reclaimd.baseConfig" -}}
 {{- $chart := dict "lease_namespace" .Release.Namespace "metrics_port" (int .Values.metricsPort) "peer_probe" (dict "port" (int .Values.peerProbePort)) "ledger" (dict "outbox_path" "/var/lib/reclaimd/outbox.sqlite") -}}
 {{- $cfg := mustMergeOverwrite (deepCopy .Values.config) $chart -}}
+{{- if .Values.checkpointIdentity.enabled -}}
+{{- $_ := set $cfg "checkpoint" (mustMergeOverwrite (deepCopy (default dict $cfg.checkpoint)) (dict "identity_token_file" "/var/run/secrets/reclaimd.io/checkpoint/token")) -}}
+{{- end -}}
 {{- /* A slot per replica for a slotted source (Pub/Sub: a subscription each, which
 deploy/gcp/main.tf makes var.replicas of), unless config.<source>.slots says otherwise (1:
 one shared by every replica). */ -}}
