@@ -98,7 +98,9 @@ class ApiServerJwks:
         return cls(url, ca if ca.exists() else None, token if token.exists() else None)
 
     def __call__(self) -> Mapping[str, Any]:
-        headers = {"Accept": "application/json"}
+        # The API server serves the JWKS as application/jwk-set+json only (406 to a plain JSON
+        # Accept); other issuers say application/json.
+        headers = {"Accept": "application/jwk-set+json, application/json"}
         if self.token_file is not None:
             headers["Authorization"] = f"Bearer {self.token_file.read_text().strip()}"
         context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
@@ -144,6 +146,12 @@ class TokenVerifier:
         self._keys: dict[str, jwt.PyJWK] | None = None
         self._fetched_at = 0.0
         self.fetches = 0  # how often the JWKS was fetched
+
+    @property
+    def key_ids(self) -> frozenset[str]:
+        """The key ids fetched so far (none before the first fetch)."""
+        with self._lock:
+            return frozenset(self._keys or ())
 
     def prefetch(self) -> None:
         """Fetch the keys now (a server's start), so the first request does not wait; a
