@@ -423,7 +423,7 @@ class FuzzRun:
             },
             kafka_notices={
                 "enabled": True,
-                "bootstrap": self.stack.kafka,
+                "bootstrap": h.replica_kafka.bootstrap,
                 "topic": self.notices_topic,
                 "group_id": self.group,
             },

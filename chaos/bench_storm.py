@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import platform
 import sys
 import time
@@ -322,6 +323,11 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
         "notice_to_drained_s": _dist(_seconds(notices, "drained_at")),
         "deadlines_met": sum(1 for n in notices if n.get("deadline_met")),
         "notices": len(notices),
+        # From a gang's charge end to its event on the topic (the broker's append time), and
+        # the listener the replicas wrote it through (chaos.stack: SASL_SSL unless asked).
+        "ledger_delay_p50_s": (drill.get("summary") or {}).get("ledger_delay_p50_s"),
+        "ledger_delay_max_s": (drill.get("summary") or {}).get("ledger_delay_max_s"),
+        "kafka_listener": os.environ.get("RECLAIMD_RIG_KAFKA") or "sasl_ssl",
         "writes_by_kind": dict(sorted(writes.items())),
         "writes_total": total,
         "writes_per_doomed_node": round(total / doomed, 2) if doomed else None,
@@ -372,6 +378,10 @@ def table(result: dict[str, Any]) -> str:
             continue
         lines.append(f"{label:<28} p50 {d['p50']}  p99 {d['p99']}  max {d['max']}  (n={d['n']})")
     lines.append(f"deadlines met {s['deadlines_met']}/{s['notices']}")
+    lines.append(
+        f"ledger over {s.get('kafka_listener')}: charge end -> on the topic"
+        f" p50 {s.get('ledger_delay_p50_s')} s, max {s.get('ledger_delay_max_s')} s"
+    )
     lines.append(
         f"writes {s['writes_total']} ({s['writes_per_doomed_node']} per doomed node): "
         + ", ".join(f"{k} {v}" for k, v in s["writes_by_kind"].items())

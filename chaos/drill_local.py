@@ -166,7 +166,7 @@ class World:
         if Source.KAFKA in s:
             o["kafka_notices"] = {
                 "enabled": True,
-                "bootstrap": self.stack.kafka,
+                "bootstrap": h.replica_kafka.bootstrap,
                 "topic": self.built.notices_topic,
                 "group_id": f"reclaimd-{self.plan.run_id}",
             }
@@ -247,6 +247,13 @@ class World:
         started = await asyncio.gather(*(one(n, o) for n, o in starts))
         self.replicas = list(started[: self.scenario.reclaimd.replicas])
         self.say(f"reclaimd: {len(starts)} process(es) running ({', '.join(n for n, _ in starts)})")
+        kafka = h.replica_kafka
+        self.say(
+            f"kafka: replicas write the ledger over {kafka.name.upper()} ({kafka.bootstrap}) as"
+            " User:reclaimd, with its ACLs only"
+            if kafka.settings
+            else f"kafka: replicas write the ledger over PLAINTEXT ({kafka.bootstrap})"
+        )
 
     async def replace_replica(self, h: Harness, i: int) -> DaemonProcess:
         """Central replica ``i`` started again as a new pod on a new node: its own holder name,

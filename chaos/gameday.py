@@ -30,6 +30,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from chaos.kube import rig_client
+from reclaimd.kafkaconn import options
 from reclaimd.model import utcnow
 
 from . import drill_judge, fleet, report
@@ -92,6 +93,7 @@ class ReleaseHarness(Harness):
         self.sqs = boto3.client("sqs", endpoint_url=s.sqs.endpoint_url, region_name=s.sqs.region)
         self.queue_url = s.sqs.queue_url
         self.topic = s.ledger.topic
+        self.kafka = s.kafka  # the release's own connection (TLS, SASL): the rig reads as it
         self.namespace = namespace
         self.own_namespace = own_namespace
         self.api = api
@@ -101,7 +103,7 @@ class ReleaseHarness(Harness):
         assert self.api is not None
         if self.own_namespace:  # a given one is the chart's (its Role is there): not touched
             await fleet.ensure_namespace(self.api, self.namespace)
-        self.start_offsets = await end_offsets(self.stack.kafka, self.topic)
+        self.start_offsets = await end_offsets(self.stack.kafka, self.topic, self.kafka)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -112,7 +114,7 @@ class ReleaseHarness(Harness):
         return FromOffsets(
             self.start_offsets,
             self.namespace,
-            bootstrap_servers=self.stack.kafka,
+            **options(self.kafka, self.stack.kafka),
             enable_auto_commit=False,
             group_id=None,
             isolation_level="read_committed",
@@ -291,9 +293,8 @@ async def _pubsub_topic(release: Release) -> tuple[Any, str]:
 async def _producer(release: Release) -> Any:
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(
-        bootstrap_servers=release.settings.kafka_notices.bootstrap, acks="all"
-    )
+    s = release.settings
+    producer = AIOKafkaProducer(**options(s.kafka, s.kafka_notices.bootstrap), acks="all")
     await producer.start()
     return producer
 

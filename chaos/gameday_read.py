@@ -11,6 +11,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from reclaimd.kafkaconn import KafkaSettings, options
+
 from .gameday_target import GameDayError
 
 
@@ -57,10 +59,13 @@ class FromOffsets(AIOKafkaConsumer):  # type: ignore[misc]
             return False
 
 
-async def end_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, int]:
+async def end_offsets(
+    bootstrap: str, topic: str, kafka: KafkaSettings | None = None
+) -> dict[TopicPartition, int]:
+    """The topic's end offsets, reached as the release's ``kafka`` settings say."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**options(kafka, bootstrap))
     await admin.start()
     try:
         (described,) = await admin.describe_topics([topic])
@@ -69,7 +74,7 @@ async def end_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, int]:
     tps = [TopicPartition(topic, p["partition"]) for p in described.get("partitions", [])]
     if described.get("error_code") or not tps:
         raise GameDayError(f"the release's ledger topic {topic!r} does not exist")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(**options(kafka, bootstrap), group_id=None)
     await consumer.start()
     try:
         ends = await consumer.end_offsets(tps)

@@ -54,6 +54,7 @@ class Harness:
         self.run_id = name or uuid.uuid4().hex[:8]
         self.namespace = f"rc-{self.run_id}"
         self.topic = f"reclaimd.restart-waste.{self.run_id}"
+        self.replica_kafka = stack.kafka_as_reclaimd()
         self.workdir = workdir or stack.dir / "runs" / self.run_id
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.trainers = TrainerFleet(seed=7)
@@ -165,8 +166,10 @@ class Harness:
                 "wait_time_s": 1,
                 "visibility_timeout_s": 10,
             },
+            # As production: over TLS and SASL, with reclaimd's ACLs (chaos.stack).
+            "kafka": self.replica_kafka.settings,
             "ledger": {
-                "bootstrap": self.stack.kafka,
+                "bootstrap": self.replica_kafka.bootstrap,
                 "topic": self.topic,
                 "outbox_path": str(self.workdir / f"{holder or 'reclaimd'}-outbox.sqlite"),
             },

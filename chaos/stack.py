@@ -5,10 +5,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class StackNotRunning(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class KafkaListener:
+    """One of the stack's Kafka listeners as reclaimd sees it: a ``bootstrap`` and the
+    settings' ``kafka:`` section (empty: PLAINTEXT)."""
+
+    name: str
+    bootstrap: str
+    settings: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,46 @@ class StackEnv:
     @property
     def kafka(self) -> str:
         return self.values["KAFKA_BOOTSTRAP"]
+
+    def kafka_as_reclaimd(self, listener: str = "") -> KafkaListener:
+        """How a reclaimd replica reaches the stack's Kafka on ``listener``: ``sasl_ssl``
+        (SCRAM-SHA-512 user reclaimd over TLS, the rig's default: production's shape),
+        ``ssl`` (a client certificate) or ``plaintext``; empty: ``$RECLAIMD_RIG_KAFKA`` or
+        ``sasl_ssl``. As User:reclaimd the replica has only its ACLs; the rig's own clients
+        use ``kafka`` (PLAINTEXT, a super user)."""
+        name = (listener or os.environ.get("RECLAIMD_RIG_KAFKA") or "sasl_ssl").lower()
+        pki = Path(self.values["KAFKA_PKI_DIR"]) if "KAFKA_PKI_DIR" in self.values else None
+        if name == "plaintext" or pki is None:
+            return KafkaListener("plaintext", self.kafka, {})
+        ca = str(pki / "ca.crt")
+        if name == "sasl_ssl":
+            return KafkaListener(
+                name,
+                self.values["KAFKA_SASL_SSL_BOOTSTRAP"],
+                {
+                    "security_protocol": "SASL_SSL",
+                    "tls": {"ca_file": ca},
+                    "sasl": {
+                        "mechanism": "SCRAM-SHA-512",
+                        "username": "reclaimd",
+                        "password_file": str(pki / "reclaimd.password"),
+                    },
+                },
+            )
+        if name == "ssl":
+            return KafkaListener(
+                name,
+                self.values["KAFKA_SSL_BOOTSTRAP"],
+                {
+                    "security_protocol": "SSL",
+                    "tls": {
+                        "ca_file": ca,
+                        "cert_file": str(pki / "client.crt"),
+                        "key_file": str(pki / "client.key"),
+                    },
+                },
+            )
+        raise ValueError(f"kafka listener {name!r}: one of sasl_ssl, ssl, plaintext")
 
     @property
     def aws_endpoint(self) -> str:

@@ -41,7 +41,10 @@ def cmd_version(_: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = config.load(args.file)
-    print(f"{args.file}: ok (cluster {settings.cluster_name}, holder {settings.holder})")
+    print(
+        f"{args.file}: ok (cluster {settings.cluster_name}, holder {settings.holder},"
+        f" kafka {settings.kafka.describe()})"
+    )
     return EXIT_OK
 
 

@@ -30,6 +30,7 @@ from pydantic_core import core_schema
 import handlers
 from reclaimd import sources
 from reclaimd.annotations import UrlPolicy
+from reclaimd.kafkaconn import KafkaSettings
 from reclaimd.model import Windows
 from reclaimd.strict import Strict
 
@@ -298,6 +299,8 @@ class _Settings(_Strict):
     windows: WindowsSection = handlers.windows()
     kube: KubeSettings = KubeSettings()
     policy: PolicySettings = PolicySettings()
+    # How every Kafka client connects (TLS, mTLS, SASL, MSK IAM): reclaimd.kafkaconn.
+    kafka: KafkaSettings = KafkaSettings()
     ledger: LedgerSettings = LedgerSettings()
     allocation: AllocationSettings = AllocationSettings()
     restarts: RestartSettings = RestartSettings()
@@ -437,6 +440,7 @@ def _one_line(e: ValidationError) -> str:
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     message = " ".join(str(first["msg"]).split())  # a validator's message stays one line
+    message = message.removeprefix("Value error, ")  # pydantic's wrapping of our own words
     return f"{where}: {message}{more}"
 
 

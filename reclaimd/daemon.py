@@ -95,6 +95,9 @@ class Daemon:
                     # resolve notices to pods long gone.
                     "cache": lambda: view.current,
                     "outbox": health.outbox_writable(s.ledger.outbox_path),
+                    # The broker refuses us (credentials, certificates, ACLs): events wait in
+                    # the outbox until the setting is mended; a broker merely down is no fault.
+                    "kafka": lambda: ledger_writer.kafka_problem is None,
                     # Our claims are live only while our holder Lease is renewed.
                     "holder_lease": parts.holders.fresh,
                 }

@@ -29,6 +29,7 @@ class Readiness:
     def __init__(self, checks: Mapping[str, Callable[[], bool]]) -> None:
         self.checks = dict(checks)
         self._last: bool | None = None
+        self.last_failing: tuple[str, ...] = ()  # the checks the last call found failing
 
     def failing(self) -> list[str]:
         out = []
@@ -43,6 +44,7 @@ class Readiness:
 
     def __call__(self) -> bool:
         failing = self.failing()
+        self.last_failing = tuple(failing)
         ready = not failing
         if ready != self._last:
             if ready:

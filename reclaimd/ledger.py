@@ -48,9 +48,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import KafkaConnectionError, KafkaError, ProducerFenced
 
+from reclaimd import kafkaprobe
 from reclaimd import waste as waste_math
+from reclaimd.kafkaconn import KafkaSettings, options
 from reclaimd.logs import event as log_event
 from reclaimd.model import Cause, Placement, RestartWaste, rfc3339
 from reclaimd.outbox import AsyncOutbox, Cluster, Row
@@ -470,6 +472,7 @@ class LedgerWriter:
         bootstrap_servers: str,
         topic: str,
         outbox_path: str | Path,
+        connection: KafkaSettings | None = None,
         policy: LabelPolicy | None = None,
         batch_size: int = 100,
         backoff_initial_s: float = 0.5,
@@ -485,6 +488,7 @@ class LedgerWriter:
         scan_timeout_s: float = 120.0,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self.connection = connection  # TLS, SASL: reclaimd.kafkaconn
         self.topic = topic
         self.policy = policy or LabelPolicy()
         self.holder = holder or (cluster.holder if cluster is not None else socket.gethostname())
@@ -524,6 +528,9 @@ class LedgerWriter:
         self.found_published = 0  # rows in doubt that the topic already had
         self.adopted = 0  # peers' (or an earlier life's) events this writer took over
         self.cluster_write_errors = 0  # events that live in the outbox only
+        # What stops publishing that waiting will not mend (a refused password or certificate,
+        # an untrusted broker, an ACL): /readyz's kafka check; None while it works or may.
+        self.kafka_problem: str | None = None
 
     # --- the pipeline side ---------------------------------------------------------------
 
@@ -642,6 +649,7 @@ class LedgerWriter:
                 )
                 if not isinstance(e, _ClusterUnreadable):  # Kafka itself is fine then
                     await self._stop_producer()
+                    await self._judge(e)
                 await self._backoff_sleep(random.uniform(delay / 2, delay))
                 delay = min(delay * 2, self._backoff[1])
 
@@ -652,6 +660,7 @@ class LedgerWriter:
             self._wake.clear()
             rows = await self._outbox.pending(self._batch)
             if not rows:
+                self._works()  # connected and authorized: nothing left to wait for
                 await self._notify()
                 await self._prune()
                 await self._idle()
@@ -753,6 +762,7 @@ class LedgerWriter:
             await self._abort(producer)
             raise
         await self._outbox.mark_sent(ids)
+        self._works()
         self.published += len(ids)
         self._forget(r.id for r in rows if r.cluster != Cluster.NONE)
         await self._notify()
@@ -772,9 +782,31 @@ class LedgerWriter:
             self._pruned_at = now
             await self._outbox.prune(self._retention_s)
 
+    async def _judge(self, e: BaseException) -> None:
+        """Name what stops publishing, once per change (one log line, no secret): a client
+        that never connected is diagnosed by a connection of our own."""
+        problem = kafkaprobe.explain(e, self.connection, self.topic)
+        if problem is None and isinstance(e, KafkaConnectionError):
+            problem = await kafkaprobe.diagnose(self.bootstrap_servers, self.connection)
+        if problem is not None and problem != self.kafka_problem:
+            log_event(
+                log, "ledger cannot publish", logging.ERROR, problem=problem, depth=self.depth()
+            )
+        self.kafka_problem = problem or self.kafka_problem
+
+    def _works(self) -> None:
+        if self.kafka_problem is not None:
+            log_event(log, "ledger publishes again", was=self.kafka_problem)
+            self.kafka_problem = None
+
+    def _client(self) -> dict[str, Any]:
+        """Every client's connection keywords (the password file read anew: a rotated
+        Secret is used from the next client on)."""
+        return options(self.connection, self.bootstrap_servers)
+
     def _new_producer(self, holder: str) -> AIOKafkaProducer:
         return AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap_servers,
+            **self._client(),
             client_id=self._client_id,
             transactional_id=transactional_id(holder, self.topic),
             acks="all",
@@ -823,14 +855,14 @@ class LedgerWriter:
         # must see); the reader reads only committed records, so an aborted copy is no copy.
         probe = AIOKafkaConsumer(
             self.topic,
-            bootstrap_servers=self.bootstrap_servers,
+            **self._client(),
             client_id=f"{self._client_id}-scan",
             group_id=None,
             enable_auto_commit=False,
             request_timeout_ms=self._request_timeout_ms,
         )
         reader = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers,
+            **self._client(),
             client_id=f"{self._client_id}-scan",
             group_id=None,
             enable_auto_commit=False,

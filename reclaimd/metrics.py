@@ -503,7 +503,12 @@ def _readyz(ready: Callable[[], bool]) -> Callable[[web.Request], Any]:
         except Exception as e:  # a broken check is a "not ready", not a 500 with a traceback
             logs.event(log, "readiness check failed", logging.WARNING, error=str(e)[:200])
             ok = False
-        return web.Response(text="ok\n" if ok else "not ready\n", status=200 if ok else 503)
+        if ok:
+            return web.Response(text="ok\n")
+        # The failing checks by name (health.Readiness keeps them): what a probe's event shows.
+        failing = ",".join(getattr(ready, "last_failing", ()))
+        text = f"not ready: {failing}\n" if failing else "not ready\n"
+        return web.Response(text=text, status=503)
 
     return handler
 

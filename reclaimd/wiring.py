@@ -149,6 +149,7 @@ def wire(
     ledger_writer = ledger.LedgerWriter(
         # A dry run keeps no outbox file and reaches no broker (its writer stays empty).
         bootstrap_servers="" if s.dry_run else s.ledger.bootstrap,
+        connection=s.kafka,
         topic=s.ledger.topic,
         outbox_path=":memory:" if s.dry_run else s.ledger.outbox_path,
         policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
@@ -331,6 +332,7 @@ def _meter(
     outbox = a.outbox_path or s.ledger.beside_outbox("allocation.sqlite")
     rows = ledger.LedgerWriter(
         bootstrap_servers=s.ledger.bootstrap,
+        connection=s.kafka,
         topic=a.topic,
         outbox_path=outbox,
         policy=policy,

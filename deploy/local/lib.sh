@@ -61,7 +61,8 @@ K8S_DIR=$CACHE_DIR/k8s-$K8S_VERSION
 ETCD_DIR=$CACHE_DIR/etcd-$ETCD_VERSION
 KWOK_DIR=$CACHE_DIR/kwok-$KWOK_VERSION
 AEMM_DIR=$CACHE_DIR/aemm-$AEMM_VERSION
-KAFKA_DIR=$CACHE_DIR/kafka-$KAFKA_VERSION
+# -tools: the jar set includes kafka-tools (AclCommand); a cache without it is not reused.
+KAFKA_DIR=$CACHE_DIR/kafka-$KAFKA_VERSION-tools
 KUEUE_DIR=$CACHE_DIR/kueue-crds-$KUEUE_VERSION
 PUBSUB_EMULATOR=${PUBSUB_EMULATOR:-}
 MOTO_SERVER=$REPO_DIR/.venv/bin/moto_server

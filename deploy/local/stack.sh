@@ -26,6 +26,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$LOCAL_DIR/tools/otelcol/otelcol.sh"
 # shellcheck source=kueue/kueue.sh
 source "$LOCAL_DIR/kueue/kueue.sh"
+# shellcheck source=pubsub/pubsub_emulator.sh
+source "$LOCAL_DIR/pubsub/pubsub_emulator.sh"
 
 API=https://127.0.0.1:16443
 PKI=$STACK_DIR/pki
@@ -51,12 +53,7 @@ comp_version() {
         d=${d##*/moto-}
         echo "${d%.dist-info}"
         ;;
-    pubsub-emulator)
-        local j
-        j=$(compgen -G "$(pubsub_root)/lib/cloud-pubsub-emulator-*.jar" | head -n 1)
-        j=${j##*/cloud-pubsub-emulator-}
-        echo "${j%-all.jar}"
-        ;;
+    pubsub-emulator) pubsub_jar_version ;;
     imds-mock) echo "$AEMM_VERSION" ;;
     kueue-crds | kueue) echo "$KUEUE_VERSION" ;;
     otelcol) echo "$OTELCOL_VERSION" ;;
@@ -209,10 +206,7 @@ comp_cmd() {
     moto)
         CMD=("$MOTO_SERVER" -H 127.0.0.1 -p 15000)
         ;;
-    pubsub-emulator)
-        CMD=(env JAVA_OPTS="-Xmx256m" "$(pubsub_root)/bin/cloud-pubsub-emulator"
-            --host=127.0.0.1 --port=18085)
-        ;;
+    pubsub-emulator) pubsub_emulator_cmd ;; # its jar with a consistent grpc-java first
     imds-mock)
         # IMDSv2 only, as hardened nodes run it: reclaimd must fetch a session token first.
         # The rebalance recommendation keeps one noticeTime, as EC2's does (the mock's own
@@ -255,15 +249,6 @@ comp_prepare() {
 
 # ---------------------------------------------------------------------------------------------
 # PKI and kubeconfigs.
-
-pubsub_root() {
-    if [[ -z ${PUBSUB_ROOT:-} ]]; then
-        local bin
-        bin=$(pubsub_emulator_bin) || die "Pub/Sub emulator not found (gcloud components install pubsub-emulator)"
-        PUBSUB_ROOT=$(cd "$(dirname "$bin")/.." && pwd)
-    fi
-    echo "$PUBSUB_ROOT"
-}
 
 new_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
 
@@ -381,18 +366,62 @@ LEAVES=(
     "front-proxy-client|/CN=front-proxy-client|clientAuth"
 )
 
+KAFKA_PKI=$STACK_DIR/kafka/pki
+# Bumped when what the storage format holds changes (now: reclaimd's SCRAM credentials): a
+# data directory formatted otherwise is formatted again (the stack's Kafka data is test data).
+KAFKA_FORMAT=secured-1
+
 kafka_prepare() {
     mkdir -p "$STACK_DIR/kafka" "$DATA/kafka"
-    sed "s#@DATA_DIR@#$DATA/kafka#" "$LOCAL_DIR/kafka/server.properties.in" \
-        >"$STACK_DIR/kafka/server.properties"
-    [[ -f $DATA/kafka/meta.properties ]] && return
-    # A KRaft cluster id is 16 random bytes, base64url without padding.
+    "$REPO_DIR/.venv/bin/python" "$LOCAL_DIR/kafka/pki.py" "$KAFKA_PKI" >/dev/null ||
+        die "kafka: could not make its certificates ($KAFKA_PKI)"
+    sed -e "s#@DATA_DIR@#$DATA/kafka#" -e "s#@PKI_DIR@#$KAFKA_PKI#" \
+        "$LOCAL_DIR/kafka/server.properties.in" >"$STACK_DIR/kafka/server.properties"
+    # The format's marker names the password it holds (its hash): new credentials, new format.
+    local password marker
+    password=$(cat "$KAFKA_PKI/reclaimd.password")
+    marker="$KAFKA_FORMAT $(printf %s "$password" | sha256sum | cut -c1-16)"
+    if [[ -f $DATA/kafka/meta.properties ]]; then
+        [[ $(cat "$DATA/kafka/.format" 2>/dev/null) == "$marker" ]] && return
+        say "kafka: $DATA/kafka was formatted without reclaimd's current credentials; formatting again"
+        rm -rf "$DATA/kafka"
+        mkdir -p "$DATA/kafka"
+    fi
+    # A KRaft cluster id is 16 random bytes, base64url without padding (it may start with "-":
+    # hence --cluster-id=, not -t ID).
     local id
     id=$(openssl rand 16 | base64 | tr '+/' '-_' | tr -d '=')
-    say "kafka: formatting $DATA/kafka (cluster id $id)"
+    say "kafka: formatting $DATA/kafka (cluster id $id; SCRAM user reclaimd)"
     java -cp "$KAFKA_DIR/libs/*" -Dlog4j2.configurationFile="$LOCAL_DIR/kafka/log4j2.properties" \
-        kafka.tools.StorageTool format -t "$id" -c "$STACK_DIR/kafka/server.properties" \
+        kafka.tools.StorageTool format --cluster-id="$id" -c "$STACK_DIR/kafka/server.properties" \
+        --add-scram "SCRAM-SHA-512=[name=reclaimd,password=$password]" \
+        --add-scram "SCRAM-SHA-256=[name=reclaimd,password=$password]" \
         >>"$LOGS/kafka.log" 2>&1 || die "kafka storage format failed; log: $LOGS/kafka.log"
+    echo "$marker" >"$DATA/kafka/.format"
+}
+
+# reclaimd's ACLs, as a least-privilege KafkaUser or MSK IAM policy would give it: write and
+# read its ledger topics (the adoption scan and the report read them back), read the notices
+# topics, its consumer groups and transactional ids; nothing else. Kept in the metadata log:
+# added once per formatted data directory (the marker).
+kafka_acls() {
+    [[ -f $DATA/kafka/.acls ]] && return
+    local acl=(java -cp "$KAFKA_DIR/libs/*" -Dlog4j2.configurationFile="$LOCAL_DIR/kafka/log4j2.properties"
+        org.apache.kafka.tools.AclCommand --bootstrap-server 127.0.0.1:19092 --add
+        --allow-principal User:reclaimd --resource-pattern-type prefixed)
+    local topic
+    for topic in reclaimd.restart-waste reclaimd.allocation; do
+        "${acl[@]}" --operation Write --operation Read --operation Describe --topic "$topic" \
+            >>"$LOGS/kafka-acls.log" 2>&1 || die "kafka: ACLs on $topic failed; log: $LOGS/kafka-acls.log"
+    done
+    "${acl[@]}" --operation Read --operation Describe --topic reclaimd.notices \
+        --group reclaimd >>"$LOGS/kafka-acls.log" 2>&1 ||
+        die "kafka: ACLs on the notices topic failed; log: $LOGS/kafka-acls.log"
+    "${acl[@]}" --operation Write --operation Describe --transactional-id reclaimd-ledger- \
+        >>"$LOGS/kafka-acls.log" 2>&1 ||
+        die "kafka: ACLs on transactional ids failed; log: $LOGS/kafka-acls.log"
+    touch "$DATA/kafka/.acls"
+    say "kafka: ACLs for User:reclaimd added"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -538,6 +567,11 @@ write_env() {
         echo "RECLAIMD_KUBECONFIG=$STACK_DIR/reclaimd.kubeconfig"
         echo "KUBE_APISERVER=$API"
         echo "KAFKA_BOOTSTRAP=127.0.0.1:19092"
+        # The production-like listeners (deploy/local/kafka/server.properties.in) and what a
+        # client of each needs: user reclaimd's password file, the CA, its certificate.
+        echo "KAFKA_SASL_SSL_BOOTSTRAP=127.0.0.1:19096"
+        echo "KAFKA_SSL_BOOTSTRAP=127.0.0.1:19094"
+        echo "KAFKA_PKI_DIR=$KAFKA_PKI"
         echo "AWS_ENDPOINT_URL=http://127.0.0.1:15000"
         echo "AWS_ACCESS_KEY_ID=testing"
         echo "AWS_SECRET_ACCESS_KEY=testing"
@@ -598,6 +632,7 @@ cmd_up() {
     for name in kube-controller-manager kube-scheduler kwok kueue; do ensure "$name"; done
     for name in kube-controller-manager kube-scheduler kwok kueue kafka moto pubsub-emulator imds-mock otelcol; do await "$name"; done
     kueue_register_webhooks
+    kafka_acls
     write_env
     say "stack up in $(fmt_secs $((SECONDS - start))); env: ${STACK_DIR#"$REPO_DIR"/}/stack.env"
     table
@@ -628,6 +663,7 @@ cmd_start_one() {
     await "$1"
     # A restarted apiserver serves the Kueue CRDs from etcd; wait until it does again.
     if [[ $1 == kube-apiserver ]]; then apply_kueue_crds; fi
+    if [[ $1 == kafka ]]; then kafka_acls; fi
 }
 
 case ${1:-} in

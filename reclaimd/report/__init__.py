@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from reclaimd.kafkaconn import KafkaSettings
 from reclaimd.ledger import DEFAULT_ALLOW, LabelPolicy
 from reclaimd.model import ParseError, parse_time
 from reclaimd.report import engine, ledger_input, render
@@ -42,6 +43,12 @@ def add_parser(sub: Any) -> None:
         required=True,
         metavar="SRC",
         help="JSON-lines export or kafka://host:port/topic (repeat for the allocation topic)",
+    )
+    s.add_argument(
+        "--config",
+        type=Path,
+        help="reclaimd's settings file: its kafka section (TLS, SASL, MSK IAM) reaches a"
+        " kafka:// ledger as the replicas do (RECLAIMD_KAFKA__* overrides apply)",
     )
     s.add_argument("--focus", type=Path, help="FOCUS cost-and-usage export (.csv or .parquet)")
     s.add_argument("--rates", type=Path, help="CSV sku,purchase_option,usd_per_gpu_hour")
@@ -85,6 +92,7 @@ def build_report(
     rates: Path | None,
     window: Window,
     detail: bool = False,
+    connection: KafkaSettings | None = None,
 ) -> Report:
     """The groups, the window they cover (an open bound is the ledger's own first hour or the
     end of its last: a report states its window, and prices no bill hour outside the hours
@@ -93,7 +101,7 @@ def build_report(
         raise InputError("give a FOCUS export (--focus), a rates file (--rates), or both")
     if window.since and window.until and window.since >= window.until:
         raise InputError("--since must be before --until")
-    ledger = ledger_input.read(sources, window.since, LabelPolicy())
+    ledger = ledger_input.read(sources, window.since, LabelPolicy(), connection)
     rate_rows = engine.read_rates(rates) if rates is not None else []
     window = _span(ledger, window)
     groups, idle = engine.report_with_idle(
@@ -142,6 +150,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             rates=args.rates,
             window=window,
             detail=args.detail,
+            connection=ledger_input.connection_of(args.config),
         )
         text = render_as(args.format, rep, args.by, detail=args.detail)
         if args.output is not None:

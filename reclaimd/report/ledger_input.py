@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
+from reclaimd.kafkaconn import KafkaConfigError, KafkaSettings, options
 from reclaimd.ledger import LabelPolicy, normalize_purchase_option
 from reclaimd.model import ParseError, parse_time
 
@@ -330,25 +331,38 @@ def read_jsonl(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
 
 
 def read_kafka(
-    bootstrap: str, topic: str, since: datetime | None, timeout_s: float = 30.0
+    bootstrap: str,
+    topic: str,
+    since: datetime | None,
+    timeout_s: float = 30.0,
+    kafka: KafkaSettings | None = None,
 ) -> list[tuple[str, Mapping[str, Any]]]:
-    """Every event of ``topic`` from the window's start to the end offsets seen at start."""
+    """Every event of ``topic`` from the window's start to the end offsets seen at start,
+    connecting as ``kafka`` says (the ``kafka:`` section of reclaimd's settings)."""
     try:
-        return asyncio.run(asyncio.wait_for(_read_kafka(bootstrap, topic, since), timeout_s))
+        return asyncio.run(
+            asyncio.wait_for(_read_kafka(bootstrap, topic, since, kafka), timeout_s)
+        )
     except TimeoutError as e:
         raise InputError(f"kafka {topic}: not read within {timeout_s:g}s") from e
 
 
 async def _read_kafka(
-    bootstrap: str, topic: str, since: datetime | None
+    bootstrap: str, topic: str, since: datetime | None, kafka: KafkaSettings | None
 ) -> list[tuple[str, Mapping[str, Any]]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.errors import KafkaError
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    from reclaimd import kafkaprobe
 
     # Committed records only: the ledger publishes in transactions, and what a fenced or
     # aborted one wrote stays in the log (it is not an event).
+    try:
+        client = options(kafka, bootstrap)
+    except KafkaConfigError as e:
+        raise InputError(str(e)) from e
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **client,
         enable_auto_commit=False,
         group_id=None,
         isolation_level="read_committed",
@@ -358,7 +372,7 @@ async def _read_kafka(
         await consumer.start()
         # Listing topics never creates one (a metadata request for a name may, on a broker
         # that auto-creates); only a topic that exists is described.
-        partitions = await _partitions(bootstrap, topic) if topic in await consumer.topics() else []
+        partitions = await _partitions(client, topic) if topic in await consumer.topics() else []
         if not partitions:
             raise InputError(f"kafka {topic}: no such topic")
         tps = [TopicPartition(topic, p) for p in partitions]
@@ -390,17 +404,22 @@ async def _read_kafka(
                         out.append((f"kafka {topic}[{tp.partition}]@{r.offset}", ev))
             left = {tp for tp in left if await consumer.position(tp) < end[tp]}
     except (KafkaError, OSError) as e:
-        raise InputError(f"kafka {bootstrap}: {type(e).__name__}: {str(e)[:80]}") from e
+        problem = kafkaprobe.explain(e, kafka, topic)
+        if problem is None and isinstance(e, KafkaConnectionError):
+            problem = await kafkaprobe.diagnose(bootstrap, kafka)
+        raise InputError(
+            f"kafka {bootstrap}: {problem or f'{type(e).__name__}: {str(e)[:80]}'}"
+        ) from e
     finally:
         await _stop(consumer)
     return out
 
 
-async def _partitions(bootstrap: str, topic: str) -> list[int]:
+async def _partitions(client: dict[str, Any], topic: str) -> list[int]:
     """The topic's partition ids (the consumer's own metadata only knows assigned topics)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**client)
     await admin.start()
     try:
         described = await admin.describe_topics([topic])
@@ -425,8 +444,25 @@ async def _stop(consumer: Any) -> None:
             raise
 
 
-def read(sources: Iterable[str], since: datetime | None, policy: LabelPolicy) -> Ledger:
-    """``sources``: JSON-lines paths or ``kafka://host:port[,host:port]/topic``."""
+def connection_of(path: Path | None) -> KafkaSettings:
+    """The kafka section of reclaimd's settings file at ``path`` (with no file, the
+    environment's ``RECLAIMD_KAFKA__*`` alone): the report reaches the ledger as replicas do."""
+    from reclaimd import config
+
+    try:
+        return config.load(path).kafka
+    except config.ConfigError as e:
+        raise InputError(f"--config: {e}") from e
+
+
+def read(
+    sources: Iterable[str],
+    since: datetime | None,
+    policy: LabelPolicy,
+    kafka: KafkaSettings | None = None,
+) -> Ledger:
+    """``sources``: JSON-lines paths or ``kafka://host:port[,host:port]/topic`` (reached as
+    ``kafka`` says: TLS, SASL)."""
     events: list[tuple[str, Mapping[str, Any]]] = []
     for src in sources:
         if src.startswith("kafka://"):
@@ -434,7 +470,7 @@ def read(sources: Iterable[str], since: datetime | None, policy: LabelPolicy) ->
             bootstrap, _, topic = rest.partition("/")
             if not bootstrap or not topic:
                 raise InputError(f"{src}: expected kafka://host:port/topic")
-            events.extend(read_kafka(bootstrap, topic, since))
+            events.extend(read_kafka(bootstrap, topic, since, kafka=kafka))
         else:
             events.extend(read_jsonl(Path(src)))
     return collect(events, policy)

@@ -32,8 +32,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from reclaimd import logs
+from aiokafka.errors import KafkaConnectionError
+
+from reclaimd import kafkaprobe, logs
 from reclaimd.backoff import Backoff
+from reclaimd.kafkaconn import KafkaSettings, options
 from reclaimd.model import Windows
 from reclaimd.sources import Entry, KafkaNoticeSettings
 from reclaimd.sourcing import Wiring
@@ -68,13 +71,17 @@ class KafkaNoticeSource:
         windows: Windows,
         consumer_factory: Any = None,
         parser: str = "kafka",
+        kafka: KafkaSettings | None = None,
     ) -> None:
         if not settings.bootstrap:
             raise ValueError("kafka_notices: bootstrap is required")
         self.settings, self.admit, self.windows = settings, admit, windows
         self.parser = parser
         self.counters = Counters()
-        self._factory = consumer_factory or _default_consumer
+        self.kafka = kafka
+        self._factory = consumer_factory or (lambda s: _default_consumer(s, kafka))
+        # What stops the consumer that waiting will not mend (kafkaprobe), else None.
+        self.problem: str | None = None
         self._resumes: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -86,6 +93,7 @@ class KafkaNoticeSource:
                 raise
             except Exception as e:
                 self.counters.transport_errors += 1
+                await self._judge(e)
                 delay = backoff.next_delay()
                 logs.event(
                     log,
@@ -96,9 +104,18 @@ class KafkaNoticeSource:
                 )
                 await asyncio.sleep(delay)
 
+    async def _judge(self, e: BaseException) -> None:
+        problem = kafkaprobe.explain(e, self.kafka, self.settings.topic)
+        if problem is None and isinstance(e, KafkaConnectionError):
+            problem = await kafkaprobe.diagnose(self.settings.bootstrap, self.kafka)
+        if problem is not None and problem != self.problem:
+            logs.event(log, "kafka notices cannot be read", logging.ERROR, problem=problem)
+        self.problem = problem or self.problem
+
     async def _consume(self, on_started: Callable[[], None] = lambda: None) -> None:
         consumer = self._factory(self.settings)
         await consumer.start()
+        self.problem = None
         logs.event(
             log,
             "kafka notices consumer started",
@@ -176,12 +193,12 @@ async def _stop(consumer: Any) -> None:
             await consumer.stop()
 
 
-def _default_consumer(settings: KafkaNoticeSettings) -> Any:
+def _default_consumer(settings: KafkaNoticeSettings, kafka: KafkaSettings | None = None) -> Any:
     from aiokafka import AIOKafkaConsumer
 
     return AIOKafkaConsumer(
         settings.topic,
-        bootstrap_servers=settings.bootstrap,
+        **options(kafka, settings.bootstrap),
         group_id=settings.group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -198,4 +215,6 @@ def _default_consumer(settings: KafkaNoticeSettings) -> Any:
 
 def build(entry: Entry[KafkaNoticeSettings], w: Wiring) -> KafkaNoticeSource:
     s = entry.settings_of(w.settings)
-    return KafkaNoticeSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+    return KafkaNoticeSource(
+        s, admit=w.admit, windows=w.windows, parser=entry.parser, kafka=w.settings.kafka
+    )

@@ -139,7 +139,8 @@ async def pod(h: Harness, stack: Any, tmp_path: Path) -> AsyncIterator[Pod]:
                 "wait_time_s": 1,
                 "visibility_timeout_s": 10,
             },
-            "ledger": {"bootstrap": h.stack.kafka, "topic": h.topic},
+            "kafka": h.replica_kafka.settings,
+            "ledger": {"bootstrap": h.replica_kafka.bootstrap, "topic": h.topic},
         },
     }
     docs = await asyncio.to_thread(render, namespace, values, tmp_path)

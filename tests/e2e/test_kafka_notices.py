@@ -45,7 +45,7 @@ def kafka_config(h: Harness, topic: str) -> dict[str, Any]:
         "sqs": {"enabled": False},
         "kafka_notices": {
             "enabled": True,
-            "bootstrap": h.stack.kafka,
+            "bootstrap": h.replica_kafka.bootstrap,
             "topic": topic,
             "group_id": group(h),
         },

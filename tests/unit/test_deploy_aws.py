@@ -122,3 +122,44 @@ def test_template_passes_cfn_lint(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text(TEMPLATE.read_text().replace("[Queue, Arn]", "[Missing, Arn]", 1))
     assert lint_file(broken) != []
+
+
+def test_template_embeds_the_msk_iam_policy_only_when_asked(resources: dict[str, Any]) -> None:
+    msk = resources["ReclaimdMskIamPolicy"]
+    assert msk["Condition"] == "UseMskIam"
+    document = msk["Properties"]["PolicyDocument"]
+    assert document == as_cloudformation(load_json(AWS_DIR / "msk-iam-policy.json"))
+
+
+def test_msk_iam_policy_grants_the_ledger_and_notices_and_nothing_else() -> None:
+    statements = load_json(AWS_DIR / "msk-iam-policy.json")["Statement"]
+    assert all(s["Effect"] == "Allow" for s in statements)
+    arn = "arn:${AWS::Partition}:kafka:${AWS::Region}:${AWS::AccountId}:"
+    c = "${MskClusterName}/${MskClusterUuid}"
+
+    def resources(s: dict[str, Any]) -> list[str]:
+        r = s["Resource"]
+        return [r] if isinstance(r, str) else list(r)
+
+    granted = {
+        (a, r.removeprefix(arn)) for s in statements for a in s["Action"] for r in resources(s)
+    }
+    ledger = {f"topic/{c}/reclaimd.restart-waste*", f"topic/{c}/reclaimd.allocation*"}
+    assert granted == {
+        ("kafka-cluster:Connect", f"cluster/{c}"),
+        ("kafka-cluster:DescribeCluster", f"cluster/{c}"),
+        # The ledger's producer is transactional, hence idempotent.
+        ("kafka-cluster:WriteDataIdempotently", f"cluster/{c}"),
+        *{("kafka-cluster:DescribeTopic", t) for t in ledger},
+        *{("kafka-cluster:WriteData", t) for t in ledger},
+        # The adoption scan and the report read the ledger back.
+        *{("kafka-cluster:ReadData", t) for t in ledger},
+        ("kafka-cluster:DescribeTopic", f"topic/{c}/reclaimd.notices*"),
+        ("kafka-cluster:ReadData", f"topic/{c}/reclaimd.notices*"),
+        ("kafka-cluster:DescribeGroup", f"group/{c}/reclaimd*"),
+        ("kafka-cluster:AlterGroup", f"group/{c}/reclaimd*"),
+        ("kafka-cluster:DescribeTransactionalId", f"transactional-id/{c}/reclaimd-ledger-*"),
+        ("kafka-cluster:AlterTransactionalId", f"transactional-id/{c}/reclaimd-ledger-*"),
+    }
+    # Every grant is confined to the one cluster: never a wildcard over clusters.
+    assert all(f"/{c}" in r for _, r in granted)

@@ -64,6 +64,12 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
         "reclaimd/logs.py": "the kafka client's logger",
         "reclaimd/pipeline.py": "the ledger's messaging.system",
         "reclaimd/report/ledger_input.py": "kafka://, where a report reads the ledger topic",
+        # The kafka settings section: how every Kafka client connects (TLS, SASL), the
+        # ledger's broker as much as the notices'.
+        "reclaimd/config.py": "the kafka section (reclaimd.kafkaconn)",
+        "reclaimd/wiring.py": "the ledger writers' connection, the kafka section",
+        "reclaimd/cli.py": "check-config prints the kafka section's shape",
+        "reclaimd/daemon.py": "the readiness check named kafka: the ledger's broker refuses us",
     },
 }
 # An existing source's own module outside its handler and transport, and why.

@@ -57,6 +57,9 @@ azure.workload.identity/use: "true"
 {{- if .Values.checkpointIdentity.enabled -}}
 {{- $_ := set $cfg "checkpoint" (mustMergeOverwrite (deepCopy (default dict $cfg.checkpoint)) (dict "identity_token_file" "/var/run/secrets/reclaimd.io/checkpoint/token")) -}}
 {{- end -}}
+{{- if ne .Values.kafka.securityProtocol "PLAINTEXT" -}}
+{{- $cfg = mustMergeOverwrite $cfg (fromYaml (include "reclaimd.kafkaSection" .)) -}}
+{{- end -}}
 {{- /* A slot per replica for a slotted source (Pub/Sub: a subscription each, which
 deploy/gcp/main.tf makes var.replicas of), unless config.<source>.slots says otherwise (1:
 one shared by every replica). */ -}}
