@@ -8,7 +8,7 @@
 # `make stack-up` at once would otherwise both start the 6-minute Kubernetes build).
 #
 # Everything comes from pinned sources reachable here: Go modules through the Go proxy, Kafka
-# jars from Maven Central. Versions: versions.env.
+# jars and the Pub/Sub emulator's grpc-java jars from Maven Central. Versions: versions.env.
 set -euo pipefail
 LOG_TAG=install
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -16,6 +16,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$LOCAL_DIR/kueue/kueue.sh"
 # shellcheck source=tools/otelcol/otelcol.sh
 source "$LOCAL_DIR/tools/otelcol/otelcol.sh"
+# shellcheck source=pubsub/pubsub_emulator.sh
+source "$LOCAL_DIR/pubsub/pubsub_emulator.sh"
 
 BUILD_LOGS=$CACHE_DIR/logs
 
@@ -152,10 +154,9 @@ main() {
 
     [[ -x $MOTO_SERVER ]] || die "$MOTO_SERVER missing; run 'make venv' first"
     say "moto: $("$REPO_DIR/.venv/bin/python" -c 'import moto; print(moto.__version__)') (venv)"
-    local emulator
-    emulator=$(pubsub_emulator_bin) ||
-        die "Pub/Sub emulator not found; install it: gcloud components install pubsub-emulator"
-    say "pubsub-emulator: $emulator"
+    pubsub_grpc_check
+    install_dir pubsub-grpc "$PUBSUB_GRPC_VERSION" "$PUBSUB_GRPC_DIR" build_pubsub_grpc
+    pubsub_grpc_list
     say "all components ready in $(fmt_secs $((SECONDS - start)))"
 }
 
