@@ -218,7 +218,7 @@ def wire(
                 tracer,
                 putbudget.TenantPutBudgets(s.max_put_object_qps_per_sa),
                 settings=checkpoint.CheckpointSettings(
-                    **s.checkpoint.fields("require_pod_ip", "allowed_hosts")
+                    **s.checkpoint.fields("require_pod_ip", "allowed_hosts", "identity_token_file")
                 ),
             )
             if would is None
