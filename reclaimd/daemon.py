@@ -274,6 +274,7 @@ def _bind_gauges(parts: Parts, running: Mapping[str, registry.Source]) -> metric
         kube_waiting=lambda: limiter.waiting,
         kube_throttled=lambda: limiter.throttled,
         restarts=parts.restarts,
+        meter=parts.meter,
     )
     return parts.metrics
 

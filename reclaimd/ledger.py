@@ -590,6 +590,10 @@ class LedgerWriter:
         """Events waiting for the broker's ack."""
         return self._outbox.depth()
 
+    def oldest_age_s(self) -> float:
+        """How long the oldest of them has waited, in seconds (0: none waits)."""
+        return self._outbox.oldest_age_s()
+
     async def flush(self, timeout_s: float) -> bool:
         """Wait until the outbox is empty; ``False`` if it is not within ``timeout_s``."""
         try:

@@ -300,6 +300,11 @@ class Meter:
         self._seen: dict[str, NodeFacts] = {}  # node -> its facts when last counted
         self.rows_recorded = 0  # closed hours' rows
         self.open_rows_recorded = 0  # running totals of the open hour
+        # Hours metered here whose rows are all in the outbox, and the end of the newest (from
+        # the first look, the start of its hour: nothing before that is owed by this process).
+        self.hours_closed = 0
+        self.last_closed_hour_end = 0.0
+        self._metering: datetime | None = None  # the hour the integrator counts for us
         self.open_every_s = open_every_s
         self._open_at: datetime | None = None  # when the open hour's totals were last written
         self._open_written: dict[Key, tuple[float, float]] = {}
@@ -318,7 +323,12 @@ class Meter:
     async def tick(self) -> int:
         """One look; returns the rows recorded (closed hours)."""
         now = self.clock()
-        if not await self._mine(_hour(now)):
+        hour = _hour(now)
+        self.last_closed_hour_end = self.last_closed_hour_end or hour.timestamp()
+        mine = await self._mine(hour)
+        ended = self._metering if self._metering is not None and self._metering < hour else None
+        self._metering = hour if mine else None  # an ended hour is closed once, or never
+        if not mine:
             self.integrator.last = None  # not ours: the next hour starts afresh
         else:
             held = holdings(self.view, self.policy)
@@ -334,6 +344,9 @@ class Meter:
             self._open_written.pop(key, None)
             n += 1
         self.rows_recorded += n
+        if ended is not None:  # its rows are in the outbox: the hour is closed
+            self.hours_closed += 1
+            self.last_closed_hour_end = (ended + timedelta(hours=1)).timestamp()
         due = self._open_at is None or (now - self._open_at).total_seconds() >= self.open_every_s
         if self.integrator.open and due:
             await self._record_open(now, revision)

@@ -122,6 +122,27 @@ class LedgerStats(Protocol):
     @property
     def publish_errors(self) -> int: ...
     def depth(self) -> int: ...
+    def oldest_age_s(self) -> float: ...
+
+
+class RunbookStats(Protocol):
+    """What ``pipeline.Runbook`` counts: notices taken over from a replica that stopped
+    renewing its claims, and notices this replica stopped acting on because a peer holds them
+    now (a fence said so)."""
+
+    @property
+    def taken_over(self) -> int: ...
+    @property
+    def fenced(self) -> int: ...
+
+
+class MeterStats(Protocol):
+    """What ``meter.Meter`` counts: hours it metered, closed (their rows in the outbox)."""
+
+    @property
+    def hours_closed(self) -> int: ...
+    @property
+    def last_closed_hour_end(self) -> float: ...
 
 
 class RestartStats(Protocol):
@@ -193,6 +214,8 @@ class _Bound:
     scheduler_depth: Callable[[], int] | None = None
     slots: Mapping[str, Slot] | None = None
     restarts: RestartStats | None = None
+    runbook: RunbookStats | None = None
+    meter: MeterStats | None = None
 
 
 class _BoundCollector(Collector):
@@ -210,6 +233,11 @@ class _BoundCollector(Collector):
                 "ledger_publish_failures",
                 "failed attempts to publish a batch of ledger events (retried)",
                 b.ledger.publish_errors,
+            )
+            yield _gauge(
+                "ledger_outbox_oldest_age_seconds",
+                "how long the oldest event waiting for Kafka's ack has waited (0: none waits)",
+                b.ledger.oldest_age_s(),
             )
         if b.label_drops is not None:
             family = CounterMetricFamily(
@@ -252,6 +280,28 @@ class _BoundCollector(Collector):
                 "restart_overhead_events",
                 "restart-overhead events recorded (one per gang and notice)",
                 b.restarts.recorded,
+            )
+        if b.runbook is not None:
+            yield _counter(
+                "notices_taken_over",
+                "notices taken over from a replica that stopped renewing its claim",
+                b.runbook.taken_over,
+            )
+            yield _counter(
+                "notices_fenced",
+                "notices this replica stopped acting on: a fence found a peer holds them now",
+                b.runbook.fenced,
+            )
+        if b.meter is not None:
+            yield _counter(
+                "meter_hours_closed",
+                "hours the allocation meter metered and closed (their rows in the outbox)",
+                b.meter.hours_closed,
+            )
+            yield _gauge(
+                "meter_last_closed_hour_end_timestamp_seconds",
+                "the end of the newest hour the meter closed (at start: the hour it started in)",
+                b.meter.last_closed_hour_end,
             )
 
 
@@ -437,6 +487,8 @@ class Metrics:
         scheduler_depth: Callable[[], int] | None = None,
         slots: Mapping[str, Slot] | None = None,
         restarts: RestartStats | None = None,
+        runbook: RunbookStats | None = None,
+        meter: MeterStats | None = None,
     ) -> None:
         """Read these at scrape time; a part bound again replaces the earlier one.
 
@@ -453,6 +505,8 @@ class Metrics:
             "scheduler_depth": scheduler_depth,
             "slots": dict(slots) if slots is not None else None,
             "restarts": restarts,
+            "runbook": runbook,
+            "meter": meter,
         }
         for name, value in given.items():
             if value is not None:

@@ -127,6 +127,7 @@ class Outbox:
             "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND cluster != ?", (Cluster.PEER,)
         ).fetchone()
         self._unsent = int(n)  # ours to publish: a peer's rows are its to publish
+        self._oldest = self._oldest_unsent()  # created_at of the oldest of them
 
     def put(
         self,
@@ -139,14 +140,17 @@ class Outbox:
         """Store one event; ``True`` if it is new, ``False`` if the id was already there."""
         if cluster not in Cluster.ALL:
             raise ValueError(f"outbox: unknown cluster state {cluster!r}")
+        now = time.time()
         with self._lock:
             cur = self._db.execute(
                 "INSERT OR IGNORE INTO outbox (id, key, value, headers, created_at, cluster) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (id, key, value, _encode_headers(headers), time.time(), cluster),
+                (id, key, value, _encode_headers(headers), now, cluster),
             )
             new = cur.rowcount == 1
             self._unsent += new and cluster != Cluster.PEER
+            if new and cluster != Cluster.PEER and self._oldest is None:
+                self._oldest = now
         return new
 
     def pending(self, limit: int = 100) -> list[Row]:
@@ -186,6 +190,8 @@ class Outbox:
             self._db.execute("UPDATE outbox SET cluster = ? WHERE id = ?", (cluster, id))
             if r is not None:  # an unsent row moving into or out of a peer's hands
                 self._unsent += (r[0] == Cluster.PEER) - (cluster == Cluster.PEER)
+                if (r[0] == Cluster.PEER) != (cluster == Cluster.PEER):
+                    self._oldest = self._oldest_unsent()
 
     def adopt(
         self, id: str, key: bytes | None, value: bytes, headers: Iterable[tuple[str, bytes]]
@@ -219,6 +225,7 @@ class Outbox:
             self._db.execute("COMMIT")
             counted = r is not None and r[1] is None and r[0] != Cluster.PEER
             self._unsent += not counted
+            self._oldest = self._oldest_unsent()
 
     def mark_tried(self, ids: Sequence[str]) -> None:
         """A transaction carrying these rows begins: until it is known to have committed or
@@ -264,11 +271,24 @@ class Outbox:
                 raise
             self._db.execute("COMMIT")
             self._unsent -= changed
+            self._oldest = self._oldest_unsent()
         return changed
 
     def depth(self) -> int:
         """How many events wait to be published."""
         return self._unsent
+
+    def oldest_age_s(self) -> float:
+        """How long the oldest event waiting to be published has waited (0: none waits)."""
+        oldest = self._oldest
+        return 0.0 if oldest is None else max(0.0, time.time() - oldest)
+
+    def _oldest_unsent(self) -> float | None:
+        (t,) = self._db.execute(
+            "SELECT min(created_at) FROM outbox WHERE sent_at IS NULL AND cluster != ?",
+            (Cluster.PEER,),
+        ).fetchone()
+        return None if t is None else float(t)
 
     def contains(self, id: str) -> bool:
         with self._lock:
@@ -345,6 +365,9 @@ class AsyncOutbox:
 
     def depth(self) -> int:
         return self._outbox.depth()
+
+    def oldest_age_s(self) -> float:
+        return self._outbox.oldest_age_s()
 
     async def contains(self, id: str) -> bool:
         return await self._run(lambda: self._outbox.contains(id))

@@ -264,8 +264,19 @@ class Runbook:
         # What the notice's source does around the drain (an ASG lifecycle hook's heartbeats
         # while it runs, CONTINUE once it is done).
         self.after_drain: AfterDrain = after_drain or NoAfterDrain()
+        self.taken_over = 0  # notices taken over from a holder that stopped renewing
+        self.fenced = 0  # notices given up: a fence found that a peer holds them now
 
     async def handle(self, admitted: Admitted) -> Report:
+        if admitted.claim.took_over_from:
+            self.taken_over += 1
+        try:
+            return await self._handle(admitted)
+        except ClaimLost:
+            self.fenced += 1  # the peer that holds it records, drains and charges
+            raise
+
+    async def _handle(self, admitted: Admitted) -> Report:
         notice = admitted.notice
         report = Report(notice)
         report.mark("received", notice.received_at)

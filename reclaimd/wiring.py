@@ -248,6 +248,7 @@ def wire(
         # Off the loop: an exporter's flush blocks (a file write, an OTLP round trip).
         flush_spans=lambda: asyncio.to_thread(provider.force_flush, FLUSH_SPANS_MS),
     )
+    observed.bind(runbook=runbook)  # its takeovers and fenced notices
 
     scheduler = Scheduler(
         runbook.handle if would is None else dryrun.acting_for(runbook.handle),

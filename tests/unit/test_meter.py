@@ -305,3 +305,41 @@ def test_a_gce_row_names_its_project_so_two_projects_instances_stay_apart() -> N
     assert (r["ResourceId"], r["SubAccountId"]) == ("gpu-1", "proj-a")
     aws = meter.row(key, usage, NODES["n-spot"], "c1")
     assert (aws["ResourceId"], aws["SubAccountId"]) == ("i-0spot", None)
+
+
+async def test_an_hour_is_closed_once_by_the_replica_that_metered_it(tmp_path: Path) -> None:
+    """reclaimd_meter_hours_closed_total and ..._last_closed_hour_end_timestamp_seconds: the
+    alert on an hour nobody closed reads them."""
+    m, _ = await run_ticks(
+        tmp_path,
+        True,
+        H12 + timedelta(minutes=50),
+        H12 + timedelta(minutes=59),
+        H12 + timedelta(hours=1, minutes=1),
+        H12 + timedelta(hours=1, minutes=2),
+    )
+    assert m.hours_closed == 1
+    assert m.last_closed_hour_end == (H12 + timedelta(hours=1)).timestamp()
+    # a replica that never held an hour closes none, and owes nothing before its first look
+    other, _ = await run_ticks(
+        tmp_path, False, H12 + timedelta(minutes=50), H12 + timedelta(hours=1, minutes=1)
+    )
+    assert other.hours_closed == 0 and other.last_closed_hour_end == H12.timestamp()
+
+
+class FailingWriter(LedgerWriter):
+    async def record_encoded(self, *args: Any, **kwargs: Any) -> bool:
+        raise OSError("outbox full")
+
+
+async def test_an_hour_whose_rows_were_not_written_is_not_closed(tmp_path: Path) -> None:
+    writer = FailingWriter(bootstrap_servers="", topic="alloc", outbox_path=tmp_path / "o.db")
+    times = (H12 + timedelta(minutes=50), H12 + timedelta(hours=1, minutes=1))
+    m = meter.Meter(
+        Fleet(FLEET), writer, Lock(True), cluster="c1", interval_s=900, clock=Clock(*times)
+    )
+    await m.tick()
+    with pytest.raises(OSError):
+        await m.tick()
+    await writer.close()
+    assert m.hours_closed == 0 and m.last_closed_hour_end == H12.timestamp()

@@ -277,15 +277,31 @@ class FakeLedger:
     published: int = 7
     publish_errors: int = 2
     waiting: int = 3
+    oldest_s: float = 42.5
 
     def depth(self) -> int:
         return self.waiting
+
+    def oldest_age_s(self) -> float:
+        return self.oldest_s
 
 
 @dataclass
 class FakeRestarts:
     looks: int = 5
     recorded: int = 1
+
+
+@dataclass
+class FakeRunbook:
+    taken_over: int = 2
+    fenced: int = 1
+
+
+@dataclass
+class FakeMeter:
+    hours_closed: int = 3
+    last_closed_hour_end: float = 1_772_370_000.0
 
 
 @dataclass
@@ -305,6 +321,7 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
     sqs.admitted(Admission.RETRY)
     waiting, held = [0], [-1]
     watcher = FakeRestarts()
+    book, hours = FakeRunbook(), FakeMeter()
     m.bind(
         ledger=ledger,
         label_drops=lambda: {"refused_key": 2},
@@ -315,11 +332,18 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
         scheduler_depth=lambda: 1,
         slots={"pubsub": Slot(SlottedPubSubSource.slot_help, lambda: held[0])},
         restarts=watcher,
+        runbook=book,
+        meter=hours,
     )
     got = samples(m)
     assert value(got, "reclaimd_ledger_outbox_depth") == 3
     assert value(got, "reclaimd_ledger_published_total") == 7
     assert value(got, "reclaimd_ledger_publish_failures_total") == 2
+    assert value(got, "reclaimd_ledger_outbox_oldest_age_seconds") == 42.5
+    assert value(got, "reclaimd_notices_taken_over_total") == 2
+    assert value(got, "reclaimd_notices_fenced_total") == 1
+    assert value(got, "reclaimd_meter_hours_closed_total") == 3
+    assert value(got, "reclaimd_meter_last_closed_hour_end_timestamp_seconds") == 1_772_370_000
     assert value(got, "reclaimd_ledger_labels_dropped_total", reason="refused_key") == 2
     assert value(got, "reclaimd_objectstore_put_requests_total") == 10
     assert value(got, "reclaimd_objectstore_put_throttled_total") == 5
@@ -337,7 +361,8 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
     assert value(got, "reclaimd_restart_looks_total") == 5
     assert value(got, "reclaimd_restart_overhead_events_total") == 1
     # a later scrape sees the parts as they are then
-    ledger.waiting, waiting[0], held[0] = 0, 12, 1
+    ledger.waiting, ledger.oldest_s, waiting[0], held[0] = 0, 0.0, 12, 1
+    book.fenced, hours.hours_closed = 2, 4
     puts.total.retries = 40
     watcher.looks += 2
     got = samples(m)
@@ -346,6 +371,9 @@ def test_bound_parts_are_read_at_scrape_time() -> None:
     assert value(got, "reclaimd_pubsub_slot") == 1
     assert value(got, "reclaimd_objectstore_put_retries_total") == 40
     assert value(got, "reclaimd_restart_looks_total") == 7
+    assert value(got, "reclaimd_ledger_outbox_oldest_age_seconds") == 0
+    assert value(got, "reclaimd_notices_fenced_total") == 2
+    assert value(got, "reclaimd_meter_hours_closed_total") == 4
 
 
 def test_every_put_counter_has_a_metric() -> None:
@@ -355,7 +383,14 @@ def test_every_put_counter_has_a_metric() -> None:
 
 def test_unbound_parts_have_no_series() -> None:
     names = {name for name, _ in samples(metrics.Metrics(CollectorRegistry()))}
-    bound = ("reclaimd_ledger_", "reclaimd_objectstore_", "reclaimd_restart_looks")
+    bound = (
+        "reclaimd_ledger_",
+        "reclaimd_objectstore_",
+        "reclaimd_restart_looks",
+        "reclaimd_notices_taken_over",
+        "reclaimd_notices_fenced",
+        "reclaimd_meter_",
+    )
     assert not any(n.startswith(bound) for n in names)
 
 
@@ -375,6 +410,8 @@ def all_families() -> dict[str, tuple[str, tuple[str, ...]]]:
         scheduler_depth=lambda: 0,
         slots={"pubsub": Slot("a slot", lambda: 0)},
         restarts=FakeRestarts(),
+        runbook=FakeRunbook(),
+        meter=FakeMeter(),
     )
     m.observe_report(report())
     m.observe_report(report(spot(nid="late"), met=False))

@@ -4,9 +4,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from reclaimd import outbox
 from reclaimd.outbox import AsyncOutbox, Cluster, Outbox
 
 H = (("event_id", b"e1"), ("traceparent", b"\x00\xff binary-safe"))
@@ -200,3 +202,34 @@ def test_adopting_a_record_publishes_the_record_s_copy(tmp_path: Path, before: s
     assert box.depth() == 1 and box.peers() == []
     box.adopt("e1", b"k", b"the-dead-peer-s-charge", H)  # a second pass: no change
     assert box.depth() == 1
+
+
+def test_oldest_age_is_the_oldest_event_still_ours_to_publish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reclaimd_ledger_outbox_oldest_age_seconds: what the alert on an unpublished ledger reads."""
+    now = [1000.0]
+    monkeypatch.setattr(outbox, "time", SimpleNamespace(time=lambda: now[0]))
+    path = tmp_path / "o.sqlite"
+    box = Outbox(path)
+    assert box.oldest_age_s() == 0.0  # nothing waits
+    box.put("theirs", None, b"v", (), Cluster.PEER)  # a peer publishes it: not ours to wait on
+    assert box.oldest_age_s() == 0.0
+    now[0] = 1010.0
+    box.put("e1", None, b"v", (), Cluster.PENDING)
+    now[0] = 1020.0
+    box.put("e2", None, b"v", ())
+    box.set_cluster("e1", Cluster.HELD)
+    now[0] = 1050.0
+    assert box.oldest_age_s() == 40.0  # e1, put at 1010
+    box.mark_sent(["e1"])
+    assert box.oldest_age_s() == 30.0  # e2 now
+    box.close()
+    again = Outbox(path)  # the age survives a restart: it is the row's, not the process's
+    assert again.oldest_age_s() == 30.0
+    again.set_cluster("e2", Cluster.PEER)  # left to a peer: none of ours waits
+    assert again.oldest_age_s() == 0.0
+    again.adopt("theirs", None, b"v", ())  # the dead peer's row, ours now since 1000
+    assert again.oldest_age_s() == 50.0
+    again.mark_sent(["theirs"])
+    assert again.oldest_age_s() == 0.0

@@ -330,7 +330,9 @@ async def test_a_taken_over_notice_charges_from_what_the_dead_owner_recorded() -
     }
     world.gone = {"solo-0", "g-0"}
     resumed = Admitted(notice, Claimed(Admission.RESUMED, node="n1", took_over_from="dead"))
-    report = await recording_runbook(world).handle(resumed)
+    book = recording_runbook(world)
+    report = await book.handle(resumed)
+    assert (book.taken_over, book.fenced) == (1, 0)  # reclaimd_notices_taken_over_total
     charged = {w.gang.key: w for w in world.recorded}
     assert set(charged) == {GANG.key, SOLO.key}  # the gang with no pod left, too
     # every rank of GANG as owned (g-0 was evicted already), each from its acked checkpoint
@@ -374,8 +376,10 @@ def test_merge_keeps_the_newer_durable_checkpoint() -> None:
 async def test_a_process_paused_past_its_lease_charges_nothing_its_successor_charges() -> None:
     world = World()
     world.paused_past_lease = True
+    book = runbook(world)
     with pytest.raises(ClaimLost):
-        await runbook(world).handle(admitted(spot("a", "i-1")))
+        await book.handle(admitted(spot("a", "i-1")))
+    assert (book.taken_over, book.fenced) == (0, 1)  # reclaimd_notices_fenced_total
     assert world.recorded == []  # the successor charges the gangs, once
     assert not [line for line in world.log if line.startswith("evict")]  # and drains them
 
