@@ -100,6 +100,13 @@ COLUMNS: Final = (
     "effective_cost",
     "cost_share",
     "waste_share",
+    # does spot pay (spotpays.py; docs/ledger.md): the spot GPU-hours' on-demand price, the
+    # restart waste and restart overhead on spot, and what is left of the saving
+    "spot_on_demand_cost",
+    "spot_waste_gpu_hours",
+    "spot_waste_cost",
+    "spot_overhead_gpu_hours",
+    "spot_overhead_cost",
     "spot_net_savings",
     "unpriced_gpu_hours",
 )

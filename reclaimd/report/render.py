@@ -15,12 +15,14 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Final
 
+from reclaimd.report import spotpays
 from reclaimd.report.engine import COLUMNS, COUNTS, Group, Idle, Window
 
 MONEY: Final = frozenset(
     {"allocated_cost", "cost_spot", "cost_on_demand", "cost_reserved", "cost_capacity_block"}
     | {"reserved_idle_cost", "unallocated_cost", "restart_waste_cost", "effective_cost"}
-    | {"restart_overhead_cost", "spot_net_savings"}
+    | {"restart_overhead_cost", "spot_net_savings", "spot_on_demand_cost", "spot_waste_cost"}
+    | {"spot_overhead_cost"}
 )
 # Bar colours (the Chromium test looks for them): cost by purchase option, waste on top.
 # Restart overhead has no segment: it is part of the cost bars already (not additive).
@@ -82,6 +84,7 @@ def as_json(
         "currency": "USD",
         "groups": [{by: g.key, **{k: _round(k, v) for k, v in g.figures.items()}} for g in groups],
         "total": {k: _round(k, v) for k, v in total(groups).items()},
+        "spot_pays": spotpays.as_json(groups, by),
     }
     if idle is not None:
         doc["idle"] = [
@@ -198,6 +201,7 @@ def as_table(groups: Sequence[Group], by: str, *, idle: Sequence[Idle] | None = 
     unpriced = tot["unpriced_gpu_hours"] or 0
     if unpriced:
         out.append(f"unpriced: {unpriced:,.2f} GPU-h had no bill row and no rate")
+    out += spotpays.as_table(groups, by)
     if idle is not None:
         out += ["", "idle GPUs by hour and instance:"]
         out += _aligned([list(IDLE_HEAD), *_idle_rows(idle)], right_from=4)
@@ -266,6 +270,7 @@ def as_html(
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right;font-size:13px}"
         "td:first-child,th:first-child{text-align:left}"
         "tr.total td{font-weight:bold}"
+        f"tr.loss td{{background:{spotpays.LOSS_BAND}}}"
     )
     return (
         '<!doctype html>\n<html><head><meta charset="utf-8">'
@@ -277,6 +282,7 @@ def as_html(
         " bars.</p>"
         + "".join(parts)
         + f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        + spotpays.as_html(groups, by)
         + (_idle_html(idle) if idle is not None else "")
         + "</body></html>\n"
     )

@@ -240,6 +240,8 @@ alloc_by_option AS (
     SUM(hbm_gb_hours) AS hbm_gb_hours,
     SUM(cost) AS cost,
     SUM(od_cost - cost) AS gross_savings,
+    -- the on-demand price of the priced GPU-hours only, as gross_savings has it
+    SUM(CASE WHEN cost IS NOT NULL THEN od_cost END) AS od_cost,
     SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
   FROM alloc_priced
   GROUP BY grp, purchase_option
@@ -340,12 +342,18 @@ restart_priced AS (
     w.purchase_option,
     w.gpu_seconds / 3600.0 AS gpu_hours,
     w.gpu_seconds / 3600.0 * COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) AS cost,
+    -- the on-demand price of these GPU-hours, as the allocation's od_cost takes it: what
+    -- restart overhead on spot costs the spot saving (docs/ledger.md, "Does spot pay?")
+    w.gpu_seconds / 3600.0 * COALESCE(odf.rate, odb.rate, br.list_rate, br.rate, ir.rate,
+      r.usd_per_gpu_hour) AS od_cost,
     CASE WHEN COALESCE(br.rate, ir.rate, r.usd_per_gpu_hour) IS NULL
       THEN w.gpu_seconds / 3600.0 ELSE 0 END AS unpriced_gpu_hours
   FROM bill_rate br
   RIGHT JOIN restart_placed w ON br.resource_id = w.resource_id AND br.hour_start = w.hour_start
   LEFT JOIN instance_rate ir ON ir.resource_id = w.resource_id
   LEFT JOIN rates r ON r.sku = w.sku AND r.purchase_option = w.purchase_option
+  LEFT JOIN od_file odf ON odf.sku = w.sku
+  LEFT JOIN od_bill odb ON odb.sku = w.sku
 ),
 gang_outcome AS (
   SELECT DISTINCT event_id, grp, outcome, deadline_met FROM waste
@@ -371,11 +379,15 @@ parts AS (
     0 AS unallocated_gpu_hours,
     0 AS unallocated_cost,
     SUM(CASE WHEN purchase_option = 'spot' THEN gross_savings ELSE 0 END) AS spot_gross_savings,
+    SUM(CASE WHEN purchase_option = 'spot' THEN od_cost ELSE 0 END) AS spot_on_demand_cost,
     0 AS restart_waste_gpu_hours,
     0 AS restart_waste_cost,
     0 AS restart_overhead_gpu_hours,
     0 AS restart_overhead_cost,
-    0 AS restart_waste_cost_spot,
+    0 AS spot_waste_cost,
+    0 AS spot_waste_gpu_hours,
+    0 AS spot_overhead_gpu_hours,
+    0 AS spot_overhead_cost,
     0 AS notices,
     0 AS gangs_hit,
     0 AS checkpointed,
@@ -395,8 +407,9 @@ parts AS (
     SUM(CASE WHEN kind = 'reserved-idle' THEN cost ELSE 0 END),
     SUM(CASE WHEN kind = 'unallocated' THEN gpu_hours ELSE 0 END),
     SUM(CASE WHEN kind = 'unallocated' THEN cost ELSE 0 END),
-    0,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0,
     0
   FROM idle
   GROUP BY kind
@@ -405,12 +418,16 @@ parts AS (
     grp,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0,
-    0,
+    0, 0,
     SUM(CASE WHEN kind = 'waste' THEN gpu_hours ELSE 0 END),
     SUM(CASE WHEN kind = 'waste' THEN cost ELSE 0 END),
     SUM(CASE WHEN kind = 'overhead' THEN gpu_hours ELSE 0 END),
     SUM(CASE WHEN kind = 'overhead' THEN cost ELSE 0 END),
     SUM(CASE WHEN kind = 'waste' AND purchase_option = 'spot' THEN cost ELSE 0 END),
+    SUM(CASE WHEN kind = 'waste' AND purchase_option = 'spot' THEN gpu_hours ELSE 0 END),
+    SUM(CASE WHEN kind = 'overhead' AND purchase_option = 'spot' THEN gpu_hours ELSE 0 END),
+    SUM(CASE WHEN kind = 'overhead' AND purchase_option = 'spot' AND cost IS NOT NULL
+      THEN od_cost ELSE 0 END),
     0,
     0,
     0, 0, 0, 0, 0, 0,
@@ -422,8 +439,9 @@ parts AS (
     grp,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0,
-    0,
-    0, 0, 0, 0, 0, 0, 0,
+    0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0,
     SUM(CASE WHEN outcome = 'checkpointed' THEN 1 ELSE 0 END),
     SUM(CASE WHEN outcome = 'partial' THEN 1 ELSE 0 END),
     SUM(CASE WHEN outcome = 'not_durable' THEN 1 ELSE 0 END),
@@ -441,8 +459,8 @@ parts AS (
     grp,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0,
-    0,
-    0, 0, 0, 0, 0,
+    0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0,
     COUNT(*),
     0,
     0, 0, 0, 0, 0, 0,
@@ -454,8 +472,8 @@ parts AS (
     grp,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0,
-    0,
-    0, 0, 0, 0, 0,
+    0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0,
     0,
     COUNT(*),
     0, 0, 0, 0, 0, 0,
@@ -498,7 +516,17 @@ grouped AS (
     SUM(allocated_cost) + SUM(reserved_idle_cost) + SUM(unallocated_cost)
       + SUM(restart_waste_cost) AS effective_cost,
     SUM(restart_waste_gpu_hours) / NULLIF(SUM(allocated_gpu_hours), 0) AS waste_share,
-    SUM(spot_gross_savings) - SUM(restart_waste_cost_spot) AS spot_net_savings,
+    SUM(spot_on_demand_cost) AS spot_on_demand_cost,
+    SUM(spot_waste_gpu_hours) AS spot_waste_gpu_hours,
+    SUM(spot_waste_cost) AS spot_waste_cost,
+    SUM(spot_overhead_gpu_hours) AS spot_overhead_gpu_hours,
+    SUM(spot_overhead_cost) AS spot_overhead_cost,
+    -- does spot pay (docs/ledger.md): the on-demand price of the spot GPU-hours less their
+    -- cost, the waste on spot at the rate it was lost at (to be computed again) and the
+    -- restart overhead on spot at the on-demand rate (its spot cost is in cost_spot already;
+    -- an on-demand run would not have held those GPU-hours)
+    SUM(spot_gross_savings) - SUM(spot_waste_cost) - SUM(spot_overhead_cost)
+      AS spot_net_savings,
     SUM(unpriced_gpu_hours) AS unpriced_gpu_hours
   FROM parts
   GROUP BY grp
@@ -538,6 +566,11 @@ SELECT
   effective_cost,
   effective_cost / NULLIF(SUM(effective_cost) OVER (), 0) AS cost_share,
   waste_share,
+  spot_on_demand_cost,
+  spot_waste_gpu_hours,
+  spot_waste_cost,
+  spot_overhead_gpu_hours,
+  spot_overhead_cost,
   spot_net_savings,
   unpriced_gpu_hours
 FROM grouped

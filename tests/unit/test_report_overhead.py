@@ -142,11 +142,21 @@ def test_overhead_is_not_added_to_effective_cost(bill: dict[str, Path], tmp_path
     # $80 and $92 allocated already
     assert cents(with_overhead["team-a"], "allocated_cost", "effective_cost") == (80.00, 100.00)
     assert cents(with_overhead["team-c"], "allocated_cost", "effective_cost") == (92.00, 108.00)
+    # but the spot saving: overhead on spot costs it its on-demand price (docs/ledger.md, "Does
+    # spot pay?"). team-a: ro-1's 1.5 GPU-h on i-spot x on-demand p5 $10 = $15, $30 - $15;
+    # team-c: ro-2's 1 GPU-h on proj-a's spot gpu-1 x on-demand a3 $10 = $10, $32 - $10. The
+    # on-demand replacement part (i-od) is no spot overhead.
+    spot = ("spot_overhead_gpu_hours", "spot_overhead_cost", "spot_net_savings")
+    assert cents(with_overhead["team-a"], *spot) == (1.5, 15.00, 15.00)
+    assert cents(with_overhead["team-c"], *spot) == (1.0, 10.00, 22.00)
+    assert cents(without["team-a"], *spot) == (0, 0, 30.00)
+    assert cents(without["team-c"], *spot) == (0, 0, 32.00)
     for grp in without:
-        for column in OVERHEAD_COLUMNS:
-            assert without[grp][column] == 0
-            with_overhead[grp][column] = 0
-    # nothing else moves: not the shares, the savings, the waste, the notices, the unpriced
+        for column in (*OVERHEAD_COLUMNS, *spot):
+            if column != "spot_net_savings":
+                assert without[grp][column] == 0
+            with_overhead[grp][column] = without[grp][column] = 0
+    # nothing else moves: not the shares, the waste, the notices, the unpriced
     assert with_overhead == without
 
 
