@@ -40,6 +40,7 @@ RUNNER = Path(__file__).resolve().parent / "trainer_docs_runner.py"
 VERSIONS = REPO / "deploy" / "trainer" / "versions.env"
 CACHE = Path(os.environ.get("RECLAIMD_CACHE", Path.home() / ".cache" / "reclaimd"))
 EXTRAS = "s3,aio,torch,lightning,hf"
+MARK = b"@reclaimd-docs "  # trainer_docs_runner.py's lines
 
 
 def pins() -> list[str]:
@@ -153,8 +154,8 @@ async def lines(proc: asyncio.subprocess.Process) -> AsyncIterator[dict[str, Any
         line = await asyncio.wait_for(proc.stdout.readline(), 300)
         if not line:
             return
-        if line.startswith(b"{"):
-            yield json.loads(line)
+        if line.startswith(MARK):  # the runner's, not the frameworks' own prints
+            yield json.loads(line[len(MARK) :])
 
 
 async def test_every_trainer_snippet_runs_where_only_the_sdk_is_installed_and_acks_durably(

@@ -3,9 +3,10 @@
 ``python trainer_docs_runner.py DOC BUCKET WORKDIR``, in test_trainer_docs.py's venv (the
 reclaimd-trainer wheel and what its extras need; no reclaimd, no chaos, no pytest): the
 snippets run as written, in order, in one namespace. When a snippet's server is up and its loop
-has taken a few steps, one JSON line ``{"ask": url, "phase": ...}`` on stdout tells the test to
-ask it (with reclaimd's own signaller); after the plain loop, the test writes back the step
-its ack named, on stdin. Other JSON lines report what the test checks. Exit 0 when all ran.
+has taken a few steps, one line ``@reclaimd-docs {"ask": url, "phase": ...}`` on stdout tells
+the test to ask it (with reclaimd's own signaller); after the plain loop, the test writes back
+the step its ack named, on stdin. Other such lines report what the test checks. Exit 0 when
+all ran.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ from transformers import TrainingArguments
 SECTION = "## Trainer side in a few lines: `reclaimd_trainer`"
 
 
+MARK = "@reclaimd-docs "  # the frameworks print to stdout too (HF: a dict of metrics)
+
+
 def emit(**doc: Any) -> None:
-    print(json.dumps(doc), flush=True)
+    print(MARK + json.dumps(doc), flush=True)
 
 
 def snippets(doc: Path) -> list[str]:
