@@ -124,10 +124,11 @@ def build_parser(*, tools: bool = True) -> argparse.ArgumentParser:
     if not tools:
         return p
 
-    from reclaimd import postmortem, report
+    from reclaimd import postmortem, report, status
 
     postmortem.add_parser(sub)
     report.add_parser(sub)
+    status.add_parser(sub)
     # The drills are the rig's (the chaos package), not the image's: where it is installed,
     # `reclaimd drill` is a command; elsewhere it is simply not one. Found by name, so the
     # product imports nothing of the rig (the import contract); its light CLI module only.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -112,6 +113,7 @@ def wire(
         lease_s=s.claim_stale_s,
         limiter=limiter,
         probe_address=_address_of(listener),
+        metrics_address=_metrics_address(s, listener),
         probe_every_s=pp.every_s,
         probe_timeout_s=pp.timeout_s,
     )
@@ -348,6 +350,21 @@ def _meter(
         interval_s=a.interval_s,
         open_every_s=a.open_every_s,
     )
+
+
+def _metrics_address(s: Settings, listener: probe.Listener | None) -> Callable[[], str]:
+    """Our /metrics as the Lease names it for ``reclaimd status``: the host peers dial (the
+    probe's advertised one) at ``metrics_port``, which the server binds on every interface;
+    "" when metrics are off (port 0)."""
+    if s.metrics_port == 0:
+        return str
+    host = (
+        listener.advertise
+        if listener is not None
+        else s.peer_probe.advertise or os.environ.get("POD_IP", "") or "127.0.0.1"
+    )
+    address = holders.host_port(host, s.metrics_port)
+    return lambda: address
 
 
 def _address_of(listener: probe.Listener | None) -> Callable[[], str]:

@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -47,11 +48,58 @@ CUT_FRACTION = 0.6
 HOLDER_ANNOTATION = "reclaimd.io/holder"
 PROBE_ANNOTATION = "reclaimd.io/probe"  # host:port: refused there = this holder is dead
 GROUP_ANNOTATION = "reclaimd.io/peer-group"  # the replicas that take each other's claims
+# host:port of the replica's /metrics (its metrics_port, at the host peers dial): what
+# ``reclaimd status`` scrapes. Not the probe's address: that port answers the probe only.
+METRICS_ANNOTATION = "reclaimd.io/metrics"
 
 
 def lease_name(holder: str) -> str:
     # Holder names (pod names, hostnames) need not be valid object names: hash them.
     return "reclaimd-holder-" + hashlib.sha256(holder.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class HolderLease:
+    """One replica's holder Lease, as read (``read``): what a viewer shows of it."""
+
+    holder: str
+    renewed: datetime  # FIRST or earlier: released
+    probe: str  # host:port of its probe port; "" = none
+    metrics: str  # host:port of its /metrics; "" = not served, or an older replica
+    group: str
+    released_at: datetime | None  # when it said it was gone (``release``)
+    duration_s: float  # its holder's claim_stale_s: how long its claims live unrenewed
+
+    @property
+    def released(self) -> bool:
+        return self.renewed <= FIRST
+
+    def alive(self, now: datetime) -> bool:
+        """Renewed within its duration and not released: what a peer's claim decision trusts."""
+        return not self.released and now - self.renewed <= timedelta(seconds=self.duration_s)
+
+
+def read(lease: objects.Obj) -> HolderLease | None:
+    """A holder Lease's facts; None when it names no holder or renewal (not one of ours)."""
+    notes = objects.annotations(lease)
+    holder = notes.get(HOLDER_ANNOTATION)
+    at = objects.time(objects.spec(lease).get("renewTime"))
+    if not holder or at is None:
+        return None
+    return HolderLease(
+        holder=holder,
+        renewed=at,
+        probe=notes.get(PROBE_ANNOTATION, ""),
+        metrics=notes.get(METRICS_ANNOTATION, ""),
+        group=notes.get(GROUP_ANNOTATION, ""),
+        released_at=_released_at(lease) if at <= FIRST else None,
+        duration_s=float(objects.spec(lease).get("leaseDurationSeconds") or 0),
+    )
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a peer dials it (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class HolderLeases:
@@ -64,6 +112,7 @@ class HolderLeases:
         lease_s: float,
         limiter: RateLimiter,
         probe_address: Callable[[], str] = str,
+        metrics_address: Callable[[], str] = str,
         probe_every_s: float = 0.5,
         probe_timeout_s: float = 0.5,
         group: str = "",
@@ -73,6 +122,7 @@ class HolderLeases:
         self.cut_after_s = lease_s * CUT_FRACTION
         self._limiter = limiter
         self._probe_address = probe_address  # ours, as peers should dial it ("" = none)
+        self._metrics_address = metrics_address  # our /metrics, for ``reclaimd status``
         self._probe_every_s, self._probe_timeout_s = probe_every_s, probe_timeout_s
         self._seen: dict[str, datetime] = {}
         self.group = group
@@ -165,6 +215,7 @@ class HolderLeases:
             HOLDER_ANNOTATION: self.holder,
             PROBE_ANNOTATION: self._probe_address(),
             GROUP_ANNOTATION: self.group,
+            METRICS_ANNOTATION: self._metrics_address(),
         }
         body: dict[str, Any] = {
             "metadata": {

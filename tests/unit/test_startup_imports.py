@@ -68,7 +68,7 @@ def test_a_replica_loads_no_rig_and_no_other_command_where_the_rig_is_installed(
     generated Kubernetes client) and the report commands stay out of a replica."""
     doc = probe("sqs", rig=True)
     loaded = set(doc["loaded"])
-    assert loaded.isdisjoint({"chaos", "reclaimd.report"} | NEVER), loaded
+    assert loaded.isdisjoint({"chaos", "reclaimd.report", "reclaimd.status"} | NEVER), loaded
 
 
 def test_pubsub_alone_loads_its_client_before_the_tasks_start_and_no_boto3() -> None:
