@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -48,10 +47,10 @@ METRICS_S = 2.0  # one replica's /metrics: a slow one is shown as not answering
 # A replica's Lease not renewed for this long, and holding nothing, is not shown by default:
 # a gone pod's Lease lingers an hour (holders.GONE_AFTER_S).
 RECENT_S = 600.0
-# What a replica's /metrics says, by series name. No series gives the outbox's oldest event
-# today; a replica that exports one (any ``reclaimd_ledger_outbox_oldest*``) is read.
+# What a replica's /metrics says, by series name (docs/metrics.md). A replica older than the
+# oldest-event gauge shows its depth only.
 OUTBOX_DEPTH = "reclaimd_ledger_outbox_depth"
-OUTBOX_OLDEST = "reclaimd_ledger_outbox_oldest"
+OUTBOX_OLDEST = "reclaimd_ledger_outbox_oldest_age_seconds"
 IN_FLIGHT = "reclaimd_scheduler_depth"
 WRITES_WAITING = "reclaimd_kube_writes_waiting"
 
@@ -370,19 +369,9 @@ async def _scrape(address: str) -> tuple[ReplicaMetrics | None, str]:
     return ReplicaMetrics(
         in_flight=values.get(IN_FLIGHT),
         outbox_depth=values.get(OUTBOX_DEPTH),
-        outbox_oldest_s=_oldest(values),
+        outbox_oldest_s=values.get(OUTBOX_OLDEST),
         writes_waiting=values.get(WRITES_WAITING),
     ), ""
-
-
-def _oldest(values: Mapping[str, float]) -> float | None:
-    for name, value in values.items():
-        if name.startswith(OUTBOX_OLDEST):
-            # a timestamp is turned into an age; anything else is an age already
-            if name.endswith("timestamp_seconds"):
-                return max(0.0, utcnow().timestamp() - value) if value > 0 else 0.0
-            return value
-    return None
 
 
 # --- views ----------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ reclaimd_ledger_outbox_depth 3.0
 reclaimd_scheduler_depth 2.0
 # TYPE reclaimd_kube_writes_waiting gauge
 reclaimd_kube_writes_waiting 0.0
+# TYPE reclaimd_ledger_outbox_oldest_age_seconds gauge
+reclaimd_ledger_outbox_oldest_age_seconds 41.5
 """
 
 
@@ -180,7 +182,7 @@ async def test_status_shows_in_flight_gangs_replicas_and_finished(metrics_server
     by_holder = {r.holder: r for r in s.replicas}
     a, b = by_holder["replica-a"], by_holder["replica-b"]
     assert a.alive and a.slots == ("sub-0",) and a.metrics is not None
-    assert (a.metrics.outbox_depth, a.metrics.in_flight, a.metrics.outbox_oldest_s) == (3, 2, None)
+    assert (a.metrics.outbox_depth, a.metrics.in_flight, a.metrics.outbox_oldest_s) == (3, 2, 41.5)
     assert b.alive and b.metrics is None and "does not answer" in b.metrics_error
     text = statusview.render(s)
     assert "NOTICES IN FLIGHT (1)" in text and "node/node-a" in text and "draining" in text
