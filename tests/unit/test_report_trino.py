@@ -13,15 +13,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_report_bill import bill_rows, ledger_rows, write_csv, write_jsonl
 from test_report_google import TWO_HOURS, google_ledger, google_rows, write_bill
 from test_report_overhead import overhead_rows
+from test_report_spotpays import EVAL, FINETUNE, PRETRAIN, TOTAL, row
+from test_report_spotpays import bill_rows as spot_bill_rows
+from test_report_spotpays import ledger_rows as spot_ledger_rows
 
 from chaos import bench_report as report_bench
 from reclaimd.ledger import LabelPolicy
-from reclaimd.report import Group, Window, engine, ledger_input, trino
+from reclaimd.report import Group, Window, engine, ledger_input, spotpays, trino
 from reclaimd.report.render import _round
 
 
@@ -38,15 +42,21 @@ def shown(groups: list[Group]) -> dict[str, dict[str, float | int | None]]:
     return {g.key: {k: _round(k, v) for k, v in g.figures.items()} for g in groups}
 
 
-def landed(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
-    """test_report_bill's ledger with test_report_overhead's restart overhead, landed."""
-    events = ledger_rows() + overhead_rows()
+def landed(
+    tmp_path: Path,
+    events: list[dict[str, Any]] | None = None,
+    bill: list[dict[str, Any]] | None = None,
+    by: str = "tenant",
+) -> tuple[Path, Path, Path, Path]:
+    """test_report_bill's ledger with test_report_overhead's restart overhead, landed (or the
+    events and bill given, grouped ``by``)."""
+    events = ledger_rows() + overhead_rows() if events is None else events
     ledger = ledger_input.read([str(write_jsonl(tmp_path / "l.jsonl", events))], None,
                                LabelPolicy())  # fmt: skip
     alloc, waste = tmp_path / "alloc" / "a.parquet", tmp_path / "waste" / "w.parquet"
     overhead = tmp_path / "overhead" / "o.parquet"  # a directory each: one external table
-    engine.land_ledger(ledger, "tenant", alloc, waste, overhead)
-    csv = write_csv(tmp_path / "focus.csv", bill_rows())
+    engine.land_ledger(ledger, by, alloc, waste, overhead)
+    csv = write_csv(tmp_path / "focus.csv", bill_rows() if bill is None else bill)
     focus = tmp_path / "focus" / "f.parquet"
     focus.parent.mkdir()
     con = engine.connect()
@@ -127,3 +137,24 @@ def test_googles_focus_export_gives_the_same_figures_in_trino_and_duckdb(
     groups, _ = trino.run_report(trino_url, alloc=alloc, waste=waste, focus=focus,
                                  window=TWO_HOURS)  # fmt: skip
     assert shown(groups) == duck
+
+
+def test_does_spot_pay_gives_the_hand_figures_in_trino_and_duckdb(
+    trino_url: str, tmp_path: Path
+) -> None:
+    # test_report_spotpays's bill and ledger by queue: pretrain saved $30, eval lost $3
+    alloc, waste, overhead, focus = landed(tmp_path, spot_ledger_rows(), spot_bill_rows(), "queue")
+    duck = engine.report_landed(alloc, waste, focus, overhead=overhead, by="queue")
+    got, _ = trino.run_report(
+        trino_url, alloc=alloc, waste=waste, overhead=overhead, focus=focus, by="queue"
+    )
+    want = {
+        "groups": [
+            row("eval", "queue", EVAL, (0.125, round(1.5 / 36, 6)), False),
+            row("finetune", "queue", FINETUNE, (0.0, round(4 / 36, 6)), True),
+            row("pretrain", "queue", PRETRAIN, (0.25, 1.1875), True),
+        ],
+        "total": row("TOTAL", "queue", TOTAL, (0.15625, 0.54375), True),
+    }
+    assert spotpays.as_json(duck, "queue") == want
+    assert spotpays.as_json(got, "queue") == want
