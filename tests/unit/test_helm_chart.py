@@ -152,7 +152,10 @@ def test_pods_meet_the_restricted_pod_security_profile(tmp_path: Path) -> None:
         assert probes == {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
         assert c["resources"]["requests"]["memory"]
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
-        assert mounts == {"/etc/reclaimd", "/var/lib/reclaimd", "/tmp"}
+        # config, outbox, tmp, and reclaimd's projected token for the ranks (read-only)
+        assert mounts == {
+            "/etc/reclaimd", "/var/lib/reclaimd", "/tmp", "/var/run/secrets/reclaimd.io/checkpoint",
+        }  # fmt: skip
 
 
 def test_config_map_is_valid_reclaimd_settings(tmp_path: Path) -> None:
