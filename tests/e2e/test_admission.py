@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -603,3 +604,51 @@ def test_a_pod_admitted_under_warn_can_still_be_updated(cluster: Stack) -> None:
         )
     )
     assert got.warnings == []
+
+
+def test_a_job_whose_pods_are_refused_says_why_in_its_events(cluster: Stack) -> None:
+    """Pods a controller makes are refused at the controller: under Deny the user reads the
+    message in the Job's FailedCreate event (kubectl describe job), and no pod exists."""
+    ns, job = NS["Deny"], f"job-{uuid.uuid4().hex[:6]}"
+    template = pod("unused", resources=GPU, restartPolicy="Never")
+    del template["metadata"]["name"]
+    manifest = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job},
+        "spec": {"backoffLimit": 0, "template": {k: template[k] for k in ("metadata", "spec")}},
+    }
+    must(kubectl(cluster, "create", "-n", ns, "-f", "-", stdin=json.dumps(manifest)))
+    selector = f"reason=FailedCreate,involvedObject.kind=Job,involvedObject.name={job}"
+    deadline = time.monotonic() + 90
+    while True:
+        got = must(kubectl(cluster, "get", "events", "-n", ns, "--field-selector", selector,
+                           "-o", "json"))  # fmt: skip
+        messages = [e["message"] for e in json.loads(got.out)["items"]]
+        if messages:
+            break
+        assert time.monotonic() < deadline, f"no FailedCreate event for job {job} in 90 s"
+        time.sleep(0.5)
+    # The Job names its pods <job>-<5 random characters>.
+    pattern = re.compile(
+        rf'Error creating: pods "{job}-[a-z0-9]{{5}}" is forbidden: '
+        + re.escape(denied("Deny", "cost-labels", MISSING_BOTH, "@").split("forbidden: ", 1)[1])
+    )
+    assert all(pattern.fullmatch(m) for m in messages), messages
+    pods = must(kubectl(cluster, "get", "pods", "-n", ns, "-l", f"job-name={job}", "-o", "name"))
+    assert pods.out.strip() == ""
+
+
+def test_deny_refuses_with_one_rules_message_at_a_time(cluster: Stack) -> None:
+    pod_name = name()
+    got = create(cluster, NS["Deny"], pod(
+        pod_name, labels={"user_email": "x", **SLO}, resources=GPU, nodeSelector=SPOT_SELECTOR,
+    ))  # fmt: skip
+    assert got.forbidden in {
+        denied("Deny", "cost-labels", MISSING_BOTH, pod_name),
+        denied("Deny", "user-data-labels", user_data("user_email"), pod_name),
+        denied("Deny", "spot-checkpoint", spot_checkpoint("karpenter.sh/capacity-type"), pod_name),
+        denied(
+            "Deny", "slo-inference-off-spot", slo_on_spot("karpenter.sh/capacity-type"), pod_name
+        ),
+    }
