@@ -195,7 +195,9 @@ async def read(
     by_address = dict(zip([h.metrics for h in shown if h.metrics], scraped, strict=True))
     replicas = []
     for h in sorted(shown, key=lambda h: (not alive(h.holder), h.holder)):
-        metrics, error = by_address.get(h.metrics, (None, "no metrics address in its Lease"))
+        metrics, error = by_address.get(
+            h.metrics, (None, "its Lease names no /metrics (metrics_port 0, or an older reclaimd)")
+        )
         replicas.append(
             ReplicaView(
                 holder=h.holder,
@@ -413,6 +415,8 @@ def _stage(c: Claim, gangs: tuple[GangView, ...]) -> str:
     the gangs say the rest: owned and saving until their acks are recorded or pods leave."""
     if not gangs:
         return c.phase.value
+    if all(g.pods_left == 0 for g in gangs):
+        return "drained"  # every pod gone: the charge is being written, then the claim done
     if any(g.durable is not None or (g.pods_left or 0) < g.asked for g in gangs):
         return "draining"
     return "checkpointing"

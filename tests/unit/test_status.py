@@ -104,7 +104,7 @@ async def metrics_server() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-def cluster(metrics: str) -> FakeApiServer:
+def cluster(metrics: str, pods: tuple[str, ...] = ("u0",)) -> FakeApiServer:
     now = utcnow()
     live = notice("n-live", "node-a", now + timedelta(seconds=90))
     done = notice("n-done", "node-b", now - timedelta(seconds=10))
@@ -158,7 +158,7 @@ def cluster(metrics: str) -> FakeApiServer:
             apiserver.node(): {"items": nodes},
             apiserver.lease(NS): {"items": leases},
             # u1 was evicted: one rank's pod left
-            apiserver.pod("train"): {"items": [{"metadata": {"name": "r0", "uid": "u0"}}]},
+            apiserver.pod("train"): {"items": [{"metadata": {"uid": uid}} for uid in pods]},
         }
     )
 
@@ -190,6 +190,12 @@ async def test_status_shows_in_flight_gangs_replicas_and_finished(metrics_server
     json.dumps(s.to_json())  # --format json
 
 
+@pytest.mark.parametrize(("pods", "phase"), [(("u0", "u1"), "draining"), ((), "drained")])
+async def test_the_phase_follows_the_gangs_pods(pods: tuple[str, ...], phase: str) -> None:
+    s = await status.read(cluster("", pods), NS)
+    assert [n.phase for n in s.in_flight] == [phase]  # acks recorded: past the checkpoint
+
+
 async def test_no_gangs_yet_is_the_claims_phase_and_no_metrics_address_is_said() -> None:
     now = utcnow()
     live = notice("n1", "node-a", now + timedelta(seconds=30))
@@ -202,7 +208,7 @@ async def test_no_gangs_yet_is_the_claims_phase_and_no_metrics_address_is_said()
     s = await status.read(api, NS)
     assert [n.phase for n in s.in_flight] == ["claimed"]
     (r,) = s.replicas
-    assert r.metrics is None and r.metrics_error == "no metrics address in its Lease"
+    assert r.metrics is None and r.metrics_error.startswith("its Lease names no /metrics")
 
 
 async def test_a_refused_read_is_one_line_naming_it() -> None:
