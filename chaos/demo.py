@@ -3,106 +3,21 @@
 The fleet: 4 kwok GPU nodes (node 2 on-demand, the others spot); a 3-rank gang across nodes
 0-2 and a one-pod job of another tenant on node 0. The notice names node 0's instance. What it
 prints: each step with its time against the deadline, what every rank was asked and answered,
-the restart-waste events read back from Kafka, and what it all cost: an allocation meter looks
-at the namespace every second (the open hour's running totals, as ``reclaimd run`` writes them
-every 5 minutes), and ``reclaimd report`` prices its rows and the restart waste with
-``chaos/demo-rates.csv``: a table, and ``.stack/demo-cost.html``, allocated cost by purchase
-option with restart waste on top, for the window it states.
+and the restart-waste events read back from Kafka. What money looks like is the storm's to
+show (``chaos.demo_report``, after this): one warning of a few seconds costs cents.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
-from datetime import datetime
-from pathlib import Path
-from typing import Any
 
-from reclaimd import cli, meter, postmortem
-from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.cluster.cache import CacheSettings, ClusterCache
-from reclaimd.cluster.client import build_api_client
-from reclaimd.ledger import LabelPolicy
+from reclaimd import postmortem
 from reclaimd.model import utcnow
 
 from . import stack as stackenv
 from .harness import Harness
-
-RATES = Path(__file__).resolve().parent / "demo-rates.csv"
-
-
-class Rows:
-    """The demo meter's writer: keeps its rows (``reclaimd run`` sends them to Kafka)."""
-
-    def __init__(self) -> None:
-        self.policy = LabelPolicy()
-        self.rows: list[dict[str, Any]] = []
-
-    async def record_encoded(
-        self, event_id: str, key: bytes, value: bytes, headers: tuple[tuple[str, bytes], ...]
-    ) -> bool:
-        self.rows.append(json.loads(value))
-        return True
-
-
-class Mine:
-    async def acquire(self, hour: datetime) -> bool:
-        return True  # the demo's own meter: no other replica meters this namespace
-
-
-class Metered:
-    """An allocation meter on the demo's namespace, looking every second."""
-
-    def __init__(
-        self, api: ApiServer, cache: ClusterCache, m: meter.Meter, rows: Rows
-    ) -> None:
-        self.api, self.cache, self.meter, self.rows = api, cache, m, rows
-        self.task = asyncio.create_task(self._looking(), name="demo-meter")
-
-    @classmethod
-    async def start(cls, h: Harness) -> Metered:
-        api = await build_api_client(h.stack.kubeconfig)
-        cache = ClusterCache(
-            api, settings=CacheSettings(namespaces=(h.namespace,), watch_workloads=False)
-        )
-        rows = Rows()
-        m = meter.Meter(
-            meter.CacheFleet(cache), rows, Mine(), cluster=f"demo-{h.run_id}",  # type: ignore[arg-type]
-            interval_s=1.0, open_every_s=0.0,
-        )  # fmt: skip
-        await cache.start()
-        await cache.wait_synced(20)
-        return cls(api, cache, m, rows)
-
-    async def _looking(self) -> None:
-        while True:
-            await self.meter.tick()
-            await asyncio.sleep(1.0)
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        await self.meter.tick()
-        await self.cache.stop()
-        await self.api.close()
-
-
-def cost_picture(stack_dir: Path, rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> int:
-    alloc, waste = stack_dir / "demo-allocation.jsonl", stack_dir / "demo-waste.jsonl"
-    alloc.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    clean = [{k: v for k, v in e.items() if not k.startswith("_")} for e in events]
-    waste.write_text("".join(json.dumps(e) + "\n" for e in clean))
-    html = stack_dir / "demo-cost.html"
-    common = ["report", "--ledger", str(waste), "--ledger", str(alloc), "--rates", str(RATES)]
-    say(f"\n== what it cost (reclaimd report, list prices {RATES.name})")
-    code = cli.main([*common, "--format", "table"])
-    if code == 0:
-        code = cli.main([*common, "--format", "html", "-o", str(html)])
-        say(f"== the picture: {html}")
-    return code
 
 
 def say(text: str = "") -> None:
@@ -125,8 +40,6 @@ async def demo() -> int:
         say(f"   gang {gang.name}: 3 ranks x 8 GPUs on {', '.join(n.name for n in nodes[:3])}")
         say(f"   job  {solo.name}: 1 pod x 1 GPU on {nodes[0].name}; last checkpoints 10 min ago")
 
-        metered = await Metered.start(h)
-
         await h.start_daemon()
         say("   reclaimd running (as user 'reclaimd', least-privilege RBAC)")
         doomed = nodes[0]
@@ -143,7 +56,6 @@ async def demo() -> int:
         await asyncio.sleep(0.5)  # let the batch span exporter write the last spans
         for d in h.daemons:
             await d.stop()
-        await metered.stop()
 
         say(f"\n== timeline (from the notice's trace, {h.span_file})")
         try:
@@ -169,8 +81,7 @@ async def demo() -> int:
         for e in events:
             shown = {k: v for k, v in e.items() if not k.startswith("_")}
             say(json.dumps(shown, indent=2, sort_keys=True))
-        cost = cost_picture(stack.dir, metered.rows.rows, events)
-        ok = len(events) == 2 and all(e.get("x_DeadlineMet") for e in events) and cost == 0
+        ok = len(events) == 2 and all(e.get("x_DeadlineMet") for e in events)
         deadline_left = (notice.deadline - utcnow()).total_seconds()
         say(
             f"\n== {'OK' if ok else 'NOT OK'}: {len(events)} gang event(s) in {took:.2f} s,"
