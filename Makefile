@@ -41,14 +41,15 @@ stack-status: venv
 test: trainer-deps lint stack-up deploy-tools
 	$(BIN)/pytest -v -ra tests
 
-# A zone-wide storm drill judged against ground truth and what its interruptions cost, then one
-# Spot warning shown step by step, metered: the demo ends on its cost picture (allocated cost
-# by purchase option, restart waste on top, the window stated).
+# A zone-wide storm drill judged against ground truth, one Spot warning shown step by step,
+# then what the storm cost: its ledger, a meter and an hourly bill over its fleet
+# (chaos/demo_fleet.py) in reclaimd report, by queue, with "does spot pay?"; the demo ends on
+# that picture (.stack/demo-report.html).
 demo: stack-up
 	$(BIN)/reclaimd drill run chaos/scenarios/spot-az-storm.yaml --timeline \
 		--json .stack/demo-storm.json --svg .stack/demo-slowest-notice.svg
-	$(BIN)/python -m chaos.demo_report .stack/demo-storm.json .stack/demo-report.html
 	$(BIN)/python -m chaos.demo
+	$(BIN)/python -m chaos.demo_report .stack/demo-storm.json .stack/demo-report.html
 
 bench: stack-up
 	$(BIN)/python -m chaos.bench
