@@ -11,23 +11,19 @@ an UPDATE can be tried on a pod the API server admitted. docs/admission.md lists
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from stack import REPO_DIR, Stack
+from stack import Stack
+from test_helm_install import CHART, HELM, KUBE_VERSION
 
-CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
-VERSIONS = REPO_DIR / "deploy" / "local" / "versions.env"
-CACHE = Path(os.environ.get("RECLAIMD_CACHE") or Path.home() / ".cache" / "reclaimd")
 RUN = "a" + uuid.uuid4().hex[:5]
 RUN_LABEL = "reclaimd.io/e2e-admission"
 DEFAULT_LABEL = {"reclaimd.io/admission": "true"}  # the chart's default namespaceSelector
@@ -46,17 +42,6 @@ AKS_SPOT_TOLERATION = {
     "value": "spot",
     "effect": "NoSchedule",
 }
-
-
-def _pin(name: str) -> str:
-    for line in VERSIONS.read_text().splitlines():
-        if line.startswith(name + "="):
-            return line.split("=", 1)[1]
-    raise AssertionError(f"{name} missing from {VERSIONS}")
-
-
-HELM = CACHE / f"helm-{_pin('HELM_VERSION')}" / "helm"
-KUBE_VERSION = _pin("K8S_VERSION").lstrip("v")
 
 
 def policy(action: str, rule: str) -> str:
