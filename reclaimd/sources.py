@@ -24,6 +24,7 @@ this module imports none, and is light enough for tracing and the ledger to read
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -58,10 +59,25 @@ class SourceSettings(Strict):
         """Refuse (``ValueError``) what this section cannot do with the rest of the settings."""
 
 
+def sqs_region(queue_url: str, env: Mapping[str, str]) -> str:
+    """Where an SQS queue is: the region its URL names (``https://sqs.<region>.amazonaws.com/``,
+    ``.amazonaws.com.cn``, the legacy ``<region>.queue.amazonaws.com``), else ``AWS_REGION``,
+    ``AWS_DEFAULT_REGION`` (what IRSA and Pod Identity set), else us-east-1."""
+    host = queue_url.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0].lower()
+    labels = host.split(".")
+    if "amazonaws" in labels:
+        if labels[0] == "sqs" and len(labels) > 2 and labels[1] != "amazonaws":
+            return labels[1]
+        if len(labels) > 2 and labels[1] == "queue":
+            return labels[0]
+    return env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
 class SqsSettings(SourceSettings):
     queue_url: str = ""
     endpoint_url: str | None = None  # moto, LocalStack or a VPC endpoint
-    region: str = "us-east-1"
+    # Empty: from queue_url, else AWS_REGION / AWS_DEFAULT_REGION, else us-east-1 (sqs_region).
+    region: str = ""
     wait_time_s: int = Field(20, ge=0, le=20)
     batch_size: int = Field(10, ge=1, le=10)
     # Long polls in parallel: one receive loop caps ingest at a batch per round trip.
@@ -73,6 +89,14 @@ class SqsSettings(SourceSettings):
     # Short, and extended every third of it while a message is unsettled: a replica that dies
     # holding a message hands it to a peer after this long, not after SQS's 30 s default.
     visibility_timeout_s: int = Field(10, ge=5, le=43200)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _region_from_where_it_runs(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and not data.get("region"):
+            url = data.get("queue_url") or ""
+            return {**data, "region": sqs_region(url if isinstance(url, str) else "", os.environ)}
+        return data
 
     def destination(self) -> str:
         return self.queue_url.rsplit("/", 1)[-1]
