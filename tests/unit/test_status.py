@@ -5,8 +5,10 @@ bad input through the CLI: one line, exit 2. The real API server and RBAC: e2e/t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import sys
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -272,3 +274,45 @@ def test_the_metrics_address_is_the_metrics_port_at_the_advertised_host() -> Non
     assert wiring._metrics_address(s, None)() == "10.0.0.7:9464"
     off = s.model_copy(update={"metrics_port": 0})
     assert wiring._metrics_address(off, None)() == ""
+
+
+@pytest.fixture
+async def quiet_cluster(tmp_path: Path) -> AsyncIterator[Path]:
+    """An API server on loopback (plain HTTP) with one node, no Kueue and no Leases."""
+    answers = {
+        apiserver.node(): {"items": [{"metadata": {"name": "node-a"}}]},
+        "/apis": {"groups": []},
+        apiserver.lease(NS): {"items": []},
+    }
+
+    async def serve(request: web.Request) -> web.Response:
+        if request.path in answers:
+            return web.json_response(answers[request.path])
+        return web.json_response({"kind": "Status", "message": "not found"}, status=404)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield kubeconfig_to(tmp_path, f"http://127.0.0.1:{runner.addresses[0][1]}")
+    await runner.cleanup()
+
+
+async def test_watch_redraws_until_stopped(quiet_cluster: Path) -> None:
+    """Two looks, each a document of its own, from one process; then it is stopped."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "reclaimd.cli", "status", "--kubeconfig", str(quiet_cluster),
+        "--format", "json", "--watch", "0.1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(60):
+            looks = [json.loads(await proc.stdout.readline()) for _ in range(2)]
+    finally:
+        proc.terminate()
+        await proc.wait()
+    assert [d["in_flight"] for d in looks] == [[], []]
+    assert looks[0]["at"] < looks[1]["at"]
