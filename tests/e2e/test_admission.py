@@ -110,6 +110,9 @@ def pod(
     if resources is not None:
         container["resources"] = resources
     body: dict[str, Any] = {"containers": [container], **spec}
+    # Never scheduled: admission is what is tested, and a GPU pod asking for spot would
+    # otherwise land on another test's kwok node and join its gangs.
+    body.setdefault("schedulingGates", [{"name": "reclaimd.io/admission-test"}])
     if init_gpu:
         body["initContainers"] = [
             {"name": "warm", "image": "registry.invalid/trainer:1", "resources": GPU}
