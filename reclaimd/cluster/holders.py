@@ -295,27 +295,26 @@ class HolderLeases:
         gone_before = utcnow() - timedelta(seconds=GONE_AFTER_S)
         gone: list[objects.Obj] = []
         for lease in objects.items(listed):
-            notes = objects.annotations(lease)
-            holder = notes.get(HOLDER_ANNOTATION)
-            at = objects.time(objects.spec(lease).get("renewTime"))
-            if not holder or at is None:
+            h = read(lease)
+            if h is None:
                 continue
-            if at <= FIRST and holder != self.holder and holder not in self._dead:
+            holder, at = h.holder, h.renewed
+            if h.released and holder != self.holder and holder not in self._dead:
                 # Released (``release``): it said it no longer acts, so no Lease need run
                 # out, even for a replica that never saw it alive (a rolling upgrade's successor).
                 self._dead[holder] = at
                 self.deaths.set()
             # A released Lease is kept as long as any other (from its release, in
             # acquireTime): a successor that starts later still learns from it.
-            since = _released_at(lease) if at <= FIRST else at
+            since = h.released_at if h.released_at is not None else at
             if since < gone_before and holder != self.holder:
                 gone.append(lease)
                 continue
             seen[holder] = at
-            if notes.get(GROUP_ANNOTATION, "") == self.group:
+            if h.group == self.group:
                 peers.add(holder)
-            if notes.get(PROBE_ANNOTATION) and holder != self.holder:
-                addresses[holder] = notes[PROBE_ANNOTATION]
+            if h.probe and holder != self.holder:
+                addresses[holder] = h.probe
             if holder in self._dead and at > self._dead[holder]:
                 del self._dead[holder]  # renewed since it refused: back (a restart, same name)
         self._seen, self._addresses, self._peers = seen, addresses, peers
