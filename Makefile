@@ -157,3 +157,13 @@ bench-trainer: trainer-deps
 .PHONY: bench-report
 bench-report: venv
 	$(BIN)/python -m chaos.bench_report $(BENCH_REPORT_ARGS)
+
+# A soak (chaos/bench_soak.py): 10 minutes of notices from every central source (SQS, Pub/Sub,
+# Kafka notices) on 2 replicas, every fault kind in turn (kill+restart, rolling upgrade, pause,
+# Kafka down, partition, apiserver restart, fresh disk, Pub/Sub and moto restarts), judged as
+# every drill is, with each replica's RSS over time and every GCE notice's send -> claim:
+# out/bench-soak.json (the drill's report and scenario in out/soak/) and a table.
+# BENCH_SOAK_ARGS="--minutes 4" for a shorter run; "--kinds pause,stop_kafka" for some faults.
+.PHONY: bench-soak
+bench-soak: stack-up
+	$(BIN)/python -m chaos.bench_soak $(BENCH_SOAK_ARGS)
