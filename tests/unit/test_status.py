@@ -5,6 +5,7 @@ bad input through the CLI: one line, exit 2. The real API server and RBAC: e2e/t
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import socket
@@ -316,3 +317,28 @@ async def test_watch_redraws_until_stopped(quiet_cluster: Path) -> None:
         await proc.wait()
     assert [d["in_flight"] for d in looks] == [[], []]
     assert looks[0]["at"] < looks[1]["at"]
+
+
+def args_of(*argv: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["status", *argv])
+
+
+def test_in_a_pod_reclaimds_namespace_is_the_pods(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "namespace").write_text("ops\n")
+    monkeypatch.setattr(status, "SA_NAMESPACE", tmp_path / "namespace")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert status._where(args_of()) == (None, "ops")
+    assert status._where(args_of("-n", "other")) == (None, "other")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    assert status._where(args_of()) == (None, "reclaimd")
+
+
+def test_a_settings_file_gives_the_namespace_and_kubeconfig(tmp_path: Path) -> None:
+    settings = tmp_path / "reclaimd.yaml"
+    settings.write_text("lease_namespace: rd\nkube: {kubeconfig: /k/config}\n")
+    assert status._where(args_of("--config", str(settings))) == ("/k/config", "rd")
+    settings.write_text("lease_namespace: [\n")
+    with pytest.raises(status.StatusError):
+        status._where(args_of("--config", str(settings)))
