@@ -167,3 +167,11 @@ bench-report: venv
 .PHONY: bench-soak
 bench-soak: stack-up
 	$(BIN)/python -m chaos.bench_soak $(BENCH_SOAK_ARGS)
+
+# Everything a release publishes, from HEAD, into out/release/ (deploy/release/release.sh): the
+# image as an OCI archive (linux/amd64), the chart package, the controller, chaos and SDK wheels,
+# a CycloneDX SBOM of the image, release.json and SHA256SUMS, checked to agree on one version
+# (deploy/release/manifest.py). How to push them: docs/release.md. Image cached per commit.
+.PHONY: release
+release: venv deploy-tools
+	deploy/release/release.sh
