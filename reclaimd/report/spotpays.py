@@ -27,10 +27,11 @@ from typing import Any, Final
 
 from reclaimd.report.engine import Group
 
-# The picture's colours (the Chromium test looks for them)
+# The picture's colours (the Chromium tests look for them): spot and waste a lighter shade of
+# the cost picture's, so that a screenshot tells the two pictures apart
 ON_DEMAND_GREY: Final = "#aab7c4"
-SPOT_GREEN: Final = "#27ae60"  # render.COLOURS["cost_spot"]
-WASTE_RED: Final = "#d62728"  # render.WASTE_RED
+SPOT_GREEN: Final = "#82e0aa"
+WASTE_RED: Final = "#f1948a"
 OVERHEAD_AMBER: Final = "#f39c12"
 LOSS_BAND: Final = "#f9d6d5"  # behind a group where spot did not pay
 LOSS_TEXT: Final = "#b03a2e"
