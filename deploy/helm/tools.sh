@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # helm for the chart tests, built from the Go module proxy like the rest of the stack, into
 # ~/.cache/reclaimd/helm-<version>/; plus the prometheus-operator CRDs (ServiceMonitor,
-# PodMonitor) so the optional monitors can be applied to the local apiserver; and promtool
+# PodMonitor, PrometheusRule) so the optional monitors and alerts can be applied to the local
+# apiserver; and promtool
 # (~/.cache/reclaimd/promtool-<version>/), which checks and unit-tests the chart's alert rules.
 # Idempotent.
 set -euo pipefail
@@ -9,7 +10,8 @@ LOG_TAG=helm-tools
 source "$(dirname "${BASH_SOURCE[0]}")/../local/lib.sh"
 
 HELM_DIR=$CACHE_DIR/helm-$HELM_VERSION
-PROM_CRD_DIR=$CACHE_DIR/prometheus-operator-crds-$PROM_OPERATOR_VERSION
+# -rules: the set includes PrometheusRule; a cache without it is not reused.
+PROM_CRD_DIR=$CACHE_DIR/prometheus-operator-crds-$PROM_OPERATOR_VERSION-rules
 PROMTOOL_DIR=$CACHE_DIR/promtool-$PROMETHEUS_VERSION
 
 install_one() {
@@ -18,7 +20,7 @@ install_one() {
         say "$name: cached ($dir)"
         return
     fi
-    say "$name: building into $dir (log: $CACHE_DIR/logs/$name.log)"
+    say "$name: installing into $dir (log: $CACHE_DIR/logs/$name.log)"
     rm -rf "$dir.partial"
     mkdir -p "$dir.partial"
     run_long "$name" "$CACHE_DIR/logs/$name.log" "$builder" "$dir.partial"
@@ -46,7 +48,8 @@ copy_prom_crds() {
     src=$(module_dir "github.com/prometheus-operator/prometheus-operator@$PROM_OPERATOR_VERSION")
     src=$src/example/prometheus-operator-crd
     local f
-    for f in monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_podmonitors.yaml; do
+    for f in monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_podmonitors.yaml \
+        monitoring.coreos.com_prometheusrules.yaml; do
         [[ -f $src/$f ]] || die "prometheus-operator $PROM_OPERATOR_VERSION has no $f"
         cp "$src/$f" "$1/"
     done

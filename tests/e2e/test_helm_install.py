@@ -52,7 +52,7 @@ def _pin(name: str) -> str:
 
 
 HELM = CACHE / f"helm-{_pin('HELM_VERSION')}" / "helm"
-PROM_CRDS = CACHE / f"prometheus-operator-crds-{_pin('PROM_OPERATOR_VERSION')}"
+PROM_CRDS = CACHE / f"prometheus-operator-crds-{_pin('PROM_OPERATOR_VERSION')}-rules"
 KUBE_VERSION = _pin("K8S_VERSION").lstrip("v")
 
 NODES = [
@@ -75,7 +75,11 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "aws-irsa-monitoring": {
         "serviceAccount": {"awsRoleArn": "arn:aws:iam::123456789012:role/reclaimd"},
-        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True, "alertLabels": {"team": "gpu"}},
+        },
         "grafana": {"dashboard": {"enabled": True}},
         "secretEnv": {"RECLAIMD_LEDGER__BOOTSTRAP": {"secretName": "kafka", "key": "bootstrap"}},
     },
@@ -124,7 +128,11 @@ def install_values() -> dict[str, Any]:
         "image": {"repository": "localhost/reclaimd", "tag": "e2e", "pullPolicy": "Never"},
         "controller": {"nodeSelector": only_ours},
         "nodeAgent": {"enabled": True, "nodeSelector": only_ours},
-        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+        },
         "grafana": {"dashboard": {"enabled": True}},
         "networkPolicy": {"trainingNamespaces": [TRAIN_NS]},
     }
@@ -153,6 +161,7 @@ def cluster(stack: Stack, tools: None) -> Iterator[Stack]:
         "--timeout=60s",
         "crd/servicemonitors.monitoring.coreos.com",
         "crd/podmonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
     )
     for name in (NS, TRAIN_NS):
         ns = {
@@ -321,7 +330,7 @@ async def test_install_upgrade_uninstall(
     )
     kinds = (
         "all,configmaps,serviceaccounts,roles,rolebindings,networkpolicies,"
-        "poddisruptionbudgets,servicemonitors,podmonitors"
+        "poddisruptionbudgets,servicemonitors,podmonitors,prometheusrules"
     )
     selector = f"app.kubernetes.io/instance={RELEASE}"
 
