@@ -35,6 +35,7 @@ from reclaimd import sourcing as registry
 from reclaimd.cluster import (
     claimlog,
     client,
+    peers,
     ratelimit,
 )
 from reclaimd.cluster.apiserver import ApiServer
@@ -127,6 +128,8 @@ class Daemon:
                         if parts.events is not None
                         else []
                     ),
+                    # Karpenter or NTH draining on the same Spot warnings: one line each.
+                    tg.create_task(peers.warn(api, _our_queue(s)), name="peers"),
                 ]
                 acting = self._acting(tg, parts)
                 sources = _receiving(tg, parts, sources_by_name)
@@ -240,6 +243,11 @@ class Daemon:
             dead=parts.holders.dead,
         )
         return {e.name: registry.build_one(e, wiring) for e in enabled(self.settings)}
+
+
+def _our_queue(s: Settings) -> str:
+    sqs = getattr(s, "sqs", None)
+    return str(sqs.queue_url) if sqs is not None and sqs.enabled else ""
 
 
 def _receiving(

@@ -132,7 +132,7 @@ async def as_reclaimd(admin: k8s.ApiClient, stack: Stack) -> AsyncIterator[ApiSe
         yield api
 
 
-async def create(admin: k8s.ApiClient, pods: list[dict[str, Any]], policy: Any) -> list[str]:
+async def create(admin: k8s.ApiClient, pods: list[Any], policy: Any) -> list[str]:
     core = k8s.CoreV1Api(admin)
     nodes = []
     for pod in pods:
