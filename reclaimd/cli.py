@@ -40,7 +40,7 @@ def cmd_version(_: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    settings = config.load(args.file)
+    settings = config.load(args.file, require_source=True)
     print(
         f"{args.file}: ok (cluster {settings.cluster_name}, holder {settings.holder},"
         f" kafka {settings.kafka.describe()})"
@@ -89,6 +89,7 @@ def build_parser(*, tools: bool = True) -> argparse.ArgumentParser:
         prog="reclaimd",
         description="Gang-aware interruption and reclaim controller for GPU Kubernetes fleets.",
     )
+    p.add_argument("--version", action="version", version=f"reclaimd {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -152,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except (UsageError, config.ConfigError, ParseError) as e:
-        print(f"reclaimd {args.command}: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or [type(e).__name__]:  # one line per error
+            print(f"reclaimd {args.command}: {line}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

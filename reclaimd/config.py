@@ -2,7 +2,8 @@
 
 An override names a path with double underscores: ``RECLAIMD_LEDGER__TOPIC=x`` sets
 ``ledger.topic``. Every field has a safe default, so an empty file is a valid (if idle)
-configuration; a bad file fails with one line naming the field, never a traceback.
+configuration; a bad file fails with one line per error, every error at once, naming the
+file and key or the variable (``reclaimd.configcheck``), never a traceback.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pydantic import (
 from pydantic_core import core_schema
 
 import handlers
-from reclaimd import sources
+from reclaimd import configcheck, sources
 from reclaimd.annotations import UrlPolicy
 from reclaimd.kafkaconn import KafkaSettings
 from reclaimd.model import Windows
@@ -38,7 +39,7 @@ ENV_PREFIX = "RECLAIMD_"
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot be used; the message is one line."""
+    """A configuration that cannot be used; the message is one line per error."""
 
 
 _Strict = Strict
@@ -415,8 +416,13 @@ CODE_SETTINGS: Mapping[str, CodePart] = MappingProxyType(
 )
 
 
-def overlay(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """``data`` with the ``RECLAIMD_<SECTION>__<KEY>`` overrides of ``env`` set in it."""
+def overlay(
+    data: dict[str, Any],
+    env: Mapping[str, str],
+    origins: dict[tuple[str, ...], str] | None = None,
+) -> dict[str, Any]:
+    """``data`` with the ``RECLAIMD_<SECTION>__<KEY>`` overrides of ``env`` set in it; each
+    path set is recorded in ``origins`` with the variable that set it."""
     for key, value in sorted(env.items()):
         if not key.startswith(ENV_PREFIX):
             continue
@@ -429,23 +435,25 @@ def overlay(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
         for part in path[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"{key}: {'.'.join(path[:-1])} is not a section")
+                raise ConfigError(
+                    f"{key}: {'.'.join(path[:-1])} is not a section: unset the variable"
+                )
             node = child
         node[path[-1]] = value
+        if origins is not None:
+            origins[tuple(path)] = key
     return data
 
 
-def _one_line(e: ValidationError) -> str:
-    first = e.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    message = " ".join(str(first["msg"]).split())  # a validator's message stays one line
-    message = message.removeprefix("Value error, ")  # pydantic's wrapping of our own words
-    return f"{where}: {message}{more}"
-
-
-def load(path: str | Path | None, env: Mapping[str, str] | None = None) -> Settings:
-    """Read ``path`` (optional), apply overrides from ``env``, validate."""
+def load(
+    path: str | Path | None,
+    env: Mapping[str, str] | None = None,
+    *,
+    require_source: bool = False,
+) -> Settings:
+    """Read ``path`` (optional), apply overrides from ``env``, validate; every error at once,
+    one line each (``reclaimd.configcheck``), an enabled source lacking what it needs
+    included, and with ``require_source`` (``check-config``) a file that enables none."""
     data: Any = {}
     if path is not None:
         try:
@@ -459,9 +467,17 @@ def load(path: str | Path | None, env: Mapping[str, str] | None = None) -> Setti
             at = f" at line {mark.line + 1}" if mark is not None else ""
             raise ConfigError(f"{path}: not valid YAML{at}") from e
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-    data = overlay(data, os.environ if env is None else env)
+            raise ConfigError(f"{path}: the top level must be a mapping of settings")
+    origins: dict[tuple[str, ...], str] = {}
+    data = overlay(data, os.environ if env is None else env, origins)
+    where = configcheck.Where(None if path is None else str(path), origins)
+    errors: list[str] = []
+    settings: Settings | None = None
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_one_line(e)) from e
+        errors = configcheck.validation_lines(e, Settings, where)
+    errors += configcheck.source_lines(data, where, require_source=require_source)
+    if errors or settings is None:
+        raise ConfigError("\n".join(errors))
+    return settings

@@ -28,6 +28,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -57,6 +58,27 @@ class SourceSettings(Strict):
 
     def check(self, *, dry_run: bool) -> None:
         """Refuse (``ValueError``) what this section cannot do with the rest of the settings."""
+
+    def needs(self) -> dict[str, str]:
+        """What an enabled section lacks to hear anything: its key -> what to set it to
+        (``reclaimd.configcheck`` reports each as a line naming the file or the variable)."""
+        return {}
+
+
+def _http_url(url: str) -> bool:
+    """``url`` is an http(s) URL with a host."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _unless_url(key: str, url: str, like: str) -> dict[str, str]:
+    if _http_url(url):
+        return {}
+    got = f"{url!r} is not an http(s) URL" if url else "not set"
+    return {key: f"{got}: set it to {like}"}
 
 
 def sqs_region(queue_url: str, env: Mapping[str, str]) -> str:
@@ -101,11 +123,23 @@ class SqsSettings(SourceSettings):
     def destination(self) -> str:
         return self.queue_url.rsplit("/", 1)[-1]
 
+    def needs(self) -> dict[str, str]:
+        like = "the queue's URL, https://sqs.<region>.amazonaws.com/<account>/<queue>"
+        found = _unless_url("queue_url", self.queue_url, like)
+        if not found and len([p for p in urlsplit(self.queue_url).path.split("/") if p]) != 2:
+            found["queue_url"] = f"{self.queue_url!r} names no <account>/<queue>: set it to {like}"
+        if self.endpoint_url is not None:
+            found |= _unless_url("endpoint_url", self.endpoint_url, "an SQS endpoint, or unset it")
+        return found
+
 
 class ImdsSettings(SourceSettings):
     url: str = "http://169.254.169.254"
     poll_interval_s: float = Field(2.0, gt=0)
     token_ttl_s: int = Field(21600, ge=1, le=21600)
+
+    def needs(self) -> dict[str, str]:
+        return _unless_url("url", self.url, "IMDS, http://169.254.169.254")
 
 
 class PubSubSettings(SourceSettings):
@@ -149,6 +183,18 @@ class PubSubSettings(SourceSettings):
     def destination(self) -> str:
         return self.subscription
 
+    def needs(self) -> dict[str, str]:
+        found = {}
+        if not self.project:
+            found["project"] = "not set: set it to the Google Cloud project of the subscription"
+        if not self.subscription:
+            found["subscription"] = (
+                "not set: set it to the subscription id on the Logging sink's topic (not its path)"
+            )
+        elif "/" in self.subscription:
+            found["subscription"] = "a path: set it to the subscription id alone"
+        return found
+
     def check(self, *, dry_run: bool) -> None:
         # A slot is a Lease (a write), and a dry run must not take a live replica's slot.
         if dry_run and self.enabled and self.slots > 1:
@@ -164,6 +210,9 @@ class GceMetadataSettings(SourceSettings):
     node_name: str = ""  # this node, from the downward API (spec.nodeName)
     timeout_s: float = Field(60.0, gt=0)  # wait_for_change hanging GET
 
+    def needs(self) -> dict[str, str]:
+        return _unless_url("url", self.url, "the metadata server, http://metadata.google.internal")
+
 
 class AzureScheduledSettings(SourceSettings):
     """Per-node mode on Azure (AKS Spot pools): the metadata service's Scheduled Events."""
@@ -173,6 +222,9 @@ class AzureScheduledSettings(SourceSettings):
     # The docs recommend a poll a second; a Preempt gives at least 30 s.
     poll_interval_s: float = Field(1.0, gt=0)
     approve: bool = True  # POST StartRequests once a notice's gangs are drained
+
+    def needs(self) -> dict[str, str]:
+        return _unless_url("url", self.url, "IMDS, http://169.254.169.254")
 
 
 class KueueSettings(SourceSettings):
@@ -202,6 +254,14 @@ class KafkaNoticeSettings(SourceSettings):
 
     def destination(self) -> str:
         return self.topic
+
+    def needs(self) -> dict[str, str]:
+        found = {}
+        if not self.bootstrap.strip(" ,"):
+            found["bootstrap"] = "not set: set it to the notices' brokers, host:port[,host:port]"
+        if not self.topic:
+            found["topic"] = "not set: set it to the topic the notices are produced to"
+        return found
 
 
 # --- the entry ------------------------------------------------------------------------------

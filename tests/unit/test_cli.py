@@ -66,10 +66,11 @@ def test_parse_bad_input_is_exit_2_and_one_line() -> None:
 
 def test_check_config(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
-    good.write_text("cluster_name: prod\nsqs:\n  enabled: true\n  queue_url: q\n")
+    url = "https://sqs.us-east-2.amazonaws.com/123456789012/reclaimd-interruptions"
+    good.write_text(f"cluster_name: prod\nsqs:\n  enabled: true\n  queue_url: {url}\n")
     assert run("check-config", str(good)).returncode == 0
     bad = tmp_path / "bad.yaml"
-    bad.write_text("sqs:\n  batch_size: 50\n")
+    bad.write_text(f"sqs:\n  batch_size: 50\n  enabled: true\n  queue_url: {url}\n")
     r = run("check-config", str(bad))
     assert r.returncode == 2
     assert r.stderr.decode().count("\n") == 1 and b"sqs.batch_size" in r.stderr

@@ -20,9 +20,10 @@ def test_empty_file_is_safe_defaults(tmp_path: Path) -> None:
 
 
 def test_yaml_and_env_overrides(tmp_path: Path) -> None:
-    p = write(tmp_path, "sqs:\n  enabled: true\n  queue_url: q1\nwindows:\n  ec2_spot_s: 90\n")
-    s = config.load(p, env={"RECLAIMD_SQS__QUEUE_URL": "q2", "RECLAIMD_LEDGER__TOPIC": "t"})
-    assert s.sqs.enabled and s.sqs.queue_url == "q2"
+    q1, q2 = "https://sqs.us-east-2.amazonaws.com/1/q1", "https://sqs.us-east-2.amazonaws.com/1/q2"
+    p = write(tmp_path, f"sqs:\n  enabled: true\n  queue_url: {q1}\nwindows:\n  ec2_spot_s: 90\n")
+    s = config.load(p, env={"RECLAIMD_SQS__QUEUE_URL": q2, "RECLAIMD_LEDGER__TOPIC": "t"})
+    assert s.sqs.enabled and s.sqs.queue_url == q2
     assert s.windows.ec2_spot_s == 90.0
     assert s.ledger.topic == "t"
 

@@ -56,7 +56,10 @@ def test_nested_sections_and_their_parts(tmp_path: Path) -> None:
     [
         ({"checkpoint": {"allowed_hosts": ["http://evil"]}}, "checkpoint.allowed_hosts: "),
         ({"checkpoint": {"allowed_hosts": ["10.0.0.1/8"]}}, "not a host name, IP address or CIDR"),
-        ({"checkpoint": {"alowed_hosts": []}}, "checkpoint.alowed_hosts: Extra inputs"),
+        (
+            {"checkpoint": {"alowed_hosts": []}},
+            "checkpoint.alowed_hosts: not a setting: did you mean checkpoint.allowed_hosts",
+        ),
         ({"cache": {"watch": {"page_size": 0}}}, "cache.watch.page_size: "),
         ({"cache": {"stall_after_s": -1}}, "cache.stall_after_s: "),
         ({"claims": {"max_conflicts": "many"}}, "claims.max_conflicts: "),

@@ -30,7 +30,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _check(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     f = tmp_path / "c.yaml"
-    f.write_text(text)
+    f.write_text(text + "\nkueue: {enabled: true}\n")  # a source: check-config wants one
     return subprocess.run(
         [sys.executable, "-m", "reclaimd.cli", "check-config", str(f)],
         capture_output=True,

@@ -66,15 +66,15 @@ def test_a_slot_lease_is_named_for_its_subscription() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("pubsub: {slots: 0}", "pubsub.slots: Input should be greater than or equal to 1"),
-        ("pubsub: {slots: two}", "pubsub.slots: Input should be a valid integer"),
+        ("pubsub: {slots: 0}", "c.yaml: pubsub.slots: Input should be greater than or equal to 1"),
+        ("pubsub: {slots: two}", "c.yaml: pubsub.slots: Input should be a valid integer"),
         (
             "pubsub: {slots: 2, subscription: " + "s" * 254 + "}",
-            "pubsub: Value error, subscription: with its slot suffix longer than 255",
+            "c.yaml: pubsub: subscription: with its slot suffix longer than 255",
         ),
         (
-            "dry_run: true\npubsub: {enabled: true, slots: 2}",
-            "(top level): Value error, pubsub.slots: a dry run consumes one subscription",
+            "dry_run: true\npubsub: {enabled: true, slots: 2, project: p, subscription: s}",
+            "c.yaml: pubsub.slots: a dry run consumes one subscription",
         ),
     ],
 )
@@ -83,7 +83,7 @@ def test_a_bad_slots_value_is_one_line(tmp_path: Path, text: str, message: str) 
     path.write_text(text)
     with pytest.raises(config.ConfigError) as e:
         config.load(path, env={})
-    assert str(e.value).startswith(message), str(e.value)
+    assert str(e.value).startswith(f"{path.parent}/{message}"), str(e.value)
     assert "\n" not in str(e.value)
 
 
