@@ -1,10 +1,15 @@
 """Write the chart's view of the source registry (``reclaimd.sources.REGISTRY``).
 
 - ``reclaimd/files/sources.json``: every source's settings section, those whose ``slots``
-  default to the controller's replicas, and each node-agent source's ``nodeAgent.source``
-  value, section and whether it reads its node's name. The templates read it
-  (``.Files.Get``): the agent turns every source off but its own.
-- ``reclaimd/values.schema.json``: the ``nodeAgent.source`` enum.
+  default to the controller's replicas, those that read Kafka (a ``bootstrap``: the
+  NetworkPolicy's Kafka egress), and each node-agent source's ``nodeAgent.source`` value,
+  section and whether it reads its node's name. The templates read it (``.Files.Get``):
+  the agent turns every source off but its own.
+- ``reclaimd/values.schema.json``: the ``nodeAgent.source`` enum, and the ``config`` subtree:
+  the settings model's JSON schema (``reclaimd.config.settings_model`` over the registry: every
+  section, the sources' included), its references inlined, unknown keys refused, so that a
+  typo under ``config.`` fails ``helm install`` as it would fail reclaimd. Nothing else in
+  the schema is touched.
 
     python deploy/helm/gen_sources.py          # write
     python deploy/helm/gen_sources.py --check  # exit 1 naming a stale file
@@ -14,8 +19,10 @@ tests/unit/test_source_identity.py fails when either file differs from what this
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,15 +40,59 @@ def sources_doc(registry: Iterable[Entry[Any]]) -> dict[str, Any]:
     return {
         "sources": [e.name for e in entries],
         "slotted": [e.name for e in entries if e.slotted],
+        # Sources that read Kafka (a ``bootstrap`` setting): the NetworkPolicy's Kafka egress.
+        "kafka": [e.name for e in entries if "bootstrap" in e.model.model_fields],
         "agents": {
             e.agent: {"section": e.name, "nodeName": e.agent_node_name} for e in entries if e.agent
         },
     }
 
 
+# What the chart says of config beyond the model (the chart's own defaulting).
+CONFIG_NOTES = {
+    (): "reclaimd settings (reclaimd/config.py), generated from the settings model by "
+    "deploy/helm/gen_sources.py: a key the model does not know fails here",
+    ("pubsub", "slots"): "Pub/Sub subscriptions, one per replica slot (<subscription>-<i>); "
+    "default: controller.replicas; 1: one shared subscription",
+}
+
+
+def config_schema(registry: Iterable[Entry[Any]]) -> dict[str, Any]:
+    """The settings model's JSON schema as one tree (draft-07 has no $defs: refs inlined)."""
+    from pydantic.json_schema import PydanticJsonSchemaWarning
+
+    from reclaimd.config import settings_model
+
+    with warnings.catch_warnings():
+        # A default that is not JSON (the windows' dataclass) is left out of the schema.
+        warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+        doc = settings_model(registry).model_json_schema()
+    defs = doc.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                node = {**copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]]), **rest}
+            return {k: inline(v) for k, v in node.items() if k != "title"}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    tree: dict[str, Any] = inline(doc)
+    for path, note in CONFIG_NOTES.items():
+        node = tree
+        for key in path:
+            node = node["properties"][key]
+        node["description"] = note
+    return tree
+
+
 def schema_doc(current: dict[str, Any], registry: Iterable[Entry[Any]]) -> dict[str, Any]:
+    registry = list(registry)
     agents = [e.agent for e in registry if e.agent]
     current["properties"]["nodeAgent"]["properties"]["source"]["enum"] = agents
+    current["properties"]["config"] = config_schema(registry)
     return current
 
 

@@ -108,7 +108,8 @@ def test_defaults_render_the_controller_only(tmp_path: Path) -> None:
     assert kinds(docs) == sorted(
         [
             "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
-            "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
+            "PodDisruptionBudget", "ResourceQuota", "Role", "RoleBinding", "Service",
+            "ServiceAccount",
         ]
     )  # fmt: skip
 
