@@ -36,14 +36,34 @@ variable "replicas" {
 }
 
 variable "reclaimd_gsa_email" {
-  description = "reclaimd's Google service account (the Workload Identity GSA): subscriber only."
+  description = "An existing Google service account for reclaimd (the Workload Identity GSA); empty: this module creates <gsa_account_id>@<project>.iam.gserviceaccount.com. Subscriber only."
   type        = string
+  default     = ""
+}
+
+variable "gsa_account_id" {
+  description = "The account id of the GSA this module creates when reclaimd_gsa_email is empty."
+  type        = string
+  default     = "reclaimd"
 }
 
 variable "workload_identity_ksa" {
   description = "\"<namespace>/<serviceaccount>\" of reclaimd's Kubernetes SA, or \"\" to bind it elsewhere."
   type        = string
   default     = "reclaimd/reclaimd"
+}
+
+# reclaimd's Google identity: it holds no key (Workload Identity) and no role but the
+# subscriber bindings below.
+resource "google_service_account" "reclaimd" {
+  count        = var.reclaimd_gsa_email == "" ? 1 : 0
+  project      = var.project
+  account_id   = var.gsa_account_id
+  display_name = "reclaimd (GKE preemption notices)"
+}
+
+locals {
+  gsa_email = var.reclaimd_gsa_email != "" ? var.reclaimd_gsa_email : google_service_account.reclaimd[0].email
 }
 
 resource "google_pubsub_topic" "notices" {
@@ -107,13 +127,13 @@ resource "google_pubsub_subscription_iam_member" "reclaimd_subscribes" {
   project      = var.project
   subscription = google_pubsub_subscription.reclaimd[count.index].name
   role         = "roles/pubsub.subscriber"
-  member       = "serviceAccount:${var.reclaimd_gsa_email}"
+  member       = "serviceAccount:${local.gsa_email}"
 }
 
 # GKE Workload Identity: reclaimd's KSA acts as the GSA.
 resource "google_service_account_iam_member" "reclaimd_workload_identity" {
   count              = var.workload_identity_ksa == "" ? 0 : 1
-  service_account_id = "projects/${var.project}/serviceAccounts/${var.reclaimd_gsa_email}"
+  service_account_id = "projects/${var.project}/serviceAccounts/${local.gsa_email}"
   role               = "roles/iam.workloadIdentityUser"
   member             = "serviceAccount:${var.project}.svc.id.goog[${var.workload_identity_ksa}]"
 }
@@ -131,4 +151,14 @@ output "slots" {
 output "subscriptions" {
   description = "Every slot's subscription, slot 0 first"
   value       = google_pubsub_subscription.reclaimd[*].name
+}
+
+output "gsa_email" {
+  description = "serviceAccount.gcpServiceAccount: the GSA reclaimd's KSA acts as (Workload Identity)"
+  value       = local.gsa_email
+}
+
+output "project" {
+  description = "config.pubsub.project"
+  value       = var.project
 }
