@@ -328,18 +328,30 @@ async def test_an_hour_is_closed_once_by_the_replica_that_metered_it(tmp_path: P
 
 
 class FailingWriter(LedgerWriter):
+    """Refuses its first write (a full disk), takes the rest."""
+
+    failed = False
+
     async def record_encoded(self, *args: Any, **kwargs: Any) -> bool:
-        raise OSError("outbox full")
+        if not self.failed:
+            self.failed = True
+            raise OSError("outbox full")
+        return await super().record_encoded(*args, **kwargs)
 
 
 async def test_an_hour_whose_rows_were_not_written_is_not_closed(tmp_path: Path) -> None:
     writer = FailingWriter(bootstrap_servers="", topic="alloc", outbox_path=tmp_path / "o.db")
-    times = (H12 + timedelta(minutes=50), H12 + timedelta(hours=1, minutes=1))
+    times = (
+        H12 + timedelta(minutes=50),
+        H12 + timedelta(hours=1, minutes=1),  # closes 12:00-13:00: its first row is refused
+        H12 + timedelta(hours=1, minutes=2),  # a later look must not count that hour closed
+    )
     m = meter.Meter(
         Fleet(FLEET), writer, Lock(True), cluster="c1", interval_s=900, clock=Clock(*times)
     )
     await m.tick()
     with pytest.raises(OSError):
         await m.tick()
+    await m.tick()
     await writer.close()
     assert m.hours_closed == 0 and m.last_closed_hour_end == H12.timestamp()
