@@ -42,7 +42,14 @@ from reclaimd.model import Notice, ParseError, rfc3339, utcnow
 EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_NAMESPACE = "reclaimd"
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-READ_S = 20.0  # the whole cluster read: an API server that does not answer is a failure
+# The whole cluster read: an API server that does not answer within it is a failure. A storm
+# keeps it busy: a LIST of 1,000 nodes took 40 s from the local stack's under a 1,000-node
+# bench, so the default is generous (--timeout).
+READ_S = 60.0
+# Every LIST is served from the API server's watch cache (resourceVersion "0": no quorum read
+# of etcd), as a replica's cache is: a look in the middle of a storm costs the server little,
+# and what it shows is as fresh as the watch (well under a second behind).
+CACHED = {"resourceVersion": "0"}
 METRICS_S = 2.0  # one replica's /metrics: a slow one is shown as not answering
 # A replica's Lease not renewed for this long, and holding nothing, is not shown by default:
 # a gone pod's Lease lingers an hour (holders.GONE_AFTER_S).
@@ -144,18 +151,24 @@ class _Leases:
 
 
 async def read(
-    api: ApiServer, namespace: str, *, finished: int = 10, every_replica: bool = False
+    api: ApiServer,
+    namespace: str,
+    *,
+    finished: int = 10,
+    every_replica: bool = False,
+    timeout_s: float = READ_S,
 ) -> Status:
     """One look at the cluster and the replicas. ``StatusError`` when the cluster cannot be
-    read (unreachable, refused); a replica's ``/metrics`` failing is shown, not raised."""
+    read (unreachable, refused, not within ``timeout_s``); a replica's ``/metrics`` failing is
+    shown, not raised."""
     try:
-        async with asyncio.timeout(READ_S):
-            found = await _read_cluster(api, namespace)
+        async with asyncio.timeout(timeout_s):
+            claims, leases, notes = await _read_cluster(api, namespace)
+            gang_views = await _gangs(api, leases.gangs, notes)
     except TimeoutError as e:
-        raise StatusError(f"the API server did not answer within {READ_S:.0f} s") from e
+        raise StatusError(f"the API server did not answer within {timeout_s:g} s") from e
     except client.KubeError as e:
         raise StatusError(_why(e)) from e
-    claims, leases, notes = found
     now = utcnow()
     by_holder = {h.holder: h for h in leases.holders}
 
@@ -163,7 +176,6 @@ async def read(
         h = by_holder.get(holder)
         return h is not None and h.alive(now)
 
-    gang_views = await _gangs(api, leases.gangs, notes)
     open_claims: list[Claim] = []
     done: list[tuple[Claim, str]] = []
     for c in claims:
@@ -228,13 +240,14 @@ async def read(
 async def _read_cluster(api: ApiServer, namespace: str) -> tuple[list[Claim], _Leases, list[str]]:
     notes: list[str] = []
     with client.kube_errors("list nodes"):
-        nodes = await api.get(apiserver.node())
+        nodes = await api.get(apiserver.node(), **CACHED)
     found = [_claim(NodeObj(objects.name(n)), n, notes) for n in objects.items(nodes)]
     wl = WorkloadApi()
     version = await kueueapi.version_or(api, wl.version)
     try:
         with client.kube_errors("list workloads"):
-            workloads = await api.get(apiserver.group(f"{wl.group}/{version}", wl.plural))
+            path = apiserver.group(f"{wl.group}/{version}", wl.plural)
+            workloads = await api.get(path, **CACHED)
     except client.NotFound:
         workloads = {}  # no Kueue here: no Workload claims
     for w in objects.items(workloads):
@@ -242,7 +255,7 @@ async def _read_cluster(api: ApiServer, namespace: str) -> tuple[list[Claim], _L
         target = WorkloadObj(str(meta.get("namespace") or ""), objects.name(w))
         found.append(_claim(target, w, notes))
     with client.kube_errors(f"list leases in {namespace}"):
-        listed = await api.get(apiserver.lease(namespace))
+        listed = await api.get(apiserver.lease(namespace), **CACHED)
     leases = _Leases([], [], [])
     for lease in objects.items(listed):
         labels = objects.part(objects.meta(lease), "labels")
@@ -325,7 +338,7 @@ async def _with_pods(
 
 async def _pod_uids(api: ApiServer, namespace: str) -> set[str]:
     with client.kube_errors(f"list pods in {namespace}"):
-        pods = await api.get(apiserver.pod(namespace))
+        pods = await api.get(apiserver.pod(namespace), **CACHED)
     return {
         objects.uid(p)
         for p in objects.items(pods)
@@ -480,6 +493,13 @@ def add_parser(sub: Any) -> None:
         f" its own, else {DEFAULT_NAMESPACE})",
     )
     p.add_argument("--finished", type=int, default=10, metavar="N", help="last N finished")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=READ_S,
+        metavar="SECONDS",
+        help=f"for the cluster's answers to one look ({READ_S:g})",
+    )
     p.add_argument("--all-replicas", action="store_true", help="also replicas long silent")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument(
@@ -498,8 +518,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """0 shown; 2 (one line on stderr) when the cluster cannot be read or the input is bad."""
     try:
         kubeconfig, namespace = _where(args)
-        if args.finished < 0 or (args.watch is not None and args.watch <= 0):
-            raise StatusError("--finished and --watch take positive numbers")
+        if args.finished < 0 or args.timeout <= 0 or (args.watch is not None and args.watch <= 0):
+            raise StatusError("--finished, --timeout and --watch take positive numbers")
         return asyncio.run(_run(args, kubeconfig, namespace))
     except StatusError as e:
         print(f"reclaimd status: {e}", file=sys.stderr)
@@ -539,7 +559,11 @@ async def _run(args: argparse.Namespace, kubeconfig: str | None, namespace: str)
         while True:
             try:
                 status = await read(
-                    api, namespace, finished=args.finished, every_replica=args.all_replicas
+                    api,
+                    namespace,
+                    finished=args.finished,
+                    every_replica=args.all_replicas,
+                    timeout_s=args.timeout,
                 )
             except StatusError as e:
                 if first or args.watch is None:

@@ -31,7 +31,7 @@ from chaos.trainers import Behaviour
 
 VERSIONS = REPO_DIR / "deploy" / "local" / "versions.env"
 CACHE = Path(os.environ.get("RECLAIMD_CACHE") or Path.home() / ".cache" / "reclaimd")
-SAVE_S = 20.0  # each rank's save: the notice stays in flight about this long
+SAVE_S = 40.0  # each rank's save: the notice stays in flight about this long
 
 
 def pins() -> dict[str, str]:
@@ -48,6 +48,7 @@ def viewer_docs(release: str, subject: dict[str, str]) -> list[dict[str, Any]]:
         [str(helm), "template", release, str(REPO_DIR / "deploy" / "helm" / "reclaimd"),
          "--namespace", "reclaimd", "--kube-version", p["K8S_VERSION"].lstrip("v"),
          "--show-only", "templates/viewer-rbac.yaml", "--set", "viewer.create=true",
+         "--set", "config.cluster_name=e2e",
          "--set-json", f"viewer.subjects=[{json.dumps(subject)}]"],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
@@ -100,7 +101,7 @@ def status(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         check=False,
-        timeout=60,
+        timeout=300,  # a look while the shared stack is busy with others' storms
         cwd=REPO_DIR,
     )
 
@@ -166,7 +167,7 @@ async def test_status_shows_a_notice_in_flight_with_its_countdown_then_finished(
     def in_flight(doc: dict[str, Any]) -> bool:
         return any(n["notice_id"] == notice.id for n in doc["in_flight"])
 
-    doc = await until(viewer, in_flight, timeout_s=30)
+    doc = await until(viewer, in_flight, timeout_s=SAVE_S)
     (n,) = [n for n in doc["in_flight"] if n["notice_id"] == notice.id]
     assert n["target"] == f"node/{nodes[0].name}"
     assert (n["source"], n["kind"]) == (notice.source, notice.kind.value)

@@ -167,7 +167,11 @@ def cluster(metrics: str, pods: tuple[str, ...] = ("u0",)) -> FakeApiServer:
 
 
 async def test_status_shows_in_flight_gangs_replicas_and_finished(metrics_server: str) -> None:
-    s = await status.read(cluster(metrics_server), NS)
+    api = cluster(metrics_server)
+    s = await status.read(api, NS)
+    # every LIST from the API server's watch cache: no quorum read of etcd mid-storm
+    lists = [q for method, path, q in api.requests if method == "GET" and path != "/apis"]
+    assert lists and all(q == {"resourceVersion": "0"} for q in lists)
     (n,) = s.in_flight
     assert (n.notice_id, n.source, n.target, n.holder) == (
         "n-live",
