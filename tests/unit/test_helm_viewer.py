@@ -1,6 +1,6 @@
 """The chart's ``reclaimd-viewer`` rights for ``reclaimd status``: get/list of what it reads and
 nothing else, Leases in the release namespace only, bound to ``viewer.subjects``. That
-``status`` works with exactly these rights, against the real authorizer: e2e/test_status.py."""
+``status`` works with exactly these rights, against the real authorizer: e2e/test_status_e2e.py."""
 
 from __future__ import annotations
 

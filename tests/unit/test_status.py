@@ -1,6 +1,6 @@
 """``reclaimd status`` on a cluster given as objects (the real readers of claims and Leases),
 with one replica's /metrics served by a real aiohttp server and one that does not answer;
-bad input through the CLI: one line, exit 2. The real API server and RBAC: e2e/test_status.py.
+bad input through the CLI: one line, exit 2. The real API server and RBAC: e2e/test_status_e2e.py.
 """
 
 from __future__ import annotations
