@@ -22,7 +22,9 @@ header() {
 
 render() {
     # The symlinked dashboard makes helm warn on stderr on every run: keep stderr for errors.
-    "$HELM" template reclaimd "$CHART" --namespace reclaimd --kube-version "${K8S_VERSION#v}" "$@" \
+    # config.cluster_name is required: the plain manifests say change-me (edit the ConfigMap).
+    "$HELM" template reclaimd "$CHART" --namespace reclaimd --kube-version "${K8S_VERSION#v}" \
+        --set config.cluster_name=change-me "$@" \
         2> >(grep -v 'found symbolic link in path' >&2)
 }
 

@@ -172,6 +172,7 @@ def patch(stack: Stack, ns: str, name: str, change: dict[str, Any]) -> Answer:
 
 def render(action: str) -> str:
     values = {
+        "config": {"cluster_name": "e2e"},  # required by the chart
         "admission": {
             "enabled": True,
             "action": action,

@@ -134,7 +134,8 @@ def gke(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube
 def render(namespace: str) -> list[dict[str, Any]]:
     out = subprocess.run(
         [str(HELM), "template", "reclaimd", str(CHART), "--namespace", namespace,
-         "--kube-version", VERSIONS["K8S_VERSION"].lstrip("v"), "--set", "nodeAgent.enabled=true"],
+         "--kube-version", VERSIONS["K8S_VERSION"].lstrip("v"), "--set", "nodeAgent.enabled=true",
+         "--set", "config.cluster_name=e2e"],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     return [d for d in yaml.safe_load_all(out) if d]

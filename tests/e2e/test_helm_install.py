@@ -116,6 +116,8 @@ def kubectl(stack: Stack, *args: str, stdin: str | None = None, check: bool = Tr
 def helm(stack: Stack, *args: str, values: dict[str, Any] | None = None, tmp: Path) -> str:
     extra: list[str] = []
     if values is not None:
+        # config.cluster_name is required by the chart.
+        values = {**values, "config": {"cluster_name": "e2e", **values.get("config", {})}}
         path = tmp / f"values-{uuid.uuid4().hex[:6]}.yaml"
         path.write_text(yaml.safe_dump(values))
         extra = ["-f", str(path)]

@@ -193,7 +193,9 @@ def drill_docs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
         pytest.fail(f"no helm at {helm}: run deploy/helm/tools.sh", pytrace=False)
     values = tmp_path_factory.mktemp("drill") / "values.yaml"
     drill = {"enabled": True, "nodeLabel": "reclaimd.io/gameday=e2e", "namespace": PROBES}
-    values.write_text(yaml.safe_dump({"drill": drill, "nodeAgent": {"enabled": True}}))
+    config = {"cluster_name": "e2e"}  # required by the chart
+    doc = {"drill": drill, "nodeAgent": {"enabled": True}, "config": config}
+    values.write_text(yaml.safe_dump(doc))
     done = subprocess.run(
         [str(helm), "template", "reclaimd", str(REPO_DIR / "deploy" / "helm" / "reclaimd"),
          "--namespace", "reclaimd", "--kube-version", pins["K8S_VERSION"].lstrip("v"),

@@ -60,12 +60,20 @@ class HelmError(Exception):
     pass
 
 
+# config.cluster_name is required (test_helm_defaults: refused without it); every other render
+# names one unless its values do.
+CLUSTER = "test-cluster"
+QUEUE_URL = "https://sqs.us-east-2.amazonaws.com/123456789012/reclaimd"
+
+
 def render(
     tmp_path: Path, values: dict[str, Any] | None = None, release: str = "reclaimd"
 ) -> list[dict[str, Any]]:
+    values = dict(values or {})
+    values["config"] = {"cluster_name": CLUSTER, **values.get("config", {})}
     out = run_helm(
         "template", release, str(CHART), "--namespace", "reclaimd",
-        "--kube-version", KUBE_VERSION, values=values or {}, tmp=tmp_path,
+        "--kube-version", KUBE_VERSION, values=values, tmp=tmp_path,
     )  # fmt: skip
     return [d for d in yaml.safe_load_all(out) if d]
 
@@ -99,7 +107,10 @@ def match_expressions(pod_spec: dict[str, Any]) -> Iterator[tuple[str, str, tupl
 
 
 def test_helm_lint_strict() -> None:
-    out = run_helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
+    out = run_helm(
+        "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION,
+        "--set", f"config.cluster_name={CLUSTER}",
+    )  # fmt: skip
     assert "1 chart(s) linted, 0 chart(s) failed" in out
 
 
@@ -160,7 +171,8 @@ def test_pods_meet_the_restricted_pod_security_profile(tmp_path: Path) -> None:
 
 
 def test_config_map_is_valid_reclaimd_settings(tmp_path: Path) -> None:
-    values = {"config": {"cluster_name": "prod-1", "sqs": {"enabled": True, "queue_url": "q"}}}
+    sqs = {"enabled": True, "queue_url": QUEUE_URL}
+    values = {"config": {"cluster_name": "prod-1", "sqs": sqs}}
     docs = render(tmp_path, values)
     s = settings_of(only(docs, "ConfigMap"), tmp_path)
     assert s.cluster_name == "prod-1"
@@ -172,6 +184,10 @@ def test_config_map_is_valid_reclaimd_settings(tmp_path: Path) -> None:
 
 def test_pubsub_slots_follow_the_replicas_unless_set(tmp_path: Path) -> None:
     def slots(values: dict[str, Any]) -> int:
+        # Pub/Sub enabled as reclaimd accepts it (a project and a subscription).
+        pubsub = {"enabled": True, "project": "p", "subscription": "s"}
+        config = values.setdefault("config", {})
+        config["pubsub"] = {**pubsub, **config.get("pubsub", {})}
         cm = only(render(tmp_path, values), "ConfigMap")
         return settings_of(cm, tmp_path).pubsub.slots
 
@@ -285,7 +301,7 @@ def test_node_agent_runs_only_on_reclaimable_nodes(
 ) -> None:
     values = {
         "nodeAgent": {"enabled": True, "source": source},
-        "config": {"sqs": {"enabled": True, "queue_url": "q"}, "kueue": {"enabled": True}},
+        "config": {"sqs": {"enabled": True, "queue_url": QUEUE_URL}, "kueue": {"enabled": True}},
     }
     docs = render(tmp_path, values)
     ds = only(docs, "DaemonSet")

@@ -64,6 +64,13 @@ def test_a_typo_under_config_fails_the_render(
         render(tmp_path, values)
 
 
+def test_the_chart_requires_cluster_name(tmp_path: Path) -> None:
+    with pytest.raises(HelmError, match=r"config\.cluster_name is required: this cluster's name"):
+        render(tmp_path, {"config": {"cluster_name": ""}})
+    cm = only(render(tmp_path, {"config": {"cluster_name": "prod-eu-1"}}), "ConfigMap")
+    assert "cluster_name: prod-eu-1" in cm["data"]["config.yaml"]
+
+
 def kafka_rule(tmp_path: Path, values: dict[str, Any]) -> dict[str, Any] | None:
     np = only(render(tmp_path, values), "NetworkPolicy", "reclaimd")
     rules = [

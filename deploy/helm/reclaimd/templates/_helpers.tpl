@@ -52,6 +52,7 @@ azure.workload.identity/use: "true"
 
 {{/* The settings both workloads share: the user's config over what the chart must decide. */}}
 {{- define "reclaimd.baseConfig" -}}
+{{- $_ := required "config.cluster_name is required: this cluster's name, written on every ledger row and the peer group's (e.g. --set config.cluster_name=prod-us-east-2)" .Values.config.cluster_name -}}
 {{- $chart := dict "lease_namespace" .Release.Namespace "metrics_port" (int .Values.metricsPort) "peer_probe" (dict "port" (int .Values.peerProbePort)) "ledger" (dict "outbox_path" "/var/lib/reclaimd/outbox.sqlite") -}}
 {{- $cfg := mustMergeOverwrite (deepCopy .Values.config) $chart -}}
 {{- if .Values.checkpointIdentity.enabled -}}
