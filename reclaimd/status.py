@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -164,29 +165,26 @@ async def read(
     try:
         async with asyncio.timeout(timeout_s):
             claims, leases, notes = await _read_cluster(api, namespace)
-            gang_views = await _gangs(api, leases.gangs, notes)
+            now = utcnow()
+            by_holder = {h.holder: h for h in leases.holders}
+            open_claims, done = _split(claims, by_holder, now)
+            # The gangs of the notices in flight only: a charged gang's Lease stays for hours.
+            ids = {c.notice_id for c in open_claims}
+            mine = [
+                lease
+                for lease in leases.gangs
+                if objects.annotations(lease).get(gangclaims.NOTICE_ANNOTATION) in ids
+            ]
+            gang_views = await _gangs(api, mine, notes)
     except TimeoutError as e:
         raise StatusError(f"the API server did not answer within {timeout_s:g} s") from e
     except client.KubeError as e:
         raise StatusError(_why(e)) from e
-    now = utcnow()
-    by_holder = {h.holder: h for h in leases.holders}
 
     def alive(holder: str) -> bool:
         h = by_holder.get(holder)
         return h is not None and h.alive(now)
 
-    open_claims: list[Claim] = []
-    done: list[tuple[Claim, str]] = []
-    for c in claims:
-        h = by_holder.get(c.holder)
-        if c.phase.terminal:
-            done.append((c, _outcome(c)))
-        # As a replica's resume scan decides: open until past its deadline with no live holder.
-        elif c.open(now, h.duration_s if h else 0.0, h.renewed if h else None):
-            open_claims.append(c)
-        else:
-            done.append((c, "abandoned: past its deadline, its holder gone"))
     in_flight = tuple(
         _notice_view(c, now, alive(c.holder), gang_views.get(c.notice_id, ()))
         for c in sorted(open_claims, key=_deadline_order)
@@ -235,6 +233,24 @@ async def read(
         finished=finished_views,
         notes=tuple(notes),
     )
+
+
+def _split(
+    claims: list[Claim], by_holder: Mapping[str, holders.HolderLease], now: datetime
+) -> tuple[list[Claim], list[tuple[Claim, str]]]:
+    """The claims still in flight, and the finished ones with their outcome."""
+    open_claims: list[Claim] = []
+    done: list[tuple[Claim, str]] = []
+    for c in claims:
+        h = by_holder.get(c.holder)
+        if c.phase.terminal:
+            done.append((c, _outcome(c)))
+        # As a replica's resume scan decides: open until past its deadline with no live holder.
+        elif c.open(now, h.duration_s if h else 0.0, h.renewed if h else None):
+            open_claims.append(c)
+        else:
+            done.append((c, "abandoned: past its deadline, its holder gone"))
+    return open_claims, done
 
 
 async def _read_cluster(api: ApiServer, namespace: str) -> tuple[list[Claim], _Leases, list[str]]:

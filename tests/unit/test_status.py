@@ -11,6 +11,7 @@ import json
 import socket
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,20 @@ def cluster(metrics: str, pods: tuple[str, ...] = ("u0",)) -> FakeApiServer:
         },
         "spec": {"holderIdentity": "replica-a"},
     }
+    # A gang the finished notice charged, its Lease kept for hours: not read again.
+    old_rank = replace(members[0], namespace="old")
+    old_gang = Gang(key=GangKey("job", "old", "g0"), members=(old_rank,))
+    old_lease = {
+        "metadata": {
+            "name": gangclaims.lease_name(old_gang),
+            "labels": {gangclaims.NOTICE_LABEL: gangclaims.notice_label(done.id)},
+            "annotations": {
+                gangclaims.NOTICE_ANNOTATION: done.id,
+                gangclaims.RECORD_ANNOTATION: gangrecord.gang_json(old_gang),
+            },
+        },
+        "spec": {"holderIdentity": "replica-b"},
+    }
     slot = {
         "metadata": {
             "name": slots.lease_name("sub-0"),
@@ -152,6 +167,7 @@ def cluster(metrics: str, pods: tuple[str, ...] = ("u0",)) -> FakeApiServer:
     ]
     leases = [
         gang_lease,
+        old_lease,
         slot,
         holder_lease("replica-a", metrics, renewed=now),
         holder_lease("replica-b", f"127.0.0.1:{closed_port()}", renewed=now),
@@ -172,6 +188,7 @@ async def test_status_shows_in_flight_gangs_replicas_and_finished(metrics_server
     # every LIST from the API server's watch cache: no quorum read of etcd mid-storm
     lists = [q for method, path, q in api.requests if method == "GET" and path != "/apis"]
     assert lists and all(q == {"resourceVersion": "0"} for q in lists)
+    assert apiserver.pod("old") not in {path for _, path, _ in api.requests}
     (n,) = s.in_flight
     assert (n.notice_id, n.source, n.target, n.holder) == (
         "n-live",
