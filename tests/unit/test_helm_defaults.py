@@ -12,6 +12,7 @@ import pytest
 from test_helm_chart import CHART, HelmError, helm, only, render
 
 from reclaimd.config import Settings
+from reclaimd.sources import SqsSettings
 
 __all__ = ["helm"]  # the fixture: no helm, no test
 
@@ -45,7 +46,7 @@ def test_the_config_schema_is_the_settings_model() -> None:
     assert {k for k in schema_keys if "." not in k} == set(Settings.model_fields)
     sqs = config["properties"]["sqs"]
     assert sqs["additionalProperties"] is False
-    assert set(sqs["properties"]) == set(Settings.model_fields["sqs"].annotation.model_fields)
+    assert set(sqs["properties"]) == set(SqsSettings.model_fields)
 
 
 @pytest.mark.parametrize(
