@@ -19,7 +19,10 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from stack import Stack
 from test_cluster_api import RBAC_DOCS, apply_rbac, node_body
+from test_dry_run import log_lines, wait_for
 
+from chaos import stack as stackenv
+from chaos.harness import Harness
 from reclaimd.cluster import apiserver, client, peers
 from reclaimd.cluster.apiserver import ApiServer
 
@@ -183,3 +186,29 @@ async def test_reclaimd_reads_no_other_deployment(
     assert await peers.warn(as_reclaimd, OUR_QUEUE, (place,)) == []
     (unread,) = [r for r in caplog.records if "could not check" in r.getMessage()]
     assert unread.levelno == logging.INFO
+
+
+async def test_a_starting_replica_warns_of_karpenter_on_its_queue(
+    admin: k8s.ApiClient, stack: Stack
+) -> None:
+    """The whole replica (``reclaimd run``, its chart RBAC identity): one WARNING line at start
+    naming Karpenter and the replica's own SQS queue, and the replica runs on."""
+    async with Harness(stackenv.load()) as h:
+        queue = h.queue_url.rsplit("/", 1)[-1]
+        await k8s.AppsV1Api(admin).create_namespaced_deployment(
+            "kube-system", workload("Deployment", "karpenter", {"INTERRUPTION_QUEUE": queue})
+        )
+        d = await h.start_daemon("peers")
+
+        def warned() -> list[dict[str, Any]]:
+            return [
+                line
+                for line in log_lines(d.log_path)
+                if str(line.get("msg", "")).startswith("Karpenter (Deployment kube-system/")
+            ]
+
+        await wait_for("the Karpenter warning", warned, timeout_s=90)
+        (line,) = warned()
+        assert line["level"] == "warning"
+        assert f"reclaimd's own queue {queue}" in line["msg"]
+        assert any(x.get("msg") == "reclaimd running" for x in log_lines(d.log_path))
