@@ -205,6 +205,25 @@ def test_eks_quickstart_renders_with_the_clouds_names(tmp_path: Path) -> None:
     assert "source: ec2-sqs" in (REPO / scenario).read_text()
 
 
+def test_eks_pod_identity_variant_reaches_the_agent(tmp_path: Path) -> None:
+    """The page's Pod Identity variant: no role annotation, the agent's address in egress."""
+    page = EKS.read_text()
+    (variant,) = re.findall(r"^#\s+(--set-json 'networkPolicy\.metadata=.*')$", page, re.M)
+    original = EKS.read_text()
+    install = one(commands(EKS), "helm install ")
+    role_flag = '--set serviceAccount.awsRoleArn="$ROLE_ARN"'
+    assert role_flag in install
+    swapped = original.replace(role_flag + " \\\n", variant + " \\\n")
+    assert swapped != original
+    tmp_page = tmp_path / "quickstart-eks-pod-identity.md"
+    tmp_page.write_text(swapped)
+    docs = render_install(tmp_page, eks_values())
+    sa = only(docs, "ServiceAccount")
+    assert "eks.amazonaws.com/role-arn" not in (sa["metadata"].get("annotations") or {})
+    egress = yaml.safe_dump([d for d in docs if d["kind"] == "NetworkPolicy"])
+    assert "169.254.170.23/32" in egress and "169.254.169.254/32" in egress
+
+
 # --- GKE ---------------------------------------------------------------------------------------
 
 
