@@ -181,6 +181,17 @@ async def test_the_jobsets_pods_are_one_gang(admin: k8s.ApiClient, as_reclaimd: 
         }
         template = rjob["template"]["spec"]["template"]
         pods.append(pod_from(template, f"{job}-0-{RUN}", f"js-{RUN}-{i}", labels))
+    # The child Job JobSet makes from the template passes the API server's own validation
+    # (its podFailurePolicy on DisruptionTarget, which the set's failurePolicy rule names).
+    child: Any = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": f"{name}-{rjob['name']}-0", "namespace": NS},
+        "spec": rjob["template"]["spec"],
+    }
+    await k8s.BatchV1Api(admin).create_namespaced_job(NS, child, dry_run="All")
+    (rule,) = jobset["spec"]["failurePolicy"]["rules"]
+    assert rule["onJobFailureReasons"] == ["PodFailurePolicy"]
     # Rank 2's node gets the notice: the gang is every rank, wherever it runs.
     nodes = await create(admin, list(reversed(pods)), policy)
     assert all(matches(policy["spec"]["podSelector"], p["metadata"]["labels"]) for p in pods)
