@@ -103,6 +103,9 @@ class Daemon:
                     "holder_lease": parts.holders.fresh,
                 }
             )
+            # Each central source, by its name: not ready while it cannot hear (its receives
+            # failed for longer than a few rounds: a deleted queue, a refused subscription).
+            readiness.checks.update(registry.hearing(sources_by_name))
             # Up before the cache syncs: /healthz answers and /readyz says why not yet.
             await serving.enter_async_context(observed.serve(s.metrics_port, readiness))
             await view.start()

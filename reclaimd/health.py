@@ -1,8 +1,9 @@
 """What ``/readyz`` answers for one reclaimd process.
 
 Ready means a notice arriving now would be handled and charged: the cluster cache has synced
-(a notice resolves to nodes and gangs) and the ledger's outbox can be written (a restart-waste
-event would not be lost). ``/healthz`` asks less: that the process answers at all.
+(a notice resolves to nodes and gangs), the ledger's outbox can be written (a restart-waste
+event would not be lost) and every central source can hear (``Counters.deaf``: a check named
+for the source). ``/healthz`` asks less: that the process answers at all.
 
 Checks are cheap and synchronous, since a probe runs every few seconds; a change of the answer
 is logged once, naming the checks that fail, so an operator sees why a pod left the endpoints.

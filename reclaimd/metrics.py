@@ -320,6 +320,22 @@ def _transport_families(transports: Mapping[str, Any]) -> Iterator[Metric]:
         for admission, n in sorted(getattr(counters, "by_admission", {}).items()):
             admissions.add_metric([word(transport), word(admission)], n)
     yield admissions
+    for metric, help_, read in _HEARING:
+        hearing = GaugeMetricFamily(f"{PREFIX}_{metric}", help_, labels=["transport"])
+        for transport, counters in sorted(transports.items()):
+            hearing.add_metric([word(transport)], float(read(counters)))
+        yield hearing
+
+
+# Whether a transport can hear (transports.Counters): gauges, read at scrape time.
+_HEARING: tuple[tuple[str, str, Callable[[Any], float]], ...] = (
+    ("transport_last_receive_timestamp_seconds",
+     "when a receive last worked (Unix time; 0: none yet)", lambda c: c.last_receive),
+    ("transport_failing_seconds",
+     "how long receives have failed (0: the last one worked)", lambda c: c.failing_s()),
+    ("transport_deaf", "1 while receives have failed for longer than a few rounds (a central"
+     " source's /readyz then names it)", lambda c: c.deaf()),
+)  # fmt: skip
 
 
 def _gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:

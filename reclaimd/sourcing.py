@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reclaimd.afterdrain import AfterDrain, AfterDrains, NoAfterDrain
-from reclaimd.sources import Entry, enabled
+from reclaimd.sources import BY_NAME, Entry, enabled
 
 if TYPE_CHECKING:
     from reclaimd.cluster.apiserver import ApiServer
@@ -75,6 +75,21 @@ def after_drain(settings: Settings) -> AfterDrain:
 
 def counters(sources: Mapping[str, Source]) -> dict[str, Counters]:
     return {name: source.counters for name, source in sources.items()}
+
+
+def hearing(sources: Mapping[str, Source]) -> dict[str, Callable[[], bool]]:
+    """A readiness check per running central source, by its name: it is not deaf (its
+    receives have not failed for longer than a few rounds, ``Counters.deaf``). A node agent
+    serves its own node only: its failures are its metrics', not the replicas' readiness."""
+
+    def hears(source: Source) -> Callable[[], bool]:
+        return lambda: not source.counters.deaf()
+
+    return {
+        name: hears(source)
+        for name, source in sources.items()
+        if name in BY_NAME and not BY_NAME[name].agent
+    }
 
 
 @dataclass(frozen=True)

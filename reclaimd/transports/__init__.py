@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -23,6 +24,11 @@ from reclaimd.intake import Admission
 from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
 
 log = logging.getLogger(__name__)
+
+# Deaf: this many receives in a row failed, and none succeeded for this long (or since the
+# source started): a few rounds of its retries, not one blip. /readyz then names the source.
+DEAF_AFTER_FAILURES = 3
+DEAF_AFTER_S = 15.0
 
 Admit = Callable[[Notice], Awaitable[Admission]]
 
@@ -45,10 +51,12 @@ async def poll_forever(
             await poll_once()
         except errors as e:
             counters.transport_errors += 1
+            counters.failed(f"{type(e).__name__}: {e}")
             logs.event(log, f"{what} poll failed", logging.WARNING,
                        error=f"{type(e).__name__}: {e}"[:200])  # fmt: skip
             await backoff.sleep()
             continue
+        counters.heard()
         backoff.reset()
         await asyncio.sleep(interval_s * random.uniform(0.8, 1.2))
 
@@ -77,9 +85,36 @@ class Counters:
     transport_errors: int = 0
     released: int = 0  # unsettled messages handed back at once because the source stopped
     by_admission: dict[str, int] = field(default_factory=dict)
+    # Hearing: the wall-clock time of the last receive that worked (a long poll that returned,
+    # a fetch, a stream that stayed open; 0: none yet), the receives failed since, the last
+    # failure, and when the source last heard (monotonic; at first, when it was made).
+    last_receive: float = 0.0
+    failures: int = 0
+    problem: str = ""
+    _ok_at: float = field(default_factory=time.monotonic, repr=False)
 
     def admitted(self, admission: Admission) -> None:
         self.by_admission[admission.value] = self.by_admission.get(admission.value, 0) + 1
+
+    def heard(self) -> None:
+        """A receive worked: whatever it returned, the source can hear."""
+        self.last_receive, self._ok_at = time.time(), time.monotonic()
+        self.failures, self.problem = 0, ""
+
+    def failed(self, problem: str) -> None:
+        """A receive failed (the queue, subscription or topic refused or unreachable)."""
+        self.failures += 1
+        self.problem = problem[:200]
+
+    def failing_s(self, now: float | None = None) -> float:
+        """How long the source has failed to receive (0 while its last receive worked)."""
+        if not self.failures:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - self._ok_at)
+
+    def deaf(self, now: float | None = None) -> bool:
+        """Failed for longer than a few rounds: what /readyz and ``transport_deaf`` say."""
+        return self.failures >= DEAF_AFTER_FAILURES and self.failing_s(now) >= DEAF_AFTER_S
 
 
 class Read(StrEnum):

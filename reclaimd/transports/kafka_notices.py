@@ -94,6 +94,7 @@ class KafkaNoticeSource:
             except Exception as e:
                 self.counters.transport_errors += 1
                 await self._judge(e)
+                self.counters.failed(self.problem or f"{type(e).__name__}: {e}")
                 delay = backoff.next_delay()
                 logs.event(
                     log,
@@ -126,6 +127,7 @@ class KafkaNoticeSource:
             while True:
                 batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
                 on_started()  # a consumer that fetched is healthy: the next failure starts over
+                self.counters.heard()
                 if not batch:
                     continue
                 async with asyncio.TaskGroup() as tg:

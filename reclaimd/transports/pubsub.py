@@ -68,6 +68,9 @@ MAX_BACKOFF_S = 30.0
 STABLE_STREAM_S = 60.0  # a stream that lived this long resets the backoff
 SHUTDOWN_TIMEOUT_S = 10.0
 SEEK_TIMEOUT_S = 5.0  # a slot's rewind; past it the stream opens anyway
+# A stream that has not failed this long hears (a missing subscription or a refused
+# permission ends it within a second): the source's last receive, while the topic is quiet.
+HEARD_EVERY_S = 5.0
 
 
 class Verdict(StrEnum):
@@ -135,6 +138,7 @@ class PubSubSource:
                 except Exception as e:
                     reason = f"{type(e).__name__}: {e}"
                 self.counters.transport_errors += 1
+                self.counters.failed(reason)
                 if time.monotonic() - opened > STABLE_STREAM_S:
                     backoff.reset()
                 delay = backoff.next_delay()
@@ -165,9 +169,12 @@ class PubSubSource:
                 max_messages=self.settings.max_messages,
                 lease_s=self.settings.lease_extension_s,
             )
-            # Shielded: a cancelled wrap_future would cancel the stream future itself, and the
-            # client's shutdown would race the nacks below.
-            await asyncio.shield(asyncio.wrap_future(future))
+            # Waited on, not awaited: a cancelled wrap_future would cancel the stream future
+            # itself, and the client's shutdown would race the nacks below.
+            streaming = asyncio.wrap_future(future)
+            while not (await asyncio.wait({streaming}, timeout=HEARD_EVERY_S))[0]:
+                self.counters.heard()  # open, and not failed: the stream hears
+            streaming.result()
         except asyncio.CancelledError:
             # Before the stream closes: the client's shutdown then flushes these nacks with
             # its own, and the server can redeliver at once.
@@ -233,6 +240,7 @@ class PubSubSource:
             settled.cancel()
 
     async def _settle(self, message: Any) -> Verdict:
+        self.counters.heard()
         try:
             outcome = await self.handle(bytes(message.data), message_id=str(message.message_id))
         except Exception as e:

@@ -92,6 +92,7 @@ class SqsSource:
             try:
                 await self._wait_for_room()
                 messages = await self._receive()
+                self.counters.heard()
                 if messages:
                     self._unsettled += len(messages)
                     batches.create_task(self._settle(messages), name="sqs-settle")
@@ -100,6 +101,7 @@ class SqsSource:
                 raise
             except Exception as e:
                 self.counters.transport_errors += 1
+                self.counters.failed(f"{type(e).__name__}: {e}")
                 logs.event(log, "sqs poll failed", logging.WARNING, error=str(e)[:200])
                 await backoff.sleep()
 
