@@ -27,6 +27,7 @@ content only, and such repeats collapse into the first notice.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -154,3 +155,49 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         payload_digest=digest(payload),
     )
     return (notice,)
+
+
+def _vm(target: str) -> dict[str, str]:
+    """``--vm``: ``<project>/<zone>/<instance>``, a ``gce://`` providerID or the
+    ``projects/<p>/zones/<z>/instances/<i>`` path."""
+    parts = [p for p in target.removeprefix("gce://").split("/") if p]
+    if len(parts) == 6 and parts[0::2] == ["projects", "zones", "instances"]:
+        parts = parts[1::2]
+    if len(parts) != 3:
+        raise ParseError(
+            f"vm: {show(target)} is not <project>/<zone>/<instance>: give it so, or the node's"
+            " providerID gce://<project>/<zone>/<instance>"
+        )
+    return dict(zip(("project", "zone", "instance"), parts, strict=True))
+
+
+def parse_saved(
+    payload: bytes, *, received_at: datetime, windows: Windows, target: str = ""
+) -> ParseOutcome:
+    """What ``reclaimd parse`` reads: the watcher's envelope, or a value as the metadata
+    server returns it (``curl -H Metadata-Flavor:Google http://metadata.google.internal/
+    computeMetadata/v1/instance/preempted > value.txt``: ``TRUE``,
+    ``TERMINATE_ON_HOST_MAINTENANCE``, ...) for the VM ``target`` names (``--vm
+    <project>/<zone>/<instance>``: a value does not say whose it is). Its key is told by the
+    value: ``TRUE``/``FALSE`` are ``instance/preempted``'s, the rest
+    ``instance/maintenance-event``'s."""
+    value = payload.decode("utf-8", "replace").strip()
+    if value.startswith("{"):  # the watcher's envelope
+        envelope = as_object(load(payload), "metadata envelope")
+        if target and _vm(target) != {k: str(envelope.get(k, "")) for k in _GRAMMARS}:
+            raise ParseError(f"vm: {show(target)} is not the envelope's VM: leave --vm out")
+        return parse(payload, received_at=received_at, windows=windows)
+    paths = [path for path, known in VALUES if known == value]
+    if not paths:
+        known = ", ".join(sorted({v for _, v in VALUES}))
+        raise ParseError(
+            f"value: {show(value)} is no value of instance/preempted or"
+            f" instance/maintenance-event ({known}): save the key's response as it came"
+        )
+    if not target:
+        raise ParseError(
+            "a metadata value does not name its VM: add --vm <project>/<zone>/<instance>"
+            " (the node's providerID names them)"
+        )
+    envelope = {**_vm(target), "path": paths[0], "value": value}
+    return parse(json.dumps(envelope).encode(), received_at=received_at, windows=windows)

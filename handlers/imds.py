@@ -27,6 +27,7 @@ polls map to one notice; a changed body is a new one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -232,3 +233,54 @@ def parse(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOu
         digest=digest(payload),
     )
     return handler(env)
+
+
+def _path_of(body: Any) -> str:
+    """Which notice path a bare IMDS body was read from, by its shape."""
+    if isinstance(body, list):
+        return "events/maintenance/scheduled"
+    if isinstance(body, dict):
+        if "action" in body:
+            return "spot/instance-action"
+        if "noticeTime" in body:
+            return "events/recommendations/rebalance"
+    raise ParseError(
+        "body: not an IMDS notice body (spot/instance-action, events/recommendations/rebalance,"
+        " events/maintenance/scheduled or autoscaling/target-lifecycle-state): save one of those"
+        " paths' responses, or the poller's envelope"
+    )
+
+
+def parse_saved(
+    payload: bytes, *, received_at: datetime, windows: Windows, target: str = ""
+) -> ParseOutcome:
+    """What ``reclaimd parse`` reads: the poller's envelope, or a body as IMDS returns it
+    (``curl -H "X-aws-ec2-metadata-token: $T" http://169.254.169.254/latest/meta-data/spot/
+    instance-action > body.json``) for the instance ``target`` names (``--vm i-0abc...``: a
+    body does not say whose it is). Its path is told by its shape: ``{"action", "time"}``,
+    ``{"noticeTime"}``, a list of scheduled events, or the plain-text lifecycle state."""
+    text_body = payload.decode("utf-8", "replace").strip()
+    try:
+        body: Any = load(payload)
+    except ParseError:
+        body = text_body  # plain text: autoscaling/target-lifecycle-state
+    if isinstance(body, dict) and "path" in body:  # the poller's envelope
+        if target and target != body.get("instance_id"):
+            raise ParseError(
+                f"vm: {show(target)} is not the envelope's instance_id: leave --vm out"
+            )
+        return parse(payload, received_at=received_at, windows=windows)
+    if isinstance(body, str):
+        if not body or body.startswith(("{", "[")):
+            raise ParseError("body: empty or not JSON: save the IMDS response as it came")
+        path = "autoscaling/target-lifecycle-state"
+    else:
+        path = _path_of(body)
+    if not target:
+        raise ParseError(
+            "an IMDS body does not name its instance: add --vm <instance id> (IMDS serves it"
+            " at /latest/meta-data/instance-id)"
+        )
+    instance = ids.EC2_INSTANCE_ID.check(target, "vm")
+    envelope = {"instance_id": instance, "path": path, "body": body}
+    return parse(json.dumps(envelope).encode(), received_at=received_at, windows=windows)

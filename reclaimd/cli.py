@@ -31,7 +31,7 @@ def _read_input(arg: str) -> bytes:
     try:
         return Path(arg).read_bytes()
     except OSError as e:
-        raise UsageError(f"{arg}: {e.strerror or e}") from e
+        raise UsageError(f"{arg}: {e.strerror or e}: give a readable file, or - for stdin") from e
 
 
 def cmd_version(_: argparse.Namespace) -> int:
@@ -52,7 +52,10 @@ def cmd_parse(args: argparse.Namespace) -> int:
     import handlers
 
     if args.vm is not None and args.source not in handlers.SAVED:
-        raise UsageError(f"--vm: only with --source {', '.join(sorted(handlers.SAVED))}")
+        raise UsageError(
+            f"--vm: only with --source {', '.join(sorted(handlers.SAVED))}:"
+            f" leave it out for {args.source} (its payload names its instance)"
+        )
     windows = config.load(args.config).windows if args.config else config.Settings().windows
     # what people save (a metadata document as the endpoint returns it, for one VM or every
     # VM it names), or the transport's payload
@@ -108,8 +111,9 @@ def build_parser(*, tools: bool = True) -> argparse.ArgumentParser:
     s.add_argument(
         "--vm",
         metavar="NAME",
-        help="the VM (IMDS compute.name) a saved document that lists several is read for"
-        " (a scheduled events document); without it, every VM it names",
+        help="the VM or instance a saved metadata body is read for: a body says nothing of"
+        " whose it is (an EC2 instance id; <project>/<zone>/<instance> on GCE); on Azure the"
+        " VM (compute.name) of a scheduled events document, without it every VM it names",
     )
     s.set_defaults(func=cmd_parse)
 

@@ -459,15 +459,15 @@ def load(
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
-            raise ConfigError(f"{path}: {e.strerror or e}") from e
+            raise ConfigError(f"{path}: {e.strerror or e}: give a readable settings file") from e
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}: not valid YAML{at}") from e
+            raise ConfigError(f"{path}: not valid YAML{at}: mend the file there") from e
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of settings")
+            raise ConfigError(f"{path}: the top level must be a mapping: write key: value lines")
     origins: dict[tuple[str, ...], str] = {}
     data = overlay(data, os.environ if env is None else env, origins)
     where = configcheck.Where(None if path is None else str(path), origins)

@@ -148,4 +148,7 @@ def test_vm_is_only_for_azure_scheduled_events() -> None:
         check=False,
     )
     assert r.returncode == 2
-    assert r.stderr.decode() == "reclaimd parse: --vm: only with --source azure-scheduled\n"
+    assert r.stderr.decode() == (
+        "reclaimd parse: --vm: only with --source azure-scheduled, gce-metadata, imds:"
+        " leave it out for ec2 (its payload names its instance)\n"
+    )
