@@ -48,6 +48,7 @@ def viewer_docs(release: str, subject: dict[str, str]) -> list[dict[str, Any]]:
         [str(helm), "template", release, str(REPO_DIR / "deploy" / "helm" / "reclaimd"),
          "--namespace", "reclaimd", "--kube-version", p["K8S_VERSION"].lstrip("v"),
          "--show-only", "templates/viewer-rbac.yaml", "--set", "viewer.create=true",
+         "--set", "config.cluster_name=local",
          "--set", "config.cluster_name=e2e",
          "--set-json", f"viewer.subjects=[{json.dumps(subject)}]"],
         capture_output=True, text=True, check=False, timeout=120,
