@@ -41,7 +41,7 @@ from reclaimd.cluster import (
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.config import Settings
 from reclaimd.pipeline import Report
-from reclaimd.sources import enabled
+from reclaimd.sources import destinations, enabled
 from reclaimd.wiring import Parts, wire
 
 log = logging.getLogger(__name__)
@@ -248,9 +248,10 @@ class Daemon:
         return {e.name: registry.build_one(e, wiring) for e in enabled(self.settings)}
 
 
-def _our_queue(s: Settings) -> str:
-    sqs = getattr(s, "sqs", None)
-    return str(sqs.queue_url) if sqs is not None and sqs.enabled else ""
+def _our_queue(s: Settings) -> tuple[str, ...]:
+    """Every queue, subscription and topic our enabled sources consume (a peer on one of
+    them takes messages from us)."""
+    return tuple(d for d in destinations(s).values() if d)
 
 
 def _receiving(

@@ -20,7 +20,7 @@ is read from their containers' env and args (Karpenter ``INTERRUPTION_QUEUE`` /
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +87,20 @@ def _queue_name(url_or_name: str) -> str:
     return url_or_name.rstrip("/").rsplit("/", 1)[-1]
 
 
+def _ours(ours: str | Iterable[str], queue: str) -> bool:
+    """Whether ``queue`` (a URL or a name) is one reclaimd consumes: ``ours`` is one queue or
+    every destination of the enabled sources (``sources.destinations``), URLs or names."""
+    mine = [ours] if isinstance(ours, str) else list(ours)
+    return bool(queue) and _queue_name(queue) in {_queue_name(q) for q in mine if q}
+
+
 def _true(value: str | None, default: bool) -> bool:
     return default if value is None or value == "" else value.strip().lower() == "true"
 
 
-def karpenter(place: Place, obj: Mapping[str, Any], our_queue: str, its_nodes: bool) -> str:
+def karpenter(
+    place: Place, obj: Mapping[str, Any], our_queue: str | Iterable[str], its_nodes: bool
+) -> str:
     """One line when Karpenter handles interruptions ('' when it does not)."""
     found = settings_of(obj)
     queue = found.get("--interruption-queue", found.get("INTERRUPTION_QUEUE", ""))
@@ -104,7 +113,7 @@ def karpenter(place: Place, obj: Mapping[str, Any], our_queue: str, its_nodes: b
     )
     if queue is UNREADABLE:
         where = "a queue set from a ConfigMap or Secret (not read)"
-    elif our_queue and _queue_name(queue) == _queue_name(our_queue):
+    elif _ours(our_queue, queue):
         where = f"reclaimd's own queue {queue}: each message reaches only one of the two"
     else:
         where = f"its queue {queue}, fed by the same EventBridge events"
@@ -115,7 +124,7 @@ def karpenter(place: Place, obj: Mapping[str, Any], our_queue: str, its_nodes: b
     )
 
 
-def nth_queue(place: Place, obj: Mapping[str, Any], our_queue: str) -> str:
+def nth_queue(place: Place, obj: Mapping[str, Any], our_queue: str | Iterable[str]) -> str:
     """One line when NTH runs in queue mode ('' when it does not)."""
     found = settings_of(obj)
     if not _true(found.get("ENABLE_SQS_TERMINATION_DRAINING", ""), False):
@@ -123,7 +132,7 @@ def nth_queue(place: Place, obj: Mapping[str, Any], our_queue: str) -> str:
     queue = found.get("QUEUE_URL", "")
     if queue is UNREADABLE:
         where = "a queue set from a ConfigMap or Secret (not read)"
-    elif our_queue and queue and _queue_name(queue) == _queue_name(our_queue):
+    elif _ours(our_queue, queue):
         where = f"reclaimd's own queue {queue}: each message reaches only one of the two"
     else:
         where = f"its queue {queue or '(unset)'}, fed by the same EventBridge events"
@@ -138,7 +147,7 @@ def nth_queue(place: Place, obj: Mapping[str, Any], our_queue: str) -> str:
     )
 
 
-def nth_imds(place: Place, obj: Mapping[str, Any]) -> str:
+def nth_metadata_mode(place: Place, obj: Mapping[str, Any]) -> str:
     """One line when NTH's IMDS DaemonSet drains on Spot warnings ('' when it does not)."""
     found = settings_of(obj)
     if not _true(found.get("ENABLE_SPOT_INTERRUPTION_DRAINING", ""), True):
@@ -168,7 +177,7 @@ async def _has_karpenter_nodes(api: ApiServer) -> bool:
 
 
 async def find(
-    api: ApiServer, our_queue: str, places: Sequence[Place] = WELL_KNOWN
+    api: ApiServer, our_queue: str | Iterable[str], places: Sequence[Place] = WELL_KNOWN
 ) -> tuple[list[str], list[str]]:
     """(findings, places that could not be read and why)."""
     findings: list[str] = []
@@ -190,13 +199,15 @@ async def find(
         elif place.resource == "deployments":
             line = nth_queue(place, obj, our_queue)
         else:
-            line = nth_imds(place, obj)
+            line = nth_metadata_mode(place, obj)
         if line:
             findings.append(line)
     return findings, unread
 
 
-async def warn(api: ApiServer, our_queue: str, places: Sequence[Place] = WELL_KNOWN) -> list[str]:
+async def warn(
+    api: ApiServer, our_queue: str | Iterable[str], places: Sequence[Place] = WELL_KNOWN
+) -> list[str]:
     """Log each finding as one WARNING (and what could not be read as one INFO line); never
     raises: a replica starts whatever it finds."""
     try:

@@ -67,6 +67,6 @@ def test_nth_queue_mode_says_which_instances() -> None:
 
 
 def test_nth_imds_mode_drains_by_default() -> None:
-    assert "the 12 node(s)" in peers.nth_imds(NTH_DS, spec({"name": "nth"}, scheduled=12))
+    assert "the 12 node(s)" in peers.nth_metadata_mode(NTH_DS, spec({"name": "nth"}, scheduled=12))
     off = spec({"env": env(ENABLE_SPOT_INTERRUPTION_DRAINING="false")})
-    assert peers.nth_imds(NTH_DS, off) == ""
+    assert peers.nth_metadata_mode(NTH_DS, off) == ""
