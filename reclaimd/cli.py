@@ -59,13 +59,18 @@ def cmd_parse(args: argparse.Namespace) -> int:
     windows = config.load(args.config).windows if args.config else config.Settings().windows
     # what people save (a metadata document as the endpoint returns it, for one VM or every
     # VM it names), or the transport's payload
-    outcome = handlers.parse_saved(
-        args.source,
-        _read_input(args.file),
-        received_at=utcnow(),
-        windows=windows,
-        target=args.vm or "",
-    )
+    payload = _read_input(args.file)
+    try:
+        outcome = handlers.parse_saved(
+            args.source, payload, received_at=utcnow(), windows=windows, target=args.vm or ""
+        )
+    except ParseError as e:
+        if args.source in handlers.SAVED:
+            raise  # a saved body's own errors say what to add
+        raise ParseError(
+            f"{e}: is it what --source {args.source} reads? Check --source, or give the"
+            " message body as it was delivered"
+        ) from e
     if isinstance(outcome, Ignored):
         if args.verbose:
             print(f"ignored: {outcome.reason}", file=sys.stderr)

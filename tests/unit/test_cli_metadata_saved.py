@@ -127,3 +127,12 @@ def test_version() -> None:
         [sys.executable, "-m", "reclaimd.cli", "--version"], capture_output=True, check=False
     )
     assert r.returncode == 0 and r.stdout.decode().startswith("reclaimd ")
+
+
+def test_a_payload_that_is_not_the_sources_says_to_check_the_source() -> None:
+    line = error(run("ec2", stdin=b"TRUE"))
+    assert line.startswith("reclaimd parse: not JSON")
+    assert line.endswith(
+        ": is it what --source ec2 reads? Check --source, or give the message body as it was"
+        " delivered"
+    )
