@@ -12,10 +12,12 @@ and every other part from importing a transport.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from reclaimd import logs
 from reclaimd.afterdrain import AfterDrain, AfterDrains, NoAfterDrain
 from reclaimd.sources import BY_NAME, Entry, enabled
 
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
     from reclaimd.config import Settings
     from reclaimd.model import Windows
     from reclaimd.transports import Admit, Counters
+
+log = logging.getLogger(__name__)
 
 
 class Source(Protocol):
@@ -80,13 +84,26 @@ def counters(sources: Mapping[str, Source]) -> dict[str, Counters]:
 def hearing(sources: Mapping[str, Source]) -> dict[str, Callable[[], bool]]:
     """A readiness check per running central source, by its name: it is not deaf (its
     receives have not failed for longer than a few rounds, ``Counters.deaf``). A node agent
-    serves its own node only: its failures are its metrics', not the replicas' readiness."""
+    serves its own node only: its failures are its metrics', not the replicas' readiness.
+    Turning deaf is logged once, with the source's last failure: why it cannot hear."""
 
-    def hears(source: Source) -> Callable[[], bool]:
-        return lambda: not source.counters.deaf()
+    def hears(name: str, source: Source) -> Callable[[], bool]:
+        said = False
+
+        def check() -> bool:
+            nonlocal said
+            c = source.counters
+            deaf = c.deaf()
+            if deaf and not said:
+                logs.event(log, "source cannot hear", logging.ERROR, source=name,
+                           problem=c.problem, failing_s=round(c.failing_s(), 1))  # fmt: skip
+            said = deaf
+            return not deaf
+
+        return check
 
     return {
-        name: hears(source)
+        name: hears(name, source)
         for name, source in sources.items()
         if name in BY_NAME and not BY_NAME[name].agent
     }

@@ -17,8 +17,8 @@ import pytest
 from chaos import inject
 from chaos import stack as stackenv
 from chaos.harness import Harness, scrape
-from chaos.process import DaemonProcess
 from chaos.ports import free_port
+from chaos.process import DaemonProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +75,11 @@ async def test_a_deleted_queue_makes_the_replica_not_ready_until_it_is_back(h: H
     await asyncio.to_thread(h.sqs.delete_queue, QueueUrl=h.queue_url)
     await _until(port, (503, "not ready: sqs"), DEAF_WITHIN_S)
     assert await _deaf(port) == {"sqs": 1.0}
-    assert "The specified queue does not exist" in daemon.log_path.read_text()
+    said = [
+        line for line in daemon.log_path.read_text().splitlines() if "source cannot hear" in line
+    ]
+    assert len(said) == 1 and '"source":"sqs"' in said[0], said  # once, with why
+    assert "The specified queue does not exist" in said[0]
     await asyncio.to_thread(h.create_queue)  # the same name: the same URL
     await _until(port, READY, MENDED_WITHIN_S)
     assert await _deaf(port) == {"sqs": 0.0}

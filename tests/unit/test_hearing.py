@@ -4,9 +4,11 @@ says the same (the stack's replicas: tests/e2e/test_hearing.py)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from reclaimd import health, metrics, sourcing
@@ -73,3 +75,19 @@ def test_the_metric_says_what_readiness_says() -> None:
     assert got[("reclaimd_transport_failing_seconds", "pubsub")] > DEAF_AFTER_S
     assert got[("reclaimd_transport_last_receive_timestamp_seconds", "pubsub")] == 0.0
     assert got[("reclaimd_transport_last_receive_timestamp_seconds", "sqs")] > 1e9
+
+
+def test_turning_deaf_is_logged_once_with_why(caplog: pytest.LogCaptureFixture) -> None:
+    sqs = FakeSource()
+    check = sourcing.hearing({"sqs": sqs})["sqs"]
+    for _ in range(DEAF_AFTER_FAILURES):
+        sqs.counters.failed("QueueDoesNotExist: The specified queue does not exist.")
+    sqs.counters._ok_at -= DEAF_AFTER_S + 1
+    with caplog.at_level(logging.ERROR, logger="reclaimd.sourcing"):
+        assert [check(), check(), check()] == [False, False, False]
+    said = [r for r in caplog.records if r.getMessage() == "source cannot hear"]
+    assert len(said) == 1, said
+    fields = said[0].__dict__["fields"]
+    assert fields["source"] == "sqs" and fields["problem"].startswith("QueueDoesNotExist")
+    sqs.counters.heard()
+    assert check()
