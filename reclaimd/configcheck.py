@@ -64,6 +64,17 @@ def unknown_key(loc: Path_, defaults: Mapping[str, Any]) -> str:
     return "not a setting: remove it"
 
 
+# pydantic's words where they name a Python type rather than what to write.
+_SAYS = {
+    "model_type": "a section: write its keys under it (key: value), or leave it out",
+    "dict_type": "a section: write its keys under it (key: value), or leave it out",
+    "tuple_type": "a list: write [a, b] or one '- item' line each",
+    "list_type": "a list: write [a, b] or one '- item' line each",
+    "bool_parsing": "write true or false",
+    "bool_type": "write true or false",
+}
+
+
 def validation_lines(e: ValidationError, model: type[BaseModel], where: Where) -> list[str]:
     """One line per error of ``e``, in the file's terms."""
     defaults: dict[str, Any] | None = None
@@ -74,6 +85,8 @@ def validation_lines(e: ValidationError, model: type[BaseModel], where: Where) -
             if defaults is None:
                 defaults = model().model_dump(mode="json")
             message = unknown_key(loc, defaults)
+        elif error["type"] in _SAYS:
+            message = _SAYS[error["type"]]
         else:
             message = " ".join(str(error["msg"]).split())  # a validator's words stay one line
             message = message.removeprefix("Value error, ")  # pydantic's wrapping of ours

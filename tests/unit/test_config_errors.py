@@ -156,3 +156,17 @@ def test_load_without_require_source_lets_a_tool_read_an_idle_file(tmp_path: Pat
     assert config.load(f, env={}).windows.default_s == 60
     with pytest.raises(config.ConfigError, match="no source is enabled"):
         config.load(f, env={}, require_source=True)
+
+
+def test_a_wrong_type_says_what_to_write(tmp_path: Path) -> None:
+    code, got, _ = check(
+        tmp_path,
+        "sqs: 5\nkueue: {enabled: maybe, namespaces: default}\npolicy: {eviction: yolo}\n",
+    )
+    assert code == 2
+    assert sorted(got) == [
+        "kueue.enabled: write true or false",
+        "kueue.namespaces: a list: write [a, b] or one '- item' line each",
+        "policy.eviction: Input should be 'respect-pdb' or 'force-near-deadline'",
+        "sqs: a section: write its keys under it (key: value), or leave it out",
+    ]
