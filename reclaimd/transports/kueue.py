@@ -161,11 +161,13 @@ class KueueSource:
                     ):
                         transient.reset()
                         lasting.reset()
+                        self.counters.heard()
                         self.apply(event, namespace)
             except client.KubeError as e:
                 # The watch retries transient failures itself; what lands here is discovery
                 # failing (soon retried), RBAC or the CRD going away (looked at again later).
                 self.counters.transport_errors += 1
+                self.counters.failed(f"{type(e).__name__}: {e}")
                 if isinstance(e, client.NotFound) and versions is not None:
                     versions.forget()  # the Workload API changed: discover it again
                 logs.event(log, "kueue watch failed", logging.WARNING, what=where, error=str(e))
@@ -173,6 +175,7 @@ class KueueSource:
                 continue
             except Exception as e:  # a source must outlive a bug here: the daemon needs the others
                 self.counters.transport_errors += 1
+                self.counters.failed(repr(e))
                 logs.event(
                     log, "kueue watch crashed", logging.ERROR, what=where, error=repr(e)[:200]
                 )

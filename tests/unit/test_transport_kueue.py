@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -23,6 +24,7 @@ from reclaimd.cluster.watch import Changed, Listed
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Windows, utcnow
 from reclaimd.sources import KueueSettings
+from reclaimd.transports import DEAF_AFTER_S
 from reclaimd.transports.kueue import KueueSource, object_key, pick_version
 
 KUEUE = FIXTURES / "kueue"
@@ -337,6 +339,9 @@ async def test_a_failing_watch_is_retried_not_fatal() -> None:
             while src.counters.transport_errors < 3:  # noqa: ASYNC110 - a counter, no event
                 await asyncio.sleep(0.01)
         assert not task.done()
+        # each failed watch is a failed receive: long enough, the source is deaf (/readyz)
+        assert src.counters.failures >= 3 and src.counters.problem
+        assert src.counters.deaf(time.monotonic() + DEAF_AFTER_S)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
