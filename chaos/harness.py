@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -249,6 +251,13 @@ class Harness:
                 },
             ],
         )
+        path = await self.token_kubeconfig(sa)
+        await self._until_it_can_read(path)
+        return path
+
+    async def token_kubeconfig(self, sa: str) -> Path:
+        """A kubeconfig that is service account ``sa`` of the run's namespace: a TokenRequest
+        token, as a pod's projected one, on the stack's API server."""
         token = await self.core.create_namespaced_service_account_token(
             sa, self.namespace, cast(Any, {"spec": {"expirationSeconds": 3600}})
         )
@@ -265,7 +274,6 @@ class Harness:
         path = self.workdir / f"{sa}.kubeconfig"
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
-        await self._until_it_can_read(path)
         return path
 
     @staticmethod
@@ -498,3 +506,14 @@ class Harness:
             if key in out:
                 out[key.removesuffix("_s") + "_from_notice_s"] = out[key] + lag
         return out
+
+
+def readyz(port: int) -> tuple[int, str]:
+    """A replica's ``/readyz`` on ``port``: (status, body); (0, "") when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return r.status, r.read().decode().strip()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode().strip()
+    except OSError:
+        return 0, ""

@@ -16,8 +16,6 @@ import json
 import logging
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,7 +27,7 @@ from test_ledger_kafka import read_all, waste
 
 from chaos import inject
 from chaos import stack as stackenv
-from chaos.harness import Harness
+from chaos.harness import Harness, readyz
 from chaos.ports import free_port
 from reclaimd.intake import Admission
 from reclaimd.kafkaconn import KafkaSettings
@@ -228,16 +226,6 @@ def _read(path: str) -> str:
     return Path(path).read_text().strip()
 
 
-def _readyz(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return r.status, r.read().decode().strip()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode().strip()
-    except OSError:
-        return 0, ""
-
-
 async def test_a_replica_refused_by_kafka_is_not_ready_and_a_fixed_restart_publishes_once(
     h: Harness, tmp_path: Path
 ) -> None:
@@ -257,7 +245,7 @@ async def test_a_replica_refused_by_kafka_is_not_ready_and_a_fixed_restart_publi
     first = await h.start_daemon(kafka=bad, metrics_port=port)
 
     async def answers(expected: tuple[int, str]) -> bool:
-        return await asyncio.to_thread(_readyz, port) == expected
+        return await asyncio.to_thread(readyz, port) == expected
 
     await _until_async(lambda: answers((503, "not ready: kafka")), 90, "/readyz names kafka")
     notice = h.send_spot(node)

@@ -7,8 +7,6 @@ subscription or topic is there."""
 from __future__ import annotations
 
 import asyncio
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,7 +14,7 @@ import pytest
 
 from chaos import inject
 from chaos import stack as stackenv
-from chaos.harness import Harness, scrape
+from chaos.harness import Harness, readyz, scrape
 from chaos.ports import free_port
 from chaos.process import DaemonProcess
 
@@ -35,20 +33,10 @@ async def h() -> AsyncIterator[Harness]:
         yield harness
 
 
-def _readyz(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return r.status, r.read().decode().strip()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode().strip()
-    except OSError:
-        return 0, ""
-
-
 async def _until(port: int, expected: tuple[int, str], timeout_s: float) -> None:
     seen: tuple[int, str] = (0, "")
     for _ in range(int(timeout_s / 0.5)):
-        seen = await asyncio.to_thread(_readyz, port)
+        seen = await asyncio.to_thread(readyz, port)
         if seen == expected:
             return
         await asyncio.sleep(0.5)

@@ -76,23 +76,7 @@ async def kubeconfig_for(h: Harness, sa: str) -> Path:
             }
         ],
     )
-    token = await h.core.create_namespaced_service_account_token(
-        sa, h.namespace, cast(Any, {"spec": {"expirationSeconds": 3600}})
-    )
-    admin = yaml.safe_load(await asyncio.to_thread(Path(h.stack.kubeconfig).read_text))
-    cluster = admin["clusters"][0]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [cluster],
-        "users": [{"name": sa, "user": {"token": token.status.token}}],
-        "contexts": [{"name": sa, "context": {"cluster": cluster["name"], "user": sa}}],
-        "current-context": sa,
-    }
-    path = h.workdir / f"{sa}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return await h.token_kubeconfig(sa)
 
 
 def status(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
