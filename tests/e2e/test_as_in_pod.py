@@ -14,8 +14,6 @@ import asyncio
 import base64
 import os
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,7 @@ from stack import REPO_DIR
 
 from chaos import kube as chaos_kube
 from chaos import stack as stackenv
-from chaos.harness import Harness
+from chaos.harness import Harness, readyz
 from chaos.ports import free_port
 
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
@@ -92,16 +90,6 @@ def podman(*args: str, check: bool = False, timeout: float = 120) -> str:
     return done.stdout + (done.stderr if not check else "")
 
 
-def readyz(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
-
-
 @pytest.fixture
 async def h(stack: Any) -> AsyncIterator[Harness]:
     async with Harness(stackenv.load()) as harness:
@@ -139,8 +127,18 @@ async def pod(h: Harness, stack: Any, tmp_path: Path) -> AsyncIterator[Pod]:
                 "wait_time_s": 1,
                 "visibility_timeout_s": 10,
             },
-            "kafka": h.replica_kafka.settings,
-            "ledger": {"bootstrap": h.replica_kafka.bootstrap, "topic": h.topic},
+            "ledger": {"bootstrap": h.stack["KAFKA_SASL_SSL_BOOTSTRAP"], "topic": h.topic},
+        },
+        # As production: SASL_SSL with the CA and the password from Secrets the chart mounts
+        # (their files are laid out below as the kubelet would).
+        "kafka": {
+            "securityProtocol": "SASL_SSL",
+            "tls": {"caSecret": {"name": "kafka-ca", "key": "ca.crt"}},
+            "sasl": {
+                "mechanism": "SCRAM-SHA-512",
+                "username": "reclaimd",
+                "passwordSecret": {"name": "reclaimd-kafka", "key": "password"},
+            },
         },
     }
     docs = await asyncio.to_thread(render, namespace, values, tmp_path)
@@ -166,10 +164,18 @@ async def pod(h: Harness, stack: Any, tmp_path: Path) -> AsyncIterator[Pod]:
     (sa / "ca.crt").write_bytes(cluster_ca(stack.kubeconfig))
     (sa / "namespace").write_text(namespace)
     (etc / "config.yaml").write_text(config_map["data"]["config.yaml"])
+    # The Kafka Secrets' volumes under /etc/reclaimd/kafka (templates/_kafka.tpl).
+    pki = Path(h.stack["KAFKA_PKI_DIR"])
+    for sub, name, source in (
+        ("ca", "ca.crt", "ca.crt"),
+        ("sasl", "password", "reclaimd.password"),
+    ):
+        (etc / "kafka" / sub).mkdir(parents=True)
+        (etc / "kafka" / sub / name).write_bytes((pki / source).read_bytes())
     for d in (sa, etc):
-        os.chmod(d, 0o755)
-        for f in d.iterdir():
-            os.chmod(f, 0o644)  # readable by uid 65532, as the kubelet's projected volume is
+        for path in (d, *d.rglob("*")):
+            # Readable by uid 65532, as the kubelet's projected and fsGroup volumes are.
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
     yield Pod(namespace, port, sa, etc, list(spec["containers"][0]["args"]))
     await core.delete_namespace(namespace)
     rbac = k8s.RbacAuthorizationV1Api(h.api)
@@ -213,7 +219,7 @@ async def container(pod: Pod, h: Harness, stack: Any) -> AsyncIterator[str]:
 async def wait_ready(cid: str, port: int, timeout_s: float = 120) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
-    while await asyncio.to_thread(readyz, port) != 200:
+    while (await asyncio.to_thread(readyz, port))[0] != 200:
         running = await asyncio.to_thread(podman, "inspect", "-f", "{{.State.Running}}", cid)
         if running.strip() != "true" or loop.time() > end:
             raise AssertionError(f"not ready (running={running.strip()})")

@@ -63,7 +63,7 @@ def test_scram_over_tls_reads_the_password_and_ca_from_the_named_secrets(tmp_pat
     assert volumes["kafka-ca"]["secret"]["secretName"] == "kafka-ca"
     assert volumes["kafka-sasl"]["secret"] == {
         "secretName": "reclaimd-kafka-user",
-        "defaultMode": 0o400,
+        "defaultMode": 0o440,
         "items": [{"key": "password", "path": "password"}],
     }
     mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}

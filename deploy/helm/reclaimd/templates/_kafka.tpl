@@ -35,7 +35,7 @@ kafka:
   {{- include "reclaimd.kafkaConfig" . | nindent 2 }}
 {{- end -}}
 
-{{/* The Secrets as read-only files (0400: the container's user only). */}}
+{{/* The Secrets as read-only files (0440: the pod's fsGroup reads them, nobody else). */}}
 {{- define "reclaimd.kafkaVolumes" -}}
 {{- $k := .Values.kafka -}}
 {{- $tls := has $k.securityProtocol (list "SSL" "SASL_SSL") -}}
@@ -44,7 +44,7 @@ kafka:
 - name: kafka-ca
   secret:
     secretName: {{ $k.tls.caSecret.name }}
-    defaultMode: 0400
+    defaultMode: 0440
     items:
       - key: {{ $k.tls.caSecret.key }}
         path: {{ $k.tls.caSecret.key }}
@@ -53,7 +53,7 @@ kafka:
 - name: kafka-client
   secret:
     secretName: {{ $k.tls.clientSecret.name }}
-    defaultMode: 0400
+    defaultMode: 0440
     items:
       - key: {{ $k.tls.clientSecret.certKey }}
         path: {{ $k.tls.clientSecret.certKey }}
@@ -64,7 +64,7 @@ kafka:
 - name: kafka-sasl
   secret:
     secretName: {{ $k.sasl.passwordSecret.name }}
-    defaultMode: 0400
+    defaultMode: 0440
     items:
       - key: {{ $k.sasl.passwordSecret.key }}
         path: {{ $k.sasl.passwordSecret.key }}
