@@ -96,7 +96,7 @@ def holdings(plan: Plan, waste: Sequence[WastePart]) -> list[Holding]:
     start, end = storm_hours(waste)
     storm = min(_stop(w) for w in waste)
     stopped = {w.gang_id.rsplit("/", 1)[-1]: _stop(w) for w in waste}
-    nodes = {n.key: _spec(n) for n in plan.nodes}
+    nodes = {n.key: NodeSpec.planned(n) for n in plan.nodes}
     out = []
     for g in plan.gangs:
         labels = {"reclaimd.io/tenant": g.tenant, "reclaimd.io/queue": g.queue}
@@ -107,20 +107,6 @@ def holdings(plan: Plan, waste: Sequence[WastePart]) -> list[Holding]:
     for n in reserved_nodes(plan.run_id):
         out.append(Holding(n, RESERVED_LABELS, RESERVED_HELD_GPUS, start, end))
     return out
-
-
-def _spec(n: Any) -> NodeSpec:
-    return NodeSpec(
-        name=n.name,
-        instance_id=n.instance_id,
-        zone=n.zone,
-        gpus=n.gpus,
-        sku=n.sku,
-        purchase_option=n.purchase_option,
-        cell=n.cell,
-        cloud=n.cloud.value,
-        project=n.project,
-    )
 
 
 def _hours(since: datetime, until: datetime) -> Iterable[tuple[datetime, float]]:

@@ -59,20 +59,7 @@ async def build_cluster(
     p, api = plan, h.api
     assert api is not None
     run_label = {fleet.DRILL_LABEL: p.run_id}
-    specs = [
-        fleet.NodeSpec(
-            name=n.name,
-            instance_id=n.instance_id,
-            zone=n.zone,
-            gpus=n.gpus,
-            sku=n.sku,
-            purchase_option=n.purchase_option,
-            cell=n.cell,
-            cloud=n.cloud.value,
-            project=n.project,
-        )
-        for n in p.nodes
-    ]
+    specs = [fleet.NodeSpec.planned(n) for n in p.nodes]
     built.nodes = {n.key: s for n, s in zip(p.nodes, specs, strict=True)}
     core = k8s.CoreV1Api(api)
     selector = f"{fleet.DRILL_LABEL}={p.run_id}"

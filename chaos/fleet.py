@@ -12,13 +12,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.rest import ApiException
 
 from reclaimd import annotations as ann
 from reclaimd.model import rfc3339, utcnow
+
+if TYPE_CHECKING:
+    from .scenario import PlannedNode
 
 GPU = "nvidia.com/gpu"
 T = TypeVar("T")
@@ -35,6 +38,21 @@ class NodeSpec:
     cell: str = ""
     cloud: str = "aws"  # aws, gce or azure (instance_id: the VM, ``<vmss>_<n>``)
     project: str = "reclaimd-local"  # gce; azure: names the resource group
+
+    @classmethod
+    def planned(cls, n: PlannedNode) -> NodeSpec:
+        """The node a scenario's plan names, as the fleet creates it."""
+        return cls(
+            name=n.name,
+            instance_id=n.instance_id,
+            zone=n.zone,
+            gpus=n.gpus,
+            sku=n.sku,
+            purchase_option=n.purchase_option,
+            cell=n.cell,
+            cloud=n.cloud.value,
+            project=n.project,
+        )
 
     @property
     def provider_id(self) -> str:

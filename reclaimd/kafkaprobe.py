@@ -122,6 +122,17 @@ async def diagnose(
     return None
 
 
+async def problem(
+    e: BaseException, bootstrap: str, settings: KafkaSettings | None, what: str = ""
+) -> str | None:
+    """What ``e`` from a client of ``bootstrap`` says waiting will not mend: ``explain``, and
+    for a client that never connected (aiokafka's "Unable to bootstrap"), ``diagnose``."""
+    found = explain(e, settings, what)
+    if found is None and isinstance(e, errors.KafkaConnectionError):
+        found = await diagnose(bootstrap, settings)
+    return found
+
+
 def _cause(e: BaseException) -> BaseException:
     """The TLS or SASL error under aiokafka's wrapping, if there is one."""
     wanted = (ssl.SSLError, errors.AuthenticationFailedError, errors.SaslAuthenticationFailed)

@@ -48,7 +48,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaError, ProducerFenced
+from aiokafka.errors import KafkaError, ProducerFenced
 
 from reclaimd import kafkaprobe
 from reclaimd import waste as waste_math
@@ -789,9 +789,7 @@ class LedgerWriter:
     async def _judge(self, e: BaseException) -> None:
         """Name what stops publishing, once per change (one log line, no secret): a client
         that never connected is diagnosed by a connection of our own."""
-        problem = kafkaprobe.explain(e, self.connection, self.topic)
-        if problem is None and isinstance(e, KafkaConnectionError):
-            problem = await kafkaprobe.diagnose(self.bootstrap_servers, self.connection)
+        problem = await kafkaprobe.problem(e, self.bootstrap_servers, self.connection, self.topic)
         if problem is not None and problem != self.kafka_problem:
             log_event(
                 log, "ledger cannot publish", logging.ERROR, problem=problem, depth=self.depth()

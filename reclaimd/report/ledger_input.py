@@ -340,9 +340,7 @@ def read_kafka(
     """Every event of ``topic`` from the window's start to the end offsets seen at start,
     connecting as ``kafka`` says (the ``kafka:`` section of reclaimd's settings)."""
     try:
-        return asyncio.run(
-            asyncio.wait_for(_read_kafka(bootstrap, topic, since, kafka), timeout_s)
-        )
+        return asyncio.run(asyncio.wait_for(_read_kafka(bootstrap, topic, since, kafka), timeout_s))
     except TimeoutError as e:
         raise InputError(f"kafka {topic}: not read within {timeout_s:g}s") from e
 
@@ -351,7 +349,7 @@ async def _read_kafka(
     bootstrap: str, topic: str, since: datetime | None, kafka: KafkaSettings | None
 ) -> list[tuple[str, Mapping[str, Any]]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.errors import KafkaConnectionError, KafkaError
+    from aiokafka.errors import KafkaError
 
     from reclaimd import kafkaprobe
 
@@ -404,9 +402,7 @@ async def _read_kafka(
                         out.append((f"kafka {topic}[{tp.partition}]@{r.offset}", ev))
             left = {tp for tp in left if await consumer.position(tp) < end[tp]}
     except (KafkaError, OSError) as e:
-        problem = kafkaprobe.explain(e, kafka, topic)
-        if problem is None and isinstance(e, KafkaConnectionError):
-            problem = await kafkaprobe.diagnose(bootstrap, kafka)
+        problem = await kafkaprobe.problem(e, bootstrap, kafka, topic)
         raise InputError(
             f"kafka {bootstrap}: {problem or f'{type(e).__name__}: {str(e)[:80]}'}"
         ) from e

@@ -32,8 +32,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiokafka.errors import KafkaConnectionError
-
 from reclaimd import kafkaprobe, logs
 from reclaimd.backoff import Backoff
 from reclaimd.kafkaconn import KafkaSettings, options
@@ -106,9 +104,9 @@ class KafkaNoticeSource:
                 await asyncio.sleep(delay)
 
     async def _judge(self, e: BaseException) -> None:
-        problem = kafkaprobe.explain(e, self.kafka, self.settings.topic)
-        if problem is None and isinstance(e, KafkaConnectionError):
-            problem = await kafkaprobe.diagnose(self.settings.bootstrap, self.kafka)
+        problem = await kafkaprobe.problem(
+            e, self.settings.bootstrap, self.kafka, self.settings.topic
+        )
         if problem is not None and problem != self.problem:
             logs.event(log, "kafka notices cannot be read", logging.ERROR, problem=problem)
         self.problem = problem or self.problem
