@@ -43,42 +43,42 @@ test: trainer-deps lint stack-up deploy-tools
 
 # A zone-wide storm drill judged against ground truth, one Spot warning shown step by step,
 # then what the storm cost: its ledger, a meter and an hourly bill over its fleet
-# (chaos/demo_fleet.py) in reclaimd report, by queue, with "does spot pay?"; the demo ends on
+# (chaos/demo/fleet.py) in reclaimd report, by queue, with "does spot pay?"; the demo ends on
 # that picture (.stack/demo-report.html).
 demo: stack-up
 	$(BIN)/reclaimd drill run chaos/scenarios/spot-az-storm.yaml --timeline \
 		--json .stack/demo-storm.json --svg .stack/demo-slowest-notice.svg
-	$(BIN)/python -m chaos.demo
-	$(BIN)/python -m chaos.demo_report .stack/demo-storm.json .stack/demo-report.html
+	$(BIN)/python -m chaos.demo.run
+	$(BIN)/python -m chaos.demo.report .stack/demo-storm.json .stack/demo-report.html
 
 bench: stack-up
-	$(BIN)/python -m chaos.bench
+	$(BIN)/python -m chaos.bench.latency
 
 # A zone-wide storm at the apiserver's own limit: calibrate node PATCH/s, then the
 # spot-az-storm-1000 drill on 2 replicas: out/bench-storm.json and a table.
 # BENCH_STORM_ARGS="--cache" adds the cache RSS bench (5,000 nodes, 50,000 pods).
 .PHONY: bench-storm
 bench-storm: stack-up
-	$(BIN)/python -m chaos.bench_storm $(BENCH_STORM_ARGS)
+	$(BIN)/python -m chaos.bench.storm $(BENCH_STORM_ARGS)
 
 # Every deadline with 1,000 simultaneous notices: the spot-storm-1000-notices drill, same
 # table and checks as bench-storm (out/bench-storm-1000.json).
 .PHONY: bench-storm-1000
 bench-storm-1000: stack-up
-	$(BIN)/python -m chaos.bench_storm --scenario chaos/scenarios/spot-storm-1000-notices.yaml --calibrate-messages 1000 --out out/bench-storm-1000.json --drill-json out/bench-storm-1000-drill.json $(BENCH_STORM_ARGS)
+	$(BIN)/python -m chaos.bench.storm --scenario chaos/scenarios/spot-storm-1000-notices.yaml --calibrate-messages 1000 --out out/bench-storm-1000.json --drill-json out/bench-storm-1000-drill.json $(BENCH_STORM_ARGS)
 
 # The informer cache's RSS with 5,000 nodes and 50,000 pods (10,000 GPU) created straight in
 # the apiserver, deleted afterwards: out/bench-cache.json. BENCH_CACHE_ARGS="--nodes 500 ...".
 .PHONY: bench-cache
 bench-cache: stack-up
-	$(BIN)/python -m chaos.bench_cache $(BENCH_CACHE_ARGS)
+	$(BIN)/python -m chaos.bench.cache $(BENCH_CACHE_ARGS)
 
 # One Spot storm through released aws-node-termination-handler (built once from the Go module
 # proxy) and through reclaimd, side by side: out/bench-peers.json and a table.
 # BENCH_PEERS_ARGS="--nodes 50 --repeat 1" for a quick run.
 .PHONY: bench-peers
 bench-peers: stack-up
-	$(BIN)/python -m chaos.bench_peers $(BENCH_PEERS_ARGS)
+	$(BIN)/python -m chaos.bench.peers $(BENCH_PEERS_ARGS)
 
 # What the in-cluster tests need: buildah/podman/runc/mmdebstrap (apt), helm (Go module proxy).
 deploy-tools:
@@ -103,7 +103,7 @@ image-chaos: venv deploy-tools
 # BENCH_UPLOADS_ARGS="--ranks 50 --objects 2" for a quick run.
 .PHONY: bench-uploads
 bench-uploads: venv
-	$(BIN)/python -m chaos.bench_uploads $(BENCH_UPLOADS_ARGS)
+	$(BIN)/python -m chaos.bench.uploads $(BENCH_UPLOADS_ARGS)
 
 # 10,000 hostile messages per transport (SQS, Pub/Sub, Kafka notices, Kueue Workloads, IMDS, GCE
 # metadata and Azure Scheduled Events answers) with real notices mixed in, against one
@@ -111,16 +111,16 @@ bench-uploads: venv
 # claimed. out/bench-fuzz.json and a table. BENCH_FUZZ_ARGS="--per-transport 500" for a quick run.
 .PHONY: bench-fuzz
 bench-fuzz: stack-up
-	$(BIN)/python -m chaos.bench_fuzz $(BENCH_FUZZ_ARGS)
+	$(BIN)/python -m chaos.bench.fuzz $(BENCH_FUZZ_ARGS)
 
-# A randomized fault campaign (chaos/campaign.py): 20 drills, each a storm with a random source
+# A randomized fault campaign (chaos/bench/failover.py): 20 drills, each a storm with a random source
 # mix and 1-3 faults (kill, restart, fresh disk, pause, term, successor, partition, Kafka or
 # apiserver down) from a recorded seed, judged by the drills' ground-truth checks: one row per
 # run and the total; out/bench-failover.json, each run's scenario in out/failover/<seed>.yaml.
 # FAILOVER_ARGS="--runs 5 --seed 7"; a failing run reruns with "--runs 1 --seed <its seed>".
 .PHONY: bench-failover
 bench-failover: stack-up
-	$(BIN)/python -m chaos.campaign --out out/bench-failover.json $(FAILOVER_ARGS)
+	$(BIN)/python -m chaos.bench.failover --out out/bench-failover.json $(FAILOVER_ARGS)
 
 # torch 2.15.0 (the PyPI CUDA build, used on CPU) and Lightning for the trainer SDK's tests and
 # bench: wheels cached under ~/.cache/reclaimd/wheels (about 2.9 GB once), installed offline.
@@ -147,7 +147,7 @@ chaos-wheel: venv
 # out/bench-trainer.json and a table. BENCH_TRAINER_ARGS="--sizes 1,16" for a quick run.
 .PHONY: bench-trainer
 bench-trainer: trainer-deps
-	$(BIN)/python -m chaos.bench_trainer $(BENCH_TRAINER_ARGS)
+	$(BIN)/python -m chaos.bench.trainer $(BENCH_TRAINER_ARGS)
 
 # The FinOps report at fleet scale: a generated month of a 2,000-node GPU fleet (FOCUS in
 # Parquet, ~6.8 M rows; allocation rows; 100,000 restart-waste events), reported in DuckDB
@@ -156,9 +156,9 @@ bench-trainer: trainer-deps
 # BENCH_REPORT_ARGS="--nodes 200 --hours 72 --events 5000" for a quick run.
 .PHONY: bench-report
 bench-report: venv
-	$(BIN)/python -m chaos.bench_report $(BENCH_REPORT_ARGS)
+	$(BIN)/python -m chaos.bench.report $(BENCH_REPORT_ARGS)
 
-# A soak (chaos/bench_soak.py): 10 minutes of notices from every central source (SQS, Pub/Sub,
+# A soak (chaos/bench/soak.py): 10 minutes of notices from every central source (SQS, Pub/Sub,
 # Kafka notices) on 2 replicas, every fault kind in turn (kill+restart, rolling upgrade, pause,
 # Kafka down, partition, apiserver restart, fresh disk, Pub/Sub and moto restarts), judged as
 # every drill is, with each replica's RSS over time and every GCE notice's send -> claim:
@@ -166,7 +166,7 @@ bench-report: venv
 # BENCH_SOAK_ARGS="--minutes 4" for a shorter run; "--kinds pause,stop_kafka" for some faults.
 .PHONY: bench-soak
 bench-soak: stack-up
-	$(BIN)/python -m chaos.bench_soak $(BENCH_SOAK_ARGS)
+	$(BIN)/python -m chaos.bench.soak $(BENCH_SOAK_ARGS)
 
 # Everything a release publishes, from HEAD, into out/release/ (deploy/release/release.sh): the
 # image as an OCI archive (linux/amd64), the chart package, the controller, chaos and SDK wheels,

@@ -25,13 +25,12 @@ from kubernetes_asyncio.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 import handlers
+from chaos import fleet, inject, kube
+from chaos.process import DaemonProcess
+from chaos.stack import StackEnv
+from chaos.trainers import Behaviour, TrainerFleet
 from reclaimd.ledger import SCHEMA as LEDGER_SCHEMA
 from reclaimd.model import Notice, utcnow
-
-from . import fleet, inject, kube
-from .process import DaemonProcess
-from .stack import StackEnv
-from .trainers import Behaviour, TrainerFleet
 
 REPO = Path(__file__).resolve().parents[1]
 RBAC = REPO / "deploy" / "kubernetes" / "rbac.yaml"

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from reclaimd import __version__, config
 from reclaimd.model import Ignored, ParseError, utcnow
 from reclaimd.sources import PARSER_NAMES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# Where other distributions add commands (the rig's `reclaimd drill`): an ``add_parser(sub)``.
+PLUGIN_GROUP = "reclaimd.cli"
 
 
 class UsageError(Exception):
@@ -139,17 +142,31 @@ def build_parser(*, tools: bool = True) -> argparse.ArgumentParser:
     postmortem.add_parser(sub)
     report.add_parser(sub)
     status.add_parser(sub)
-    # The drills are the rig's (the chaos package), not the image's: where it is installed,
-    # `reclaimd drill` is a command; elsewhere it is simply not one. Found by name, so the
-    # product imports nothing of the rig (the import contract); its light CLI module only.
-    try:
-        drill = importlib.import_module("chaos.drill_cli")
-    except ModuleNotFoundError as e:
-        if e.name not in ("chaos", "chaos.drill_cli"):
-            raise
-    else:
-        drill.add_parser(sub)
+    for add in _plugged_commands():
+        add(sub)
     return p
+
+
+def _plugged_commands() -> list[Callable[[Any], None]]:
+    """The commands other distributions add (entry points ``reclaimd.cli``: ``add_parser``).
+
+    The drills are the rig's (reclaimd-chaos, and the checkout's editable install), not the
+    image's: where the rig is installed, `reclaimd drill` is a command; elsewhere it is simply
+    not one. Declared in metadata, so the product imports nothing of the rig (the import
+    contract); an entry whose module is absent (a wheel built without chaos/) is skipped, and
+    a name both reclaimd and reclaimd-chaos declare (the chaos image) is added once.
+    """
+    found: dict[str, Callable[[Any], None]] = {}
+    for ep in entry_points(group=PLUGIN_GROUP):
+        if ep.name in found:
+            continue
+        try:
+            found[ep.name] = ep.load()
+        except ModuleNotFoundError as e:
+            parts = ep.module.split(".")
+            if e.name not in {".".join(parts[: i + 1]) for i in range(len(parts))}:
+                raise
+    return list(found.values())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,6 @@ sys.path.insert(0, str(REPO / "deploy"))
 from sidewheel import build_staged  # noqa: E402 (deploy/sidewheel.py: shared by both)
 
 
-
 def torch_modules() -> set[str]:
     """chaos/ modules that need torch (deploy/image/torch_modules.py: the image's rule too)."""
     spec = importlib.util.spec_from_file_location(

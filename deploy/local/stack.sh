@@ -648,7 +648,7 @@ cmd_down() {
     done
 }
 
-# One component, for the fault drills (chaos/faults.py): stop it, start it and wait
+# One component, for the fault drills (chaos/drill/faults.py): stop it, start it and wait
 # until it answers its readiness check, or both. Only a server of the list, only ours.
 one_component() {
     local name=$1 p

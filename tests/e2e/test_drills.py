@@ -2,7 +2,7 @@
 that cannot be met makes the verdict (and ``reclaimd drill run``) fail.
 
 A drill builds its own kwok fleet, fake trainers and reclaimd processes, injects through the
-real transports and judges from ground truth (``chaos.report``); these tests only assert the
+real transports and judges from ground truth (``chaos.drill.verdict``); these tests only assert the
 verdict, and print its table when it is not the expected one.
 """
 
@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos import drill, report, scenario
+from chaos.drill import run as drill
+from chaos.drill import scenario
+from chaos.drill import verdict as report
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "chaos" / "scenarios"
@@ -99,7 +101,7 @@ async def test_the_command_exits_1_and_writes_the_report(stack: Any, tmp_path: P
     path.write_text(yaml.safe_dump(IMPOSSIBLE))
     out = tmp_path / "report.json"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "chaos.drill", "drill", "run", str(path),
+        sys.executable, "-m", "chaos.drill.run", "drill", "run", str(path),
         "--json", str(out),
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -123,7 +125,7 @@ async def test_a_bad_scenario_exits_2_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({**IMPOSSIBLE, "gangs": [{"name": "x", "rnaks": 2}]}))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "chaos.drill", "drill", "run", str(path),
+        sys.executable, "-m", "chaos.drill.run", "drill", "run", str(path),
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     _, stderr = await proc.communicate()

@@ -31,7 +31,7 @@ from test_image import PODMAN, ULIMITS, built
 
 from chaos import fleet
 from chaos import kube as chaos_kube
-from chaos.gameday_target import finished
+from chaos.gameday.target import finished
 
 CHART = REPO_DIR / "deploy" / "helm" / "reclaimd"
 SCENARIOS = REPO_DIR / "chaos" / "scenarios"

@@ -1,6 +1,6 @@
 """GCE/GKE preemption end to end: a real reclaimd process, the Pub/Sub emulator carrying
 Cloud Logging sink entries, kube-apiserver + kwok nodes with GCE providerIDs, Kafka for the
-ledger, fake trainers; and the per-node metadata watcher against chaos/gce_metadata_server.py
+ledger, fake trainers; and the per-node metadata watcher against chaos/standins/gce.py
 (our stand-in: no emulator of the GCE metadata server exists).
 
 The GCE window is 30 s; every test asserts the runbook finished inside it."""
@@ -20,9 +20,9 @@ import pytest
 from chaos import inject
 from chaos import stack as stackenv
 from chaos.fleet import GangSpec, NodeSpec
-from chaos.gce_metadata_server import GceMetadataServer
 from chaos.harness import Harness
 from chaos.process import DaemonProcess
+from chaos.standins.gce import GceMetadataServer
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, parse_time, stable_id, utcnow
 from reclaimd.sources import PubSubSettings

@@ -200,15 +200,15 @@ def test_the_chaos_image_runs_as_65532_on_a_read_only_root(chaos_image: str) -> 
 
 
 def test_the_chaos_image_holds_the_rig_and_no_test_tools(chaos_image: str) -> None:
-    names = ["chaos.drill", "chaos.scenario", "reclaimd.daemon", "chaos.torchjob",
-             "chaos.bench_trainer", "reclaimd_trainer.torch", "pytest", "moto", "hypothesis",
+    names = ["chaos.drill.run", "chaos.drill.scenario", "reclaimd.daemon", "chaos.torchjob",
+             "chaos.bench.trainer", "reclaimd_trainer.torch", "pytest", "moto", "hypothesis",
              "pip", "torch"]  # fmt: skip
     assert found(chaos_image, *names) == {
-        "chaos.drill": True,
-        "chaos.scenario": True,
+        "chaos.drill.run": True,
+        "chaos.drill.scenario": True,
         "reclaimd.daemon": True,
         "chaos.torchjob": False,  # the torch jobs stay out: no torch here
-        "chaos.bench_trainer": False,
+        "chaos.bench.trainer": False,
         "reclaimd_trainer.torch": False,
         "pytest": False,
         "moto": False,

@@ -8,7 +8,7 @@ its rows to a Kafka topic of the run. The test then writes a FOCUS export with k
 rates for exactly the drill's instances and hours, runs ``reclaimd report --format json`` (the
 CLI, a subprocess) on the ledger and the bill, and checks every money figure to the cent
 against what it computes itself from the drill's ground truth: the GPUs the drill placed on
-each instance, the GPU-seconds each rank lost (``chaos.report``'s rule over the facts the
+each instance, the GPU-seconds each rank lost (``chaos.drill.verdict``'s rule over the facts the
 drill recorded, never reclaimd's own numbers), the rates it chose and each instance's
 purchase option. The JSON-lines export and the Kafka topics must give the same report.
 
@@ -36,8 +36,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from chaos import drill, report, scenario
 from chaos import stack as stackenv
+from chaos.drill import run as drill
+from chaos.drill import scenario
+from chaos.drill import verdict as report
 from chaos.harness import Harness
 from reclaimd import meter
 from reclaimd.cluster import apiserver, client
@@ -329,7 +331,7 @@ def expect_allocation(by: str, truth: Truth, out: Expected) -> None:
 def rank_parts(
     facts: report.GangFacts, g: scenario.PlannedGang, stopped: datetime
 ) -> dict[str, float]:
-    """GPU-seconds the gang lost on each node (node key), by ``chaos.report``'s rule."""
+    """GPU-seconds the gang lost on each node (node key), by ``chaos.drill.verdict``'s rule."""
     assert facts.scope == "rank"  # per-rank losses are independent only in rank scope
     node_of = {f"{g.name}-{r.rank}": r.node for r in g.ranks}
     out: dict[str, float] = {}

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from chaos.bench_uploads import StormConfig, run_storm
+from chaos.bench.uploads import StormConfig, run_storm
 
 pytestmark = pytest.mark.e2e
 

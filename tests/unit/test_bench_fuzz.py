@@ -13,9 +13,10 @@ from collections.abc import Callable
 from aiohttp import web
 
 import handlers
-from chaos import azure_metadata_server, bench_fuzz
-from chaos.azure_metadata_server import Compute
+from chaos.bench import fuzz as bench_fuzz
 from chaos.fleet import NodeSpec
+from chaos.standins import azure as azure_metadata_server
+from chaos.standins.azure import Compute
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Target, Windows, utcnow
 from reclaimd.sources import AzureScheduledSettings

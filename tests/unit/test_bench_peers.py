@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos import bench_peers as bp
+from chaos.bench import peers as bp
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 )
 def test_bad_arguments_are_one_line_and_exit_2(argv: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.bench_peers", *argv],
+        [sys.executable, "-m", "chaos.bench.peers", *argv],
         capture_output=True,
         text=True,
         cwd=REPO,

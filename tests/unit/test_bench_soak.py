@@ -1,4 +1,4 @@
-"""bench-soak (chaos.bench_soak): its scenario, its RSS and GCE claim figures."""
+"""bench-soak (chaos.bench.soak): its scenario, its RSS and GCE claim figures."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
-from chaos import bench_soak, scenario
-from chaos.scenario import FaultKind, ScenarioError, Source
+from chaos.bench import soak as bench_soak
+from chaos.drill import scenario
+from chaos.drill.scenario import FaultKind, ScenarioError, Source
 
 
 @pytest.mark.parametrize("minutes", [1.0, 4.0, 10.0, 30.0])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos import bench_storm
+from chaos.bench import storm as bench_storm
 
 
 def test_the_minimum_is_the_write_rate_when_all_arrive_at_once() -> None:

@@ -108,7 +108,7 @@ def shipped_sources() -> list[Path]:
         run(sys.executable, REPO / "deploy/image/torch_modules.py", REPO, "chaos").stdout.split()
     )
     return sorted(
-        p for p in (REPO / "chaos").glob("*.py") if str(p.relative_to(REPO)) not in left_out
+        p for p in (REPO / "chaos").rglob("*.py") if str(p.relative_to(REPO)) not in left_out
     )
 
 
@@ -125,7 +125,7 @@ def test_the_chaos_wheel_holds_chaos_and_its_data_without_the_torch_jobs(
     ]
     code = [str(p.relative_to(REPO)) for p in shipped_sources()]
     assert files == sorted([*code, *data])
-    for torch_job in ("chaos/torchjob.py", "chaos/lightningjob.py", "chaos/bench_trainer.py"):
+    for torch_job in ("chaos/torchjob.py", "chaos/lightningjob.py", "chaos/bench/trainer.py"):
         assert torch_job not in files
     # Nothing in common with the product's wheel: installed together, neither owns the other's.
     with zipfile.ZipFile(product) as z:
@@ -151,6 +151,12 @@ def test_the_chaos_wheel_declares_reclaimd_at_its_version_and_what_chaos_imports
     assert set(ours["dependencies"]) - {f"reclaimd=={VERSION}"} <= set(main["dependencies"])
     assert f"reclaimd-trainer=={VERSION}" in main["dependencies"]
     assert main["optional-dependencies"]["chaos"] == [f"reclaimd-chaos=={VERSION}"]
+    # `reclaimd drill`: the entry point reclaimd's CLI looks up (reclaimd/cli.py), as the
+    # checkout's editable install declares it.
+    with zipfile.ZipFile(wheels[0]) as z:
+        points = z.read(f"reclaimd_chaos-{VERSION}.dist-info/entry_points.txt").decode()
+    assert "[reclaimd.cli]\ndrill = chaos.drill.cli:add_parser" in points
+    assert ours["entry-points"]["reclaimd.cli"] == main["entry-points"]["reclaimd.cli"]
 
 
 def test_installed_without_the_checkout_or_torch_reclaimd_drill_runs_and_every_module_imports(

@@ -1,11 +1,11 @@
 """``make demo``'s cost picture: the storm drill's restart waste, priced by a meter and an hourly
-bill over the drill's own fleet (``chaos.demo_fleet``), shows money: every bar a real figure.
+bill over the drill's own fleet (``chaos.demo.fleet``), shows money: every bar a real figure.
 
 The drill is spot-az-storm planned for a fixed run id (its 210 nodes, instance ids and 50
 gangs); its restart-waste events are made here as the drill's reclaimd writes them: every gang
 with a rank on a us-east-2a node (the notices' targets) stops at 12:32:00 and loses, on every
 rank, its GPUs x the time since its last checkpoint or, if later, its pods' start. Figures a
-hand can check (chaos/demo_fleet.py's prices):
+hand can check (chaos/demo/fleet.py's prices):
 
 * inference (team-d): 8 reserved nodes x 4 GPUs x 3 hours = 96 GPU-h x $7.80 = $748.80, and
   the other 4 GPUs of each, 96 GPU-h, the same $748.80 of reserved idle;
@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from chaos import demo_report, scenario
+from chaos.demo import report as demo_report
+from chaos.drill import scenario
 from reclaimd.ledger import LabelPolicy
 from reclaimd.model import rfc3339
 from reclaimd.report import ledger_input, render, spotpays

@@ -1,11 +1,11 @@
-"""When the drill's faults left no replica able to act (chaos.downtime): pure."""
+"""When the drill's faults left no replica able to act (chaos.drill.downtime): pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from chaos import downtime
+from chaos.drill import downtime
 
 T0 = datetime.fromisoformat("2026-12-01T12:00:00+00:00")
 

@@ -1,5 +1,5 @@
 """The drill judge's takeover facts, late versus lost, false takeovers and graceful stops (pure:
-chaos.drill ``_save_facts``, chaos.report, chaos.faults with fake processes)."""
+chaos.drill.run ``_save_facts``, chaos.drill.verdict, chaos.drill.faults with fake processes)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from chaos import faults, report, scenario
-from chaos.drill import _save_facts
+from chaos.drill import faults, scenario
+from chaos.drill import verdict as report
+from chaos.drill.run import _save_facts
 from chaos.trainers import SaveRecord
 
 T0 = datetime.fromisoformat("2026-12-01T12:00:00+00:00")
@@ -485,7 +486,7 @@ def test_a_sigtermed_replica_must_exit_by_itself_within_its_grace(
         assert "exit: exited" in report.render(v)
 
 
-# --- chaos.faults: term and partition with fake processes --------------------------------------
+# --- chaos.drill.faults: term and partition with fake processes ---------------------------------
 
 
 class _Proc:

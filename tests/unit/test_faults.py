@@ -1,4 +1,4 @@
-"""The drills' ``faults:`` (chaos.scenario) and what a fault cost (chaos.report), pure."""
+"""The drills' ``faults:`` (chaos.drill.scenario) and what a fault cost (chaos.drill.verdict)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos import report, scenario
+from chaos.drill import scenario
+from chaos.drill import verdict as report
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "chaos" / "scenarios"
 BASE: dict[str, Any] = yaml.safe_load((SCENARIOS / "storm-two-replicas.yaml").read_text())

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from chaos import fleet
-from chaos.gameday_cleanup import _restore_patches
-from chaos.gameday_target import GameDayError, Release, _set, bind, finished, state_of
-from chaos.scenario import parse, plan
+from chaos.drill.scenario import parse, plan
+from chaos.gameday.cleanup import _restore_patches
+from chaos.gameday.target import GameDayError, Release, _set, bind, finished, state_of
 from reclaimd.config import Settings
 
 SCENARIO = {

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from chaos import hostile
+from chaos.bench import hostile
 from handlers import PARSERS, azure_scheduled, ids
 from reclaimd.model import Ignored, Notice, ParseError, Windows
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos import report, scenario
-from chaos.scenario import ScenarioError, Source
+from chaos.drill import scenario
+from chaos.drill import verdict as report
+from chaos.drill.scenario import ScenarioError, Source
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "chaos" / "scenarios"
 
@@ -64,7 +65,7 @@ def test_shipped_scenarios_load_and_plan(path: Path) -> None:
 def test_an_aks_drill_names_each_node_as_aks_and_its_metadata_service_do() -> None:
     """The node's providerID, the stand-in's VM and the notice's instance are one VM."""
     from chaos import fleet
-    from chaos.azure_metadata_server import compute_of
+    from chaos.standins.azure import compute_of
     from reclaimd import sources
 
     plan = scenario.plan(scenario.load(SCENARIOS / "aks-spot-evictions.yaml"), run_id="unit")

@@ -218,8 +218,8 @@ async def test_free_slots_are_minded_left_to_a_live_holder_and_a_failed_guest_re
 def test_a_two_replica_pubsub_drill_gives_each_replica_a_slot_subscription() -> None:
     from typing import Any, cast
 
-    from chaos import scenario
-    from chaos.drill import Drill
+    from chaos.drill import scenario
+    from chaos.drill.run import Drill
 
     repo = Path(__file__).resolve().parents[2]
     two = scenario.load(repo / "chaos" / "scenarios" / "gce-kill-30s.yaml")

@@ -1,6 +1,6 @@
 """Azure Scheduled Events transport (reclaimd/transports/azure_scheduled.py): incarnation
 tracking, the envelope, the StartRequests approval; and the poller against
-chaos/azure_metadata_server.py, our stand-in for IMDS (no emulator of it exists), on loopback."""
+chaos/standins/azure.py, our stand-in for IMDS (no emulator of it exists), on loopback."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 import handlers
-from chaos.azure_metadata_server import AzureMetadataServer, Compute, rfc1123
+from chaos.standins.azure import AzureMetadataServer, Compute, rfc1123
 from handlers.fields import as_gmt_time
 from reclaimd.afterdrain import AfterDrain
 from reclaimd.intake import Admission
@@ -401,9 +401,9 @@ async def test_poller_counts_a_server_that_refuses_it_and_keeps_going() -> None:
 async def test_the_drills_expected_notice_is_what_the_poller_admits(
     server: AzureMetadataServer,
 ) -> None:
-    """chaos.drill_inject judges an azure-scheduled notice by the envelope it builds from the
+    """chaos.drill.injector judges an azure-scheduled notice by the envelope it builds from the
     stand-in: the poller must make the same notice of the same event."""
-    from chaos.drill_inject import azure_envelope
+    from chaos.drill.injector import azure_envelope
 
     admit = Admissions()
     async with polling(server, admit) as src:

@@ -1,5 +1,5 @@
 """GCE metadata transport (reclaimd/transports/gce_metadata.py): envelope building, ETag
-handling, the Metadata-Flavor check; and the watcher against chaos/gce_metadata_server.py,
+handling, the Metadata-Flavor check; and the watcher against chaos/standins/gce.py,
 our stand-in for the metadata server (no emulator of it exists), on loopback."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from multidict import CIMultiDict
 
 import handlers
-from chaos.gce_metadata_server import GceMetadataServer
+from chaos.standins.gce import GceMetadataServer
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
 from reclaimd.sources import GceMetadataSettings

@@ -6,7 +6,7 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chaos import report
+from chaos.drill import verdict as report
 from reclaimd.ledger import LabelPolicy, to_event
 from reclaimd.model import (
     CheckpointScope,
