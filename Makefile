@@ -111,7 +111,7 @@ bench-uploads: venv
 # claimed. out/bench-fuzz.json and a table. BENCH_FUZZ_ARGS="--per-transport 500" for a quick run.
 .PHONY: bench-fuzz
 bench-fuzz: stack-up
-	$(BIN)/python -m chaos.bench.fuzz $(BENCH_FUZZ_ARGS)
+	$(BIN)/python -m chaos.bench.fuzz.run $(BENCH_FUZZ_ARGS)
 
 # A randomized fault campaign (chaos/bench/failover.py): 20 drills, each a storm with a random source
 # mix and 1-3 faults (kill, restart, fresh disk, pause, term, successor, partition, Kafka or

@@ -21,7 +21,7 @@ from reclaimd import annotations as ann
 from reclaimd.model import rfc3339, utcnow
 
 if TYPE_CHECKING:
-    from chaos.drill.scenario import PlannedNode
+    from chaos.drill.plan import PlannedNode
 
 GPU = "nvidia.com/gpu"
 T = TypeVar("T")

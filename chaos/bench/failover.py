@@ -49,11 +49,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from chaos.drill import plan as planning
 from chaos.drill import scenario as scenario_mod
 from chaos.drill.scenario import ScenarioError
 
 if TYPE_CHECKING:
-    from chaos.drill.verdict import Verdict
+    from chaos.drill.verdict.model import Verdict
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_RUNS = 20
@@ -128,7 +129,7 @@ def generate(
     for _ in range(20):  # a draw that does not fit its fleet is drawn again, from the same rng
         doc = _draw(rng, seed, kinds, sources)
         try:
-            plan = scenario_mod.plan(scenario_mod.parse(doc), run_id="gen")
+            plan = planning.plan(scenario_mod.parse(doc), run_id="gen")
         except ScenarioError:
             continue
         if any(n.gang or plan.gangs_on(n.node or "") for n in plan.notices):
@@ -507,7 +508,7 @@ async def _one(
     seed: int, doc: dict[str, Any], out_dir: Path, limit_s: float, say: Any
 ) -> RunResult:
     from chaos.drill import run as drill
-    from chaos.drill import verdict as report
+    from chaos.drill.verdict.render import render, to_json
 
     parsed = scenario_mod.parse(doc, origin=f"failover-{seed}")
     faults = ", ".join(_label(f) for f in doc["faults"])
@@ -523,8 +524,8 @@ async def _one(
         return RunResult(
             seed, faults, aborted=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0
         )
-    (out_dir / f"{seed}.json").write_text(json.dumps(report.to_json(verdict), indent=2) + "\n")
-    (out_dir / f"{seed}.txt").write_text(report.render(verdict, all_rows=True) + "\n")
+    (out_dir / f"{seed}.json").write_text(json.dumps(to_json(verdict), indent=2) + "\n")
+    (out_dir / f"{seed}.txt").write_text(render(verdict, all_rows=True) + "\n")
     return result_of(seed, faults, verdict, time.monotonic() - t0)
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from chaos.bench import failover
+from chaos.drill import plan as planning
 from chaos.drill import scenario as scenario_mod
 from chaos.drill.run import Drill, Progress
 from chaos.drill.scenario import ScenarioError
@@ -170,7 +171,7 @@ def _ordered(f: dict[str, Any]) -> dict[str, Any]:
 def check(doc: dict[str, Any]) -> scenario_mod.Scenario:
     """The parsed scenario; ``ScenarioError`` when it is not valid or a notice hits no gang."""
     parsed = scenario_mod.parse(doc, origin="bench-soak")
-    plan = scenario_mod.plan(parsed, run_id="gen")
+    plan = planning.plan(parsed, run_id="gen")
     bare = [n.node for n in plan.notices if not plan.gangs_on(n.node or "")]
     if bare:
         raise ScenarioError(f"no gang on {', '.join(str(b) for b in bare[:5])}")
@@ -349,7 +350,7 @@ def table(result: failover.RunResult, rss: dict[str, dict[str, Any]], gce: dict[
 
 async def soak(args: argparse.Namespace) -> int:
     from chaos import stack as stackenv
-    from chaos.drill import verdict as report
+    from chaos.drill.verdict.render import render, to_json
 
     kinds = failover._names(args.kinds, tuple(TURNS), "--kinds")
     doc = generate(minutes=args.minutes, interval_s=args.interval, kinds=kinds, seed=args.seed)
@@ -377,9 +378,9 @@ async def soak(args: argparse.Namespace) -> int:
         print(f"bench-soak: no verdict in {limit:.0f} s", file=sys.stderr)
         return EXIT_FAILED
     seconds = time.monotonic() - t0
-    judged = report.to_json(verdict)
+    judged = to_json(verdict)
     _write(out_dir / "drill.json", judged)
-    (out_dir / "drill.txt").write_text(report.render(verdict, all_rows=True) + "\n")
+    (out_dir / "drill.txt").write_text(render(verdict, all_rows=True) + "\n")
     result = failover.result_of(args.seed, labels, verdict, seconds)
     rss = rss_summary(drill.rss.samples)
     gce_rows = gce_claims(judged)

@@ -179,8 +179,8 @@ async def storm(
     """The scenario's storm; ``every_source``: the replicas also consume every other central
     source (nothing sent on them), to measure what loading them costs."""
     from chaos.drill import scenario as scenarios
-    from chaos.drill import verdict as report
     from chaos.drill.run import Progress, run_drill
+    from chaos.drill.verdict.render import to_json
 
     scenario = scenarios.load(scenario_path)
     if every_source:
@@ -189,7 +189,7 @@ async def storm(
             update={"reclaimd": scenario.reclaimd.model_copy(update={"listen": listen})}
         )
     verdict = await run_drill(scenario, stack=stack, progress=Progress(sys.stderr))
-    return report.to_json(verdict)
+    return to_json(verdict)
 
 
 def footprint(drill: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from chaos.drill.scenario import Plan
+from chaos.drill.plan import Plan
 from chaos.fleet import NodeSpec, node_body
 from reclaimd import meter, skus
 from reclaimd.ledger import LabelPolicy, cost_labels

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from chaos import stack as stackenv
 from chaos.demo import fleet as demo_fleet
+from chaos.drill import plan as planning
 from chaos.drill import scenario
 from reclaimd import cli
 from reclaimd.ledger import LabelPolicy
@@ -25,7 +26,7 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 def report(
-    plan: scenario.Plan, ledger: str, waste: list[ledger_input.WastePart], html: Path
+    plan: planning.Plan, ledger: str, waste: list[ledger_input.WastePart], html: Path
 ) -> int:
     """The meter and bill over the plan's fleet beside ``html``, then the table and page."""
     alloc, focus = demo_fleet.write(plan, waste, html.parent, cluster=f"demo-{plan.run_id}")
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo report: {drill_json}: no drill report ({type(e).__name__})", file=sys.stderr)
         return 2
     try:
-        plan = scenario.plan(scenario.load(SCENARIOS / f"{name}.yaml"), run_id=run_id)
+        plan = planning.plan(scenario.load(SCENARIOS / f"{name}.yaml"), run_id=run_id)
         ledger = f"kafka://{stackenv.load().kafka}/reclaimd.restart-waste.{run_id}"
         waste = ledger_input.read([ledger], None, LabelPolicy()).waste
     except (scenario.ScenarioError, InputError, stackenv.StackNotRunning) as e:

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chaos.drill import verdict as report
-from chaos.drill.scenario import FaultKind, Plan, ScenarioError
+from chaos.drill.plan import Plan
+from chaos.drill.plan import plan as plan_scenario
+from chaos.drill.scenario import FaultKind, ScenarioError
 from chaos.drill.scenario import load as load_scenario
-from chaos.drill.scenario import plan as plan_scenario
+from chaos.drill.verdict.render import render, to_json
 from reclaimd import postmortem
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -94,7 +95,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     except (ScenarioError, stackenv.StackNotRunning) as e:
         print(f"reclaimd drill: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(report.render(verdict, all_rows=bool(args.all_rows)))
+    print(render(verdict, all_rows=bool(args.all_rows)))
     if args.timeline:
         timeline = slowest_timeline(verdict)
         print(f"\n== slowest notice\n{timeline or '(no trace found)'}")
@@ -104,7 +105,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
             Path(args.svg).write_text(postmortem.render_svg(picture))
             print(f"post-mortem picture of the slowest notice: {args.svg}")
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(verdict), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(to_json(verdict), indent=2) + "\n")
     return EXIT_OK if verdict.ok else EXIT_FAILED
 
 
@@ -138,9 +139,9 @@ def cmd_gameday(args: argparse.Namespace, scenario: Any) -> int:
     if isinstance(outcome, str):
         print(outcome)
         return EXIT_OK
-    print(report.render(outcome, all_rows=bool(args.all_rows)))
+    print(render(outcome, all_rows=bool(args.all_rows)))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(outcome), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(to_json(outcome), indent=2) + "\n")
     return EXIT_OK if outcome.ok else EXIT_FAILED
 
 

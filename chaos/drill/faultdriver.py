@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from chaos.drill import faults
 from chaos.drill.common import retrying, yaml_holder
-from chaos.drill.scenario import Fault, FaultKind, Plan, Source
+from chaos.drill.plan import Plan
+from chaos.drill.scenario import Fault, FaultKind, Source
 from chaos.drill.watch import claim_docs
 
 if TYPE_CHECKING:

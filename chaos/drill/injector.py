@@ -13,10 +13,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from chaos.drill import verdict as report
 from chaos.drill.common import SEND_RETRY_S, retrying
 from chaos.drill.faults import STACK_TIMEOUT_S
-from chaos.drill.scenario import Fault, Plan, PlannedGarbage, PlannedNotice, Source
+from chaos.drill.plan import Plan, PlannedGarbage, PlannedNotice
+from chaos.drill.scenario import Fault, Source
+from chaos.drill.verdict.facts import NoticeFacts
 from reclaimd.model import Notice, utcnow
 
 # A publish that found the topic gone waits for the rig to put it back: a restart of the
@@ -37,7 +38,7 @@ class Injector:
         self.plan = plan
         self.world = world
         self.say = say
-        self.sent: list[report.NoticeFacts] = []
+        self.sent: list[NoticeFacts] = []
         self.garbage_sent = 0
         self.resend: dict[str, Callable[[], Any]] = {}  # notice label -> send it again
         self.under_way: dict[str, Source] = {}  # notices whose send has not returned yet
@@ -80,7 +81,7 @@ class Injector:
         if self.garbage_sent:
             self.say(f"sent {self.garbage_sent} malformed payload(s) among the notices")
 
-    async def _send(self, h: Harness, n: PlannedNotice, issued: datetime) -> report.NoticeFacts:
+    async def _send(self, h: Harness, n: PlannedNotice, issued: datetime) -> NoticeFacts:
         """Send one notice (with its duplicates) through its transport; what it must become."""
         p = self.plan
         sent_at = utcnow()
@@ -97,7 +98,7 @@ class Injector:
         notice = _expected_notice(parser, payload, sent_at, p)
         node = p.node(n.node) if n.node is not None else None
         gangs = (n.gang,) if n.gang is not None else tuple(g.name for g in p.gangs_on(n.node or ""))
-        return report.NoticeFacts(
+        return NoticeFacts(
             label=n.label,
             source=n.source.value,
             kind=n.kind,

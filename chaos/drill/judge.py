@@ -11,9 +11,24 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.drill import verdict as report
 from chaos.drill.common import yaml_holder
-from chaos.drill.scenario import FaultKind, Plan, PlannedGang, Source
+from chaos.drill.plan import Plan, PlannedGang
+from chaos.drill.scenario import FaultKind, Source
+from chaos.drill.verdict.evaluate import evaluate
+from chaos.drill.verdict.facts import (
+    RECORD_MARGIN_S,
+    Arrival,
+    ClaimSeen,
+    Expectations,
+    FaultFacts,
+    GangFacts,
+    GaveUp,
+    NoticeFacts,
+    Observed,
+    RankFacts,
+    Save,
+)
+from chaos.drill.verdict.model import Verdict
 from reclaimd import postmortem
 from reclaimd.model import utcnow
 
@@ -30,15 +45,15 @@ async def judge(
     plan: Plan,
     *,
     claims: dict[str, str],
-    sent: list[report.NoticeFacts],
+    sent: list[NoticeFacts],
     garbage_sent: int,
     events: list[dict[str, Any]],
-    claim_history: dict[str, list[report.ClaimSeen]],
-    arrivals: list[report.Arrival],
-    gave_up: report.GaveUp | None,
+    claim_history: dict[str, list[ClaimSeen]],
+    arrivals: list[Arrival],
+    gave_up: GaveUp | None,
     faults: Sequence[FaultRecord],
-    gang_facts: Callable[[PlannedGang, str, set[str]], report.GangFacts],
-) -> report.Verdict:
+    gang_facts: Callable[[PlannedGang, str, set[str]], GangFacts],
+) -> Verdict:
     """The verdict on one run, from what the drill did (``sent``, ``faults``), what it saw
     (``claims`` as last read, the ledger ``events`` and their ``arrivals``, the
     ``claim_history``, ``gave_up``) and what is left of the pods, the spans and the queue
@@ -66,10 +81,10 @@ async def judge(
     )
     depth = await asyncio.to_thread(h.queue_depth) if sqs_used else None
     e = plan.scenario.expect
-    verdict = report.evaluate(
+    verdict = evaluate(
         scenario=plan.scenario.name,
         run_id=plan.run_id,
-        expect=report.Expectations(
+        expect=Expectations(
             deadlines_met=e.deadlines_met,
             all_signaled=e.all_signaled,
             evicted=e.evicted,
@@ -81,7 +96,7 @@ async def judge(
         ),
         notices=sent,
         gangs=[gang_facts(g, h.namespace, alive) for g in plan.gangs],
-        observed=report.Observed(
+        observed=Observed(
             events=events,
             spans=spans,
             claims=claims,
@@ -93,7 +108,7 @@ async def judge(
             spans_by_holder=by_holder,
         ),
         faults=[
-            report.FaultFacts(
+            FaultFacts(
                 label=f.label,
                 kind=f.fault.kind.value,
                 started_at=f.started_at,
@@ -136,7 +151,7 @@ def gang_facts(
     alive: set[str],
     built: Built,
     faults: Sequence[FaultRecord],
-) -> report.GangFacts:
+) -> GangFacts:
     """Gang ``g`` as the drill made it (``built``) and what its trainers went through (each
     save judged against the faults' pauses and kills)."""
     ranks = []
@@ -152,7 +167,7 @@ def gang_facts(
             else {}
         )
         ranks.append(
-            report.RankFacts(
+            RankFacts(
                 pod=pod,
                 rank=r.rank,
                 gpus=g.gpus_per_rank,
@@ -164,7 +179,7 @@ def gang_facts(
                 saves=saves,
             )
         )
-    return report.GangFacts(
+    return GangFacts(
         name=g.name,
         namespace=namespace,
         scope=g.scope.value,
@@ -179,7 +194,7 @@ def save_facts(
     s: SaveRecord,
     pauses: Sequence[tuple[datetime, datetime]] = (),
     kills: Sequence[datetime] = (),
-) -> report.Save:
+) -> Save:
     """One save as the judge sees it: answered when the trainer first answered it done, by
     the deadline of the latest request for it before that answer (a replica that took a
     notice over asks the rank again, with a deadline of its own). An answer given while a
@@ -188,7 +203,7 @@ def save_facts(
     too close to call (``unplaceable``). So is an answer to a request a replica sent just
     before it was SIGKILLed, between the request and just after the answer: killed first, it
     never got the answer; killed after, it may not have written it yet (each durable ack is
-    written as it comes, but a write takes its time, ``report.RECORD_MARGIN_S``), and what the
+    written as it comes, but a write takes its time, ``RECORD_MARGIN_S``), and what the
     process had not written dies with it."""
     answered = trainer.server.answered.get(notice_id)
     before = [
@@ -198,7 +213,7 @@ def save_facts(
     ]
     asked = [r.deadline for r in before]
     asked_at = max((r.received_at for r in before), default=s.received_at)
-    return report.Save(
+    return Save(
         received_at=s.received_at,
         deadline=max([s.deadline, *asked]),
         finished_at=s.finished_at,
@@ -211,7 +226,7 @@ def save_facts(
         and (
             any(a <= answered <= b and a <= s.deadline <= b for a, b in pauses)
             or any(
-                asked_at <= k <= answered + timedelta(seconds=report.RECORD_MARGIN_S) for k in kills
+                asked_at <= k <= answered + timedelta(seconds=RECORD_MARGIN_S) for k in kills
             )
         ),
     )

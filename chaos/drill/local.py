@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.drill.scenario import Plan, Scenario, ScenarioError, Source
+from chaos.drill.plan import Plan
+from chaos.drill.scenario import Scenario, ScenarioError, Source
 from chaos.drill.world import Built, build_cluster
 from chaos.ports import free_port
 

@@ -17,8 +17,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from chaos import fleet
-from chaos.drill import verdict as report
-from chaos.drill.scenario import Integration, Plan
+from chaos.drill.plan import Plan
+from chaos.drill.scenario import Integration
+from chaos.drill.verdict.facts import gang_of
+from chaos.drill.verdict.model import Check, RestartRow
 from chaos.drill.watch import Watcher
 from reclaimd.model import utcnow
 
@@ -40,7 +42,7 @@ class Restarter:
         self._next = 0
 
     def _restartable(self) -> list[str]:
-        charged = {report.gang_of(e) for e in self.watcher.events}
+        charged = {gang_of(e) for e in self.watcher.events}
         return sorted(
             g.name
             for g in self.plan.gangs
@@ -95,16 +97,16 @@ class Restarter:
         )
 
     def _charged(self) -> set[str]:
-        return {report.gang_of(e) for e in self.watcher.restarts}
+        return {gang_of(e) for e in self.watcher.restarts}
 
-    def rows(self) -> tuple[report.RestartRow, ...]:
+    def rows(self) -> tuple[RestartRow, ...]:
         out = []
         for name, made in sorted(self.made.items()):
-            evs = [e for e in self.watcher.restarts if report.gang_of(e) == name]
+            evs = [e for e in self.watcher.restarts if gang_of(e) == name]
             first = evs[0] if evs else {}
             seconds = first.get("x_RestartOverheadSeconds")
             out.append(
-                report.RestartRow(
+                RestartRow(
                     gang=name,
                     made_at=made,
                     events=len(evs),
@@ -115,10 +117,10 @@ class Restarter:
         return tuple(out)
 
 
-def check(rows: tuple[report.RestartRow, ...]) -> report.Check:
+def check(rows: tuple[RestartRow, ...]) -> Check:
     """Every gang that came back is charged its restart once."""
     wrong = [f"{r.gang}: {r.events} events" for r in rows if r.events != 1]
-    return report.Check(
+    return Check(
         "restart overhead once per gang back",
         not wrong,
         "; ".join(wrong[:5]) or f"{len(rows)} gang(s) back, each charged once",

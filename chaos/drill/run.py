@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 from chaos.drill import judge as drill_judge
 from chaos.drill import restart as drill_restart
 from chaos.drill import teardown as drill_teardown
-from chaos.drill import verdict as report
 from chaos.drill.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -49,9 +48,12 @@ from chaos.drill.faultdriver import FaultDriver
 from chaos.drill.injector import Injector
 from chaos.drill.judge import save_facts as _save_facts
 from chaos.drill.local import SPAWN_LIMIT, World
+from chaos.drill.plan import Plan, PlannedGang
+from chaos.drill.plan import plan as plan_scenario
 from chaos.drill.restart import Restarter
-from chaos.drill.scenario import FaultKind, Plan, PlannedGang, Scenario, Source
-from chaos.drill.scenario import plan as plan_scenario
+from chaos.drill.scenario import FaultKind, Scenario, Source
+from chaos.drill.verdict.facts import GangFacts
+from chaos.drill.verdict.model import Verdict
 from chaos.drill.watch import CLAIM_POLL_S, LATE_READ_S, Watcher
 from chaos.drill.world import KUEUE_CLUSTER_QUEUE, Built
 from reclaimd import postmortem
@@ -159,7 +161,7 @@ class Drill:
 
     # --- the run ----------------------------------------------------------------------------
 
-    async def run(self) -> report.Verdict:
+    async def run(self) -> Verdict:
         from chaos.harness import Harness
 
         # A failing or cut-off fake trainer is the scenario working, not news for the console.
@@ -209,7 +211,7 @@ class Drill:
         """Notices, garbage and faults, each at its planned time."""
         await self.injector.run(h, lambda f: self.saboteur.apply(h, f))
 
-    async def _judge(self, h: Harness) -> report.Verdict:
+    async def _judge(self, h: Harness) -> Verdict:
         await self.world.stop_reclaimd(h)  # done already, unless the wait failed
         assert h.api is not None
         claims = await retrying(lambda: self.watcher.claims(h))
@@ -234,7 +236,7 @@ class Drill:
             verdict, restarts=rows, checks=(*verdict.checks, drill_restart.check(rows))
         )
 
-    def _gang_facts(self, g: PlannedGang, namespace: str, alive: set[str]) -> report.GangFacts:
+    def _gang_facts(self, g: PlannedGang, namespace: str, alive: set[str]) -> GangFacts:
         return drill_judge.gang_facts(g, namespace, alive, self.world.built, self.saboteur.faults)
 
 
@@ -245,7 +247,7 @@ async def run_drill(
     progress: Progress | None = None,
     run_id: str = "",
     apiserver_proxy: bool | None = None,
-) -> report.Verdict:
+) -> Verdict:
     """Run ``scenario`` on the local stack and return its verdict (the e2e tests' entry).
     ``apiserver_proxy``: each replica through a proxy of its own (None: when a fault needs it)."""
     from chaos import stack as stackenv
@@ -255,7 +257,7 @@ async def run_drill(
     return await drill.run()
 
 
-def slowest(verdict: report.Verdict) -> postmortem.Timeline | None:
+def slowest(verdict: Verdict) -> postmortem.Timeline | None:
     """The post-mortem of the notice that took longest to drain (``make demo``)."""
     if verdict.slowest is None:
         return None
@@ -267,7 +269,7 @@ def slowest(verdict: report.Verdict) -> postmortem.Timeline | None:
     return None
 
 
-def slowest_timeline(verdict: report.Verdict) -> str | None:
+def slowest_timeline(verdict: Verdict) -> str | None:
     timeline = slowest(verdict)
     return postmortem.render_text(timeline) if timeline is not None else None
 

@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from chaos.drill import verdict as report
 from chaos.drill.common import yaml_holder
-from chaos.drill.scenario import Integration, Plan
+from chaos.drill.plan import Plan
+from chaos.drill.scenario import Integration
+from chaos.drill.verdict.facts import Arrival, ClaimSeen, GaveUp, NoticeFacts, gang_of
+from chaos.drill.verdict.traces import time_of
 from reclaimd import restarts
 from reclaimd.model import utcnow
 
@@ -37,7 +39,7 @@ class Watcher:
         self,
         plan: Plan,
         *,
-        sent: Sequence[report.NoticeFacts],
+        sent: Sequence[NoticeFacts],
         faults: Sequence[FaultRecord],
         say: Callable[[str], None],
     ) -> None:
@@ -47,9 +49,9 @@ class Watcher:
         self.say = say
         self.events: list[dict[str, Any]] = []  # restart waste: one per gang charged
         self.restarts: list[dict[str, Any]] = []  # restart overhead of gangs that came back
-        self.arrivals: list[report.Arrival] = []
-        self.claim_history: dict[str, list[report.ClaimSeen]] = {}
-        self.gave_up: report.GaveUp | None = None
+        self.arrivals: list[Arrival] = []
+        self.claim_history: dict[str, list[ClaimSeen]] = {}
+        self.gave_up: GaveUp | None = None
         self._claims_seen: dict[str, str] = {}  # the last phases read (the apiserver may be down)
 
     async def poll_claims(self, h: Harness) -> None:
@@ -59,12 +61,12 @@ class Watcher:
                 docs = await claim_docs(h, self.plan)
                 now = utcnow()
                 for key, doc in docs.items():
-                    seen = report.ClaimSeen(
+                    seen = ClaimSeen(
                         seen_at=now,
                         holder=str(doc.get("holder", "")),
                         phase=str(doc.get("phase", "")),
                         notice_id=str(doc.get("notice_id", "")),
-                        heartbeat_at=report._time(doc.get("heartbeat_at")),
+                        heartbeat_at=time_of(doc.get("heartbeat_at")),
                     )
                     history = self.claim_history.setdefault(key, [])
                     last = history[-1] if history else None
@@ -109,10 +111,10 @@ class Watcher:
             EPOCH + timedelta(milliseconds=timestamp_ms) if timestamp_type == 1 else None
         )  # 1: LogAppendTime, the broker's clock; 0 would be the producer's
         self.arrivals.append(
-            report.Arrival(
-                gang=report.gang_of(event),
+            Arrival(
+                gang=gang_of(event),
                 event_id=str(event.get("EventId", "")),
-                produced_at=report._time(event.get("ChargePeriodEnd")),
+                produced_at=time_of(event.get("ChargePeriodEnd")),
                 appended_at=appended,
                 received_at=utcnow(),
             )
@@ -125,7 +127,7 @@ class Watcher:
         )
         met = "" if e.get("x_DeadlineMet") else ", DEADLINE MISSED"
         self.say(
-            f"ledger: {report.gang_of(e)} charged by {label}: {e.get('x_WastedGpuSeconds')} GPU-s"
+            f"ledger: {gang_of(e)} charged by {label}: {e.get('x_WastedGpuSeconds')} GPU-s"
             f" ({e.get('x_CheckpointOutcome')}{met})"
         )
 
@@ -141,18 +143,18 @@ class Watcher:
             if reader.done():
                 reader.result()  # the reader died: say why
             claims = await self.claims(h)
-            charged = {report.gang_of(e) for e in self.events}
+            charged = {gang_of(e) for e in self.events}
             if charged >= charging and all(claims.get(k) == "done" for k in keys):
                 break
             await asyncio.sleep(1.0)
         else:
             open_ = {k: claims.get(k, "") for k in sorted(keys) if claims.get(k) != "done"}
-            charged = {report.gang_of(e) for e in self.events}
+            charged = {gang_of(e) for e in self.events}
             holders: dict[str, str] = {}
             with contextlib.suppress(Exception):  # the apiserver may be the thing that is down
                 docs = await claim_docs(h, self.plan)
                 holders = {k: str(docs.get(k, {}).get("holder", "")) for k in open_}
-            self.gave_up = report.GaveUp(
+            self.gave_up = GaveUp(
                 at=utcnow(),
                 timeout_s=expect.timeout_s,
                 events=len(charged & charging),
@@ -177,7 +179,7 @@ class Watcher:
         loop = asyncio.get_running_loop()
         end = loop.time() + LATE_READ_S
         while loop.time() < end and not reader.done():
-            if {report.gang_of(e) for e in self.events} >= charging:
+            if {gang_of(e) for e in self.events} >= charging:
                 break
             await asyncio.sleep(0.5)
         late = [a for a in self.arrivals if self.gave_up and a.received_at > self.gave_up.at]

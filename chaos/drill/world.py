@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from chaos.drill.scenario import Integration, Plan
+from chaos.drill.plan import Plan
+from chaos.drill.scenario import Integration
 from reclaimd.model import utcnow
 
 if TYPE_CHECKING:

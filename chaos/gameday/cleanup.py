@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chaos import fleet
-from chaos.drill import verdict as report
+from chaos.drill.verdict.model import Check
 from chaos.gameday.target import CLAIM, NodeState, finished, state_of
 
 CLEANUP_WAIT_S = 60.0
@@ -48,7 +48,7 @@ async def cleanup(
     *,
     settle_s: float,
     say: Callable[[str], None],
-) -> report.Check:
+) -> Check:
     """Every drill node as it was, the probes gone; checked, as the last row.
 
     The release is let finish its claims first (a node put back under an open claim would
@@ -73,7 +73,7 @@ async def cleanup(
     gone = f"namespace {probes.namespace} deleted" if probes.own else "the run's probes deleted"
     say(f"cleaned up: {n} node(s) as they were, {gone}" if not problems
         else f"NOT cleaned up: {'; '.join(problems[:3])}")  # fmt: skip
-    return report.Check(
+    return Check(
         "cleaned up",
         not problems,
         f"{n} node(s) uncordoned and untainted as before, {gone}"

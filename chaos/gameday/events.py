@@ -10,20 +10,21 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from chaos.drill import verdict as report
+from chaos.drill.verdict.facts import NoticeFacts
+from chaos.drill.verdict.model import Check
 from reclaimd.cluster.events import CONTROLLER, NODE_EVENT_NAMESPACE, Reason
 
 
 async def events_check(
-    api: Any, sent: Sequence[report.NoticeFacts], namespace: str, since: datetime
-) -> report.Check:
+    api: Any, sent: Sequence[NoticeFacts], namespace: str, since: datetime
+) -> Check:
     from kubernetes_asyncio import client as k8s
 
     events = k8s.EventsV1Api(api)
     nodes = await _regarding(events, NODE_EVENT_NAMESPACE, Reason.INTERRUPTED, since)
     pods = await _regarding(events, namespace, Reason.CHECKPOINT_REQUESTED, since)
     missing = [n.label for n in sent if not _recorded(n, nodes, pods)]
-    return report.Check(
+    return Check(
         "Kubernetes Events recorded",
         not missing,
         f"every notice's Events found ({len(sent)})"
@@ -45,7 +46,7 @@ async def _regarding(events: Any, namespace: str, reason: str, since: datetime) 
     return out
 
 
-def _recorded(n: report.NoticeFacts, nodes: set[str], pods: set[str]) -> bool:
+def _recorded(n: NoticeFacts, nodes: set[str], pods: set[str]) -> bool:
     if "/" not in n.claim_key:  # a node's notice: its node's Event
         return n.claim_key in nodes
     return any(p.startswith(n.claim_key + "-") for p in pods)  # a pod of the gang

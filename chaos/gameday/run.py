@@ -31,11 +31,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from chaos import fleet
 from chaos.drill import judge as drill_judge
-from chaos.drill import verdict as report
 from chaos.drill.injector import Injector
 from chaos.drill.local import World
-from chaos.drill.scenario import Integration, Plan, Scenario, Source
-from chaos.drill.scenario import plan as plan_scenario
+from chaos.drill.plan import Plan
+from chaos.drill.plan import plan as plan_scenario
+from chaos.drill.scenario import Integration, Scenario, Source
+from chaos.drill.verdict.model import Check, Verdict
 from chaos.drill.watch import Watcher
 from chaos.drill.world import build_cluster
 from chaos.gameday.cleanup import Probes, cleanup, label
@@ -134,7 +135,7 @@ class GameDay:
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.states: list[NodeState] = []
 
-    async def run(self) -> report.Verdict | str:
+    async def run(self) -> Verdict | str:
         """The verdict; with ``--dry-run``, the bound plan as text."""
         api = await rig_client(self.o.kubeconfig)
         try:
@@ -178,7 +179,7 @@ class GameDay:
         )  # fmt: skip
         return bound
 
-    async def _drill(self, api: Any, plan: Plan, release: Release) -> report.Verdict:
+    async def _drill(self, api: Any, plan: Plan, release: Release) -> Verdict:
         namespace = self.o.namespace or f"gd-{self.run_id}"
         guarded = [g.name for g in plan.gangs if g.pdb_max_unavailable is not None]
         pdbs = tuple(fleet.pdb_name(name) for name in guarded)
@@ -197,7 +198,7 @@ class GameDay:
             world.built.notices_topic = release.settings.kafka_notices.topic
         injector = Injector(plan, world, say=self.say)
         watcher = Watcher(plan, sent=injector.sent, faults=[], say=self.say)
-        cleaned: report.Check | None = None
+        cleaned: Check | None = None
         started = utcnow() - timedelta(seconds=1)  # the apiserver's clock, to the second
         async with h:
             try:

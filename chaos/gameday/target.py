@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from chaos.drill.scenario import Plan, PlannedNode, Source
+from chaos.drill.plan import Plan, PlannedNode
+from chaos.drill.scenario import Source
 from reclaimd import config as rconfig
 from reclaimd.ledger import cost_labels
 from reclaimd.model import ParseError

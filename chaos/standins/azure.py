@@ -161,6 +161,36 @@ def rfc1123(t: datetime) -> str:
     return format_datetime(t.astimezone(UTC).replace(microsecond=0), usegmt=True)
 
 
+def scheduled_event(
+    event_type: str,
+    resources: list[str],
+    not_before_s: float,
+    *,
+    source: str = "Platform",
+    description: str = "",
+    duration_s: int = -1,
+) -> dict[str, Any]:
+    """One ``Scheduled`` event as IMDS lists it, ``not_before_s`` from now, with a new EventId."""
+    return {
+        "EventId": str(uuid.uuid4()).upper(),
+        "EventStatus": "Scheduled",
+        "EventType": event_type,
+        "ResourceType": "VirtualMachine",
+        "Resources": resources,
+        "NotBefore": rfc1123(datetime.now(UTC) + timedelta(seconds=not_before_s)),
+        "Description": description,
+        "EventSource": source,
+        "DurationInSeconds": duration_s,
+    }
+
+
+def preempt_document(vm_name: str, incarnation: int, not_before_s: float) -> str:
+    """A Scheduled Events document holding one Spot eviction of ``vm_name``, as IMDS sends it
+    (what ``make bench-fuzz`` hands its metadata route as the real notice)."""
+    event = scheduled_event("Preempt", [vm_name], not_before_s)
+    return json.dumps({"DocumentIncarnation": incarnation, "Events": [event]})
+
+
 class AzureMetadataServer:
     def __init__(
         self,
@@ -203,18 +233,16 @@ class AzureMetadataServer:
         if event_type not in EVENT_TYPES:
             raise ValueError(f"EventType {event_type!r} is not one of {EVENT_TYPES}")
         delay = MIN_NOTICE_S[event_type] if not_before_s is None else not_before_s
-        event_id = str(uuid.uuid4()).upper()
-        self._events[event_id] = {
-            "EventId": event_id,
-            "EventStatus": "Scheduled",
-            "EventType": event_type,
-            "ResourceType": "VirtualMachine",
-            "Resources": list(resources or [self.compute.name]),
-            "NotBefore": rfc1123(datetime.now(UTC) + timedelta(seconds=delay)),
-            "Description": description,
-            "EventSource": source,
-            "DurationInSeconds": duration_s,
-        }
+        event = scheduled_event(
+            event_type,
+            list(resources or [self.compute.name]),
+            delay,
+            source=source,
+            description=description,
+            duration_s=duration_s,
+        )
+        event_id = str(event["EventId"])
+        self._events[event_id] = event
         self.incarnation += 1
         self._later(event_id, delay, self._start)
         return event_id

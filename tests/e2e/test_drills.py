@@ -19,7 +19,7 @@ import yaml
 
 from chaos.drill import run as drill
 from chaos.drill import scenario
-from chaos.drill import verdict as report
+from chaos.drill.verdict.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "chaos" / "scenarios"
@@ -64,7 +64,7 @@ def _quiet() -> drill.Progress:
 @pytest.mark.parametrize("name", PASSING)
 async def test_shipped_scenario_passes(stack: Any, name: str) -> None:
     verdict = await drill.run_drill(scenario.load(SCENARIOS / f"{name}.yaml"), progress=_quiet())
-    assert verdict.ok, report.render(verdict, all_rows=True)
+    assert verdict.ok, render(verdict, all_rows=True)
     # a pass must rest on something: notices handled and, for these, gangs charged
     assert verdict.notices and all(n.traced for n in verdict.notices)
     assert verdict.gangs and all(g.events == 1 for g in verdict.gangs)
@@ -90,7 +90,7 @@ async def test_an_impossible_scenario_fails_the_verdict(stack: Any) -> None:
     verdict = await drill.run_drill(scenario.parse(IMPOSSIBLE), progress=_quiet())
     failed = {c.name for c in verdict.checks if c.required and not c.ok}
     # it fails for the reasons that make it impossible, and for no other
-    assert failed == {"every deadline met", "evictions done"}, report.render(verdict)
+    assert failed == {"every deadline met", "evictions done"}, render(verdict)
     assert not verdict.ok
     (gang,) = verdict.gangs
     assert gang.events == 1 and gang.deadline_met is False and gang.pods_left == 2

@@ -19,7 +19,7 @@ import pytest
 
 from chaos.drill import run as drill
 from chaos.drill import scenario
-from chaos.drill import verdict as report
+from chaos.drill.verdict.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "chaos" / "scenarios"
@@ -68,7 +68,7 @@ async def test_fault_scenario_passes(stack: Any, name: str) -> None:
     verdict = await drill.run_drill(
         scenario.load(SCENARIOS / f"{name}.yaml"), progress=drill.Progress(quiet=True)
     )
-    assert verdict.ok, report.render(verdict, all_rows=True)
+    assert verdict.ok, render(verdict, all_rows=True)
     # the fault happened and was measured: a pass must not rest on a fault that missed
     assert verdict.faults and all(not f.facts.error for f in verdict.faults)
     assert verdict.gangs and all(g.events == 1 for g in verdict.gangs)

@@ -37,9 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from chaos import stack as stackenv
+from chaos.drill import plan as planning
 from chaos.drill import run as drill
 from chaos.drill import scenario
-from chaos.drill import verdict as report
+from chaos.drill.verdict.facts import GangFacts, gang_of
+from chaos.drill.verdict.gpuseconds import expected_gpu_seconds
+from chaos.drill.verdict.render import render
 from chaos.harness import Harness
 from reclaimd import meter
 from reclaimd.cluster import apiserver, client
@@ -126,10 +129,10 @@ class Rates:
     """USD per GPU-hour of each instance in each hour: spot moves by instance and by hour, so
     a waste part priced on the wrong instance or in the wrong hour shows in the cents."""
 
-    nodes: Sequence[scenario.PlannedNode]
+    nodes: Sequence[planning.PlannedNode]
     first_hour: datetime
 
-    def __call__(self, node: scenario.PlannedNode, hour: datetime) -> float:
+    def __call__(self, node: planning.PlannedNode, hour: datetime) -> float:
         if node.purchase_option == "on_demand":
             return OD_RATE
         i = [n.key for n in self.nodes].index(node.key)
@@ -145,7 +148,7 @@ FOCUS_COLUMNS = (
 )  # fmt: skip
 
 
-def focus_export(path: Path, plan: scenario.Plan, hours: Sequence[datetime], rates: Rates) -> int:
+def focus_export(path: Path, plan: planning.Plan, hours: Sequence[datetime], rates: Rates) -> int:
     """One FOCUS usage row per drill instance and hour (ARN resource ids, as AWS writes
     them), plus a tax line on one of them that must not change any rate. Returns rows."""
     rows = []
@@ -208,15 +211,15 @@ class MeteredDrill(drill.Drill):
     ) -> None:
         super().__init__(*args, **kw)
         self.before_notices = before_notices
-        self.facts: dict[str, report.GangFacts] = {}
+        self.facts: dict[str, GangFacts] = {}
 
     async def _inject(self, h: Harness) -> None:
         await self.before_notices(self)
         await super()._inject(h)
 
     def _gang_facts(
-        self, g: scenario.PlannedGang, namespace: str, alive: set[str]
-    ) -> report.GangFacts:
+        self, g: planning.PlannedGang, namespace: str, alive: set[str]
+    ) -> GangFacts:
         facts = super()._gang_facts(g, namespace, alive)
         self.facts[g.name] = facts
         return facts
@@ -230,7 +233,7 @@ class Clock:
         return self.now
 
 
-async def wait_seen(fleet: meter.CacheFleet, plan: scenario.Plan, timeout_s: float = 20) -> None:
+async def wait_seen(fleet: meter.CacheFleet, plan: planning.Plan, timeout_s: float = 20) -> None:
     """Until the cache holds every pod of the plan, placed, and every node."""
     pods = {f"{g.name}-{r.rank}" for g in plan.gangs for r in g.ranks}
     loop = asyncio.get_running_loop()
@@ -297,9 +300,9 @@ class Truth:
     """What the drill did, as it recorded it: the plan, the meter's looks, the gangs' facts
     and the event that charged each gang (for its stop time and notice)."""
 
-    plan: scenario.Plan
+    plan: planning.Plan
     looks: tuple[datetime, datetime]
-    facts: Mapping[str, report.GangFacts]
+    facts: Mapping[str, GangFacts]
     events: Mapping[str, Mapping[str, Any]]
     rates: Rates
     hours: Sequence[datetime]  # the bill's hours
@@ -329,7 +332,7 @@ def expect_allocation(by: str, truth: Truth, out: Expected) -> None:
 
 
 def rank_parts(
-    facts: report.GangFacts, g: scenario.PlannedGang, stopped: datetime
+    facts: GangFacts, g: planning.PlannedGang, stopped: datetime
 ) -> dict[str, float]:
     """GPU-seconds the gang lost on each node (node key), by ``chaos.drill.verdict``'s rule."""
     assert facts.scope == "rank"  # per-rank losses are independent only in rank scope
@@ -337,7 +340,7 @@ def rank_parts(
     out: dict[str, float] = {}
     for key in sorted({r.node for r in g.ranks}):
         mine = tuple(r for r in facts.ranks if node_of[r.pod] == key)
-        low, high = report.expected_gpu_seconds(replace(facts, ranks=mine), stopped)
+        low, high = expected_gpu_seconds(replace(facts, ranks=mine), stopped)
         assert abs(high - low) < 1e-9, f"{g.name}: an ack raced the budget, no exact answer"
         out[key] = low
     return out
@@ -483,7 +486,7 @@ async def metered_drill(env: stackenv.StackEnv, tmp_path: Path) -> Run:
     try:
         assert await cache.wait_synced(20), "the meter's cache did not sync"
         verdict = await d.run()
-        assert verdict.ok, report.render(verdict, all_rows=True)
+        assert verdict.ok, render(verdict, all_rows=True)
         last_stop = max(parse_time(e["ChargePeriodEnd"]) for e in d.events)
         clock.now = hour_of(last_stop) + timedelta(hours=2)  # closes every hour of the drill
         await m.tick()
@@ -562,7 +565,7 @@ async def test_the_report_of_a_drill_matches_its_ground_truth_to_the_cent(
     env = stackenv.load()
     run = await metered_drill(env, tmp_path)
     d = run.drill
-    events = {report.gang_of(e): e for e in d.events}
+    events = {gang_of(e): e for e in d.events}
     assert set(events) == set(OUTCOMES)
     last_stop = max(parse_time(e["ChargePeriodEnd"]) for e in events.values())
     # The bill: every drill instance, every hour from the first look to the last stop.

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from chaos.bench import failover
+from chaos.drill import plan as planning
 from chaos.drill import scenario
 
 SEEDS = failover.run_seeds(20261201, 60)
@@ -35,7 +36,7 @@ def test_a_run_is_generated_from_its_seed_alone() -> None:
 def test_every_generated_scenario_is_valid_and_in_bounds(seed: int) -> None:
     doc = failover.generate(seed)
     s = scenario.parse(doc)
-    plan = scenario.plan(s, run_id="unit")
+    plan = planning.plan(s, run_id="unit")
     assert failover.MIN_NODES <= len(plan.nodes) <= failover.MAX_NODES
     assert all(1 <= len(g.ranks) <= 8 for g in plan.gangs)
     assert s.reclaimd.replicas == 2 and 1 <= len(s.faults) <= 3

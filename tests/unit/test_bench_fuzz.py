@@ -13,10 +13,13 @@ from collections.abc import Callable
 from aiohttp import web
 
 import handlers
-from chaos.bench import fuzz as bench_fuzz
+from chaos.bench.fuzz import common as fuzz_common
+from chaos.bench.fuzz import report as fuzz_report
+from chaos.bench.fuzz import run as bench_fuzz
 from chaos.fleet import NodeSpec
 from chaos.standins import azure as azure_metadata_server
-from chaos.standins.azure import Compute
+from chaos.standins import fuzzing
+from chaos.standins.azure import Compute, preempt_document
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Target, Windows, utcnow
 from reclaimd.sources import AzureScheduledSettings
@@ -32,23 +35,23 @@ from reclaimd.transports.azure_scheduled import (
 
 def test_memory_is_flat_when_the_last_quarter_stays_near_the_second() -> None:
     steady = [100.0] * 10 + [150.0] * 30
-    assert bench_fuzz._flat(steady)["flat"]
+    assert fuzz_report._flat(steady)["flat"]
     growing = [100.0 + i * 5 for i in range(40)]
-    assert not bench_fuzz._flat(growing)["flat"]
-    assert not bench_fuzz._flat([1.0, 2.0])["flat"]  # too few samples to say
+    assert not fuzz_report._flat(growing)["flat"]
+    assert not fuzz_report._flat([1.0, 2.0])["flat"]  # too few samples to say
 
 
 def test_real_notices_are_spread_among_the_hostile_ones() -> None:
     run = object.__new__(bench_fuzz.FuzzRun)
     run.args = argparse.Namespace(per_transport=10_000)
     at = run._spread("sqs")
-    assert len(at) == bench_fuzz.REAL["sqs"]
+    assert len(at) == fuzz_common.REAL["sqs"]
     assert min(at) > 0 and max(at) < 10_000
 
 
 def test_bad_arguments_exit_2() -> None:
     assert bench_fuzz.main(["--per-transport", "1"]) == 2
-    assert bench_fuzz.main(["--nodes", str(bench_fuzz.MIN_NODES - 1)]) == 2
+    assert bench_fuzz.main(["--nodes", str(fuzz_common.MIN_NODES - 1)]) == 2
 
 
 def _fleet(nodes: int) -> tuple[list[NodeSpec], ...]:
@@ -59,9 +62,9 @@ def _fleet(nodes: int) -> tuple[list[NodeSpec], ...]:
 
 
 def test_the_fleet_has_a_node_per_real_node_notice_azure_included() -> None:
-    aws, gce, azure = _fleet(bench_fuzz.MIN_NODES)
-    assert len(aws) + len(gce) + len(azure) == bench_fuzz.MIN_NODES
-    assert len(azure) == bench_fuzz.REAL["azure_scheduled"]
+    aws, gce, azure = _fleet(fuzz_common.MIN_NODES)
+    assert len(aws) + len(gce) + len(azure) == fuzz_common.MIN_NODES
+    assert len(azure) == fuzz_common.REAL["azure_scheduled"]
     assert sum(len(part) for part in _fleet(20)) == 20
 
 
@@ -70,7 +73,7 @@ def test_the_azure_nodes_real_preempt_is_one_notice_for_that_node() -> None:
     providerID as AKS writes it), and the real document is one approvable Spot eviction."""
     (node,) = _fleet(20)[2]
     identity = Identity.from_compute(azure_metadata_server.compute_of(node).to_json())
-    document = bench_fuzz.preempt_document(identity.vm_name, 9, 30)
+    document = preempt_document(identity.vm_name, 9, 30)
     payload = json.dumps(envelope(identity, document, node.name)).encode()
     outcome = handlers.parse("azure-scheduled", payload, received_at=utcnow())
     assert isinstance(outcome, tuple)
@@ -83,7 +86,7 @@ def test_the_azure_nodes_real_preempt_is_one_notice_for_that_node() -> None:
 def test_every_scheduled_events_answer_is_a_new_document_to_the_poller() -> None:
     """Read as the poller reads (a document per new version): each hostile answer is one
     delivery, the real document one however often it is read, an idle one once."""
-    events = bench_fuzz.ScheduledEvents(random.Random(5))
+    events = fuzzing.ScheduledEvents(random.Random(5))
     poller, delivered = DocumentState(), [0]
 
     def read(times: int) -> None:
@@ -97,7 +100,7 @@ def test_every_scheduled_events_answer_is_a_new_document_to_the_poller() -> None
     events.budget = 600
     read(600)
     assert events.budget == 0 and events.tally.hostile == 600 and delivered == [601]
-    events.real = bench_fuzz.preempt_document("fuzz-vmss_0", events.next_incarnation(), 30)
+    events.real = preempt_document("fuzz-vmss_0", events.next_incarnation(), 30)
     read(3)
     events.real = ""
     assert events.tally.real == 1 and events.real_reads == 3 and delivered == [602]
@@ -118,14 +121,14 @@ async def test_the_azure_route_against_the_real_poller() -> None:
     counted (refused or ignored, no notice, no poll failing), then the real Preempt admitted
     once and approved on the same route."""
     compute = Compute()
-    state = bench_fuzz.MetadataState(
+    state = fuzzing.MetadataState(
         {},
         {},
         random.Random(1),
         azure_compute=compute.to_json(),
-        azure=bench_fuzz.ScheduledEvents(random.Random(2)),
+        azure=fuzzing.ScheduledEvents(random.Random(2)),
     )
-    runner = web.AppRunner(bench_fuzz.metadata_app(state), access_log=None)
+    runner = web.AppRunner(fuzzing.metadata_app(state), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
@@ -149,7 +152,7 @@ async def test_the_azure_route_against_the_real_poller() -> None:
         assert events.tally.hostile == 150 and seen == []
         assert counters.transport_errors == 0
         assert counters.received == counters.parse_errors + counters.ignored
-        events.real = bench_fuzz.preempt_document(compute.name, events.next_incarnation(), 30)
+        events.real = preempt_document(compute.name, events.next_incarnation(), 30)
         await _until(lambda: len(seen) == 1 and events.real_reads >= 3)
         events.real = ""
         assert events.tally.real == 1 and counters.notices == 1

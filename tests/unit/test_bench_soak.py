@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from chaos.bench import soak as bench_soak
-from chaos.drill import scenario
+from chaos.drill import plan as planning
 from chaos.drill.scenario import FaultKind, ScenarioError, Source
 
 
@@ -15,7 +15,7 @@ from chaos.drill.scenario import FaultKind, ScenarioError, Source
 def test_the_soak_is_valid_every_source_steady_every_fault_kind_in_turn(minutes: float) -> None:
     doc = bench_soak.generate(minutes=minutes, interval_s=15.0)
     s = bench_soak.check(doc)
-    plan = scenario.plan(s, run_id="unit")
+    plan = planning.plan(s, run_id="unit")
     assert s.reclaimd.replicas == 2
     # One notice per node of its source's pool, each node with gangs of its own only.
     for source in (Source.EC2_SQS, Source.GKE_PUBSUB, Source.KAFKA):

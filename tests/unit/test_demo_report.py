@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from chaos.demo import report as demo_report
+from chaos.drill import plan as planning
 from chaos.drill import scenario
 from reclaimd.ledger import LabelPolicy
 from reclaimd.model import rfc3339
@@ -39,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 STORM = datetime(2026, 3, 1, 12, 32, tzinfo=UTC)
 
 
-def storm_events(plan: scenario.Plan) -> list[dict[str, Any]]:
+def storm_events(plan: planning.Plan) -> list[dict[str, Any]]:
     targets = {n.node for n in plan.notices if n.node is not None}
     events = []
     for g in plan.gangs:
@@ -77,7 +78,7 @@ def storm_events(plan: scenario.Plan) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("demo")
-    plan = scenario.plan(scenario.load(REPO / "chaos/scenarios/spot-az-storm.yaml"),
+    plan = planning.plan(scenario.load(REPO / "chaos/scenarios/spot-az-storm.yaml"),
                          run_id="0d3m0001")  # fmt: skip
     ledger = out / "storm.jsonl"
     ledger.write_text("".join(json.dumps(e) + "\n" for e in storm_events(plan)))

@@ -11,8 +11,25 @@ from typing import Any
 import pytest
 
 from chaos.drill import faults, scenario
-from chaos.drill import verdict as report
 from chaos.drill.run import _save_facts
+from chaos.drill.verdict.checks import asked_of
+from chaos.drill.verdict.evaluate import evaluate
+from chaos.drill.verdict.facts import (
+    Arrival,
+    ClaimSeen,
+    Expectations,
+    FaultFacts,
+    GangFacts,
+    GaveUp,
+    NoticeFacts,
+    Observed,
+    RankFacts,
+    Save,
+)
+from chaos.drill.verdict.model import Verdict
+from chaos.drill.verdict.render import render, to_json
+from chaos.drill.verdict.takeover import LIVE_SLACK_S
+from chaos.drill.verdict.traces import index_traces
 from chaos.trainers import SaveRecord
 
 T0 = datetime.fromisoformat("2026-12-01T12:00:00+00:00")
@@ -76,7 +93,7 @@ def test_an_ack_is_judged_by_the_latest_request_before_the_answer() -> None:
     assert s.deadline == _at(25) and s.answered_at == _at(14) and s.answers_known
     assert s.counted() is True  # 11 s before the successor's deadline
     # judged by the first request's deadline alone it would have been late
-    assert report.Save(**{**s.__dict__, "deadline": _at(10)}).counted() is False
+    assert Save(**{**s.__dict__, "deadline": _at(10)}).counted() is False
 
 
 def test_an_answer_inside_a_pause_that_spans_the_deadline_is_too_close_to_call() -> None:
@@ -134,25 +151,25 @@ def test_the_save_records_own_deadline_counts_with_no_request_kept() -> None:
 
 
 def _seen(s: float, holder: str, notice: str, wrote: float | None, phase: str = "claimed") -> Any:
-    return report.ClaimSeen(_at(s), holder, phase, notice, None if wrote is None else _at(wrote))
+    return ClaimSeen(_at(s), holder, phase, notice, None if wrote is None else _at(wrote))
 
 
 def _evaluate(
     *,
-    faults_: list[report.FaultFacts] = (),  # type: ignore[assignment]
-    history: dict[str, list[report.ClaimSeen]] | None = None,
+    faults_: list[FaultFacts] = (),  # type: ignore[assignment]
+    history: dict[str, list[ClaimSeen]] | None = None,
     spans: list[dict[str, Any]] | None = None,
     by_holder: dict[str, list[dict[str, Any]]] | None = None,
     replicas: int = 0,
     **observed: Any,
-) -> report.Verdict:
-    return report.evaluate(
+) -> Verdict:
+    return evaluate(
         scenario="x",
         run_id="r",
-        expect=report.Expectations(),
+        expect=Expectations(),
         notices=observed.pop("notices", []),
         gangs=observed.pop("gangs", []),
-        observed=report.Observed(
+        observed=Observed(
             events=observed.pop("events", []),
             spans=spans or [],
             claims=observed.pop("claims", {}),
@@ -165,8 +182,8 @@ def _evaluate(
     )
 
 
-def _kill(at: float = 3, holder: str = "r0", **kw: Any) -> report.FaultFacts:
-    return report.FaultFacts(
+def _kill(at: float = 3, holder: str = "r0", **kw: Any) -> FaultFacts:
+    return FaultFacts(
         label=kw.pop("label", f"kill reclaimd-0@{at:g}s"),
         kind=kw.pop("kind", "kill"),
         started_at=_at(at),
@@ -231,7 +248,7 @@ def test_takeover_percentiles_over_every_claim_taken() -> None:
     assert u.takeover_p50_s == pytest.approx(3.0)
     assert u.max_takeover_s == pytest.approx(21.0)
     assert 4.0 < (u.takeover_p99_s or 0) <= 21.0
-    assert "takeover p50 3.00s" in report.render(v)
+    assert "takeover p50 3.00s" in render(v)
 
 
 # --- false takeovers: of a live holder, and what a fenced holder still did -------------------
@@ -243,8 +260,8 @@ def test_a_takeover_of_a_holder_with_no_fault_is_a_live_takeover() -> None:
     (c,) = v.holder_changes
     assert (c.old, c.new, c.of_live_holder) == ("r0", "r1", True)
     assert v.summary is not None and v.summary.live_takeovers == 1
-    assert "LIVE HOLDER" in report.render(v)
-    assert report.to_json(v)["holder_changes"][0]["live_holder"] is True
+    assert "LIVE HOLDER" in render(v)
+    assert to_json(v)["holder_changes"][0]["live_holder"] is True
 
 
 def test_a_takeover_during_a_pause_is_of_a_presumed_dead_holder() -> None:
@@ -287,12 +304,12 @@ def test_what_the_paused_holder_did_after_its_takeover_is_counted() -> None:
     assert second.old == "r1" and second.of_live_holder and second.fenced == ()
     u = v.summary
     assert u is not None and u.fenced_actions == 2 and u.live_takeovers == 1
-    assert "after it the old holder did: evict, ledger" in report.render(v)
+    assert "after it the old holder did: evict, ledger" in render(v)
 
 
 def test_a_restarted_holder_is_live_again_after_a_short_slack() -> None:
     kill = _kill(ended_at=_at(8), successor="r0")  # back on the same disk at 8
-    soon = {"n1": [_seen(1, "r0", "A", 1), _seen(11, "r1", "A", 8 + report.LIVE_SLACK_S - 0.1)]}
+    soon = {"n1": [_seen(1, "r0", "A", 1), _seen(11, "r1", "A", 8 + LIVE_SLACK_S - 0.1)]}
     late = {"n1": [_seen(1, "r0", "A", 1), _seen(30, "r1", "A", 20)]}
     assert not _evaluate(faults_=[kill], history=soon).holder_changes[0].of_live_holder
     assert _evaluate(faults_=[kill], history=late).holder_changes[0].of_live_holder
@@ -351,20 +368,20 @@ def test_not_takeovers_a_new_notice_a_done_claim_or_the_same_holder() -> None:
 # --- late versus lost ------------------------------------------------------------------------
 
 
-def _notice(label: str, gang: str, key: str) -> report.NoticeFacts:
-    return report.NoticeFacts(
+def _notice(label: str, gang: str, key: str) -> NoticeFacts:
+    return NoticeFacts(
         label=label, source="ec2-sqs", kind="spot-interruption", target=key,
         notice_id=f"id-{label}", response="full", deadline=_at(120), sent_at=_at(0),
         gangs=(gang,), claim_key=key,
     )  # fmt: skip
 
 
-def _gang(name: str) -> report.GangFacts:
-    rank = report.RankFacts(
+def _gang(name: str) -> GangFacts:
+    rank = RankFacts(
         pod=f"{name}-0", rank=0, gpus=8, annotated_checkpoint=_at(-600), started_at=_at(-3600),
         opted_in=False, leader=True,
     )  # fmt: skip
-    return report.GangFacts(name=name, namespace="ns", scope="rank", ranks=(rank,))
+    return GangFacts(name=name, namespace="ns", scope="rank", ranks=(rank,))
 
 
 def _event(gang: str, notice: str, stopped: float = 10) -> dict[str, Any]:
@@ -378,15 +395,15 @@ def _event(gang: str, notice: str, stopped: float = 10) -> dict[str, Any]:
 def test_late_pending_and_lost_are_told_apart_when_the_drill_gives_up() -> None:
     notices = [_notice("a", "ga", "node-a"), _notice("b", "gb", "node-b"),
                _notice("c", "gc", "node-c"), _notice("d", "gd", "node-d")]  # fmt: skip
-    gave_up = report.GaveUp(
+    gave_up = GaveUp(
         at=_at(100), timeout_s=90, events=1, events_wanted=4,
         open_claims={"node-b": "checkpointing", "node-c": "claimed"},
         claim_holders={"node-b": "r1", "node-c": "r1"}, live_holders=frozenset({"r1"}),
     )  # fmt: skip
     events = [_event("ga", "id-a"), _event("gb", "id-b")]
     arrivals = [
-        report.Arrival("ga", "e-ga", _at(10), _at(10.1), _at(10.2)),  # in time
-        report.Arrival("gb", "e-gb", _at(103), _at(103.1), _at(103.2)),  # flushed at the stop
+        Arrival("ga", "e-ga", _at(10), _at(10.1), _at(10.2)),  # in time
+        Arrival("gb", "e-gb", _at(103), _at(103.1), _at(103.2)),  # flushed at the stop
     ]
     v = _evaluate(
         notices=notices,
@@ -410,8 +427,8 @@ def test_late_pending_and_lost_are_told_apart_when_the_drill_gives_up() -> None:
     assert "missing for gc, gd" in ledger.detail and "pending when it gave up, not lost: gc" in (
         ledger.detail
     )
-    assert "GAVE UP" in report.render(v)
-    doc = report.to_json(v)
+    assert "GAVE UP" in render(v)
+    doc = to_json(v)
     assert doc["gave_up"]["timeout_s"] == 90 and doc["late_gangs"] == ["gb"]
     assert doc["summary"]["lost"] == 1 and doc["summary"]["late"] == 2
 
@@ -419,7 +436,7 @@ def test_late_pending_and_lost_are_told_apart_when_the_drill_gives_up() -> None:
 def test_a_claim_abandoned_by_a_holder_that_is_gone_is_lost_not_pending() -> None:
     notices = [_notice("a", "ga", "node-a"), _notice("b", "gb", "node-b"),
                _notice("c", "gc", "node-c")]  # fmt: skip
-    gave_up = report.GaveUp(
+    gave_up = GaveUp(
         at=_at(100), timeout_s=90, events=0, events_wanted=3,
         open_claims={"node-a": "claimed", "node-b": "claimed", "node-c": ""},
         claim_holders={"node-a": "r0", "node-b": "r1", "node-c": ""},
@@ -460,8 +477,8 @@ def test_over_and_under_charged_gangs_are_counted_apart() -> None:
 # --- graceful stops ----------------------------------------------------------------------------
 
 
-def _term(**kw: Any) -> report.FaultFacts:
-    return report.FaultFacts(
+def _term(**kw: Any) -> FaultFacts:
+    return FaultFacts(
         label="term reclaimd-0@3s", kind="term", started_at=_at(3), ended_at=_at(5),
         holder="r0", successor="r0-next", grace_s=60, **kw,
     )  # fmt: skip
@@ -483,7 +500,7 @@ def test_a_sigtermed_replica_must_exit_by_itself_within_its_grace(
     check = next(c for c in v.checks if c.name == "SIGTERMed replicas exited within their grace")
     assert check.ok is ok and check.required and says in check.detail
     if kw.get("exit_code") is not None:
-        assert "exit: exited" in report.render(v)
+        assert "exit: exited" in render(v)
 
 
 # --- chaos.drill.faults: term and partition with fake processes ---------------------------------
@@ -580,8 +597,8 @@ async def test_partition_cuts_and_heals_the_replicas_proxy() -> None:
 
 
 def test_a_rank_the_drill_stopped_before_it_was_asked_is_not_owed_a_request() -> None:
-    def rank(i: int, *, asked: bool, stopped: bool) -> report.RankFacts:
-        return report.RankFacts(
+    def rank(i: int, *, asked: bool, stopped: bool) -> RankFacts:
+        return RankFacts(
             pod=f"g-{i}",
             rank=i,
             gpus=8,
@@ -593,7 +610,7 @@ def test_a_rank_the_drill_stopped_before_it_was_asked_is_not_owed_a_request() ->
             stopped_at=_at(5) if stopped else None,
         )
 
-    g = report.GangFacts(
+    g = GangFacts(
         name="g",
         namespace="ns",
         scope="rank",
@@ -603,14 +620,14 @@ def test_a_rank_the_drill_stopped_before_it_was_asked_is_not_owed_a_request() ->
             rank(2, asked=False, stopped=False),  # still there and never asked: short
         ),
     )
-    assert report._asked(g, "n") == (1, 2)
+    assert asked_of(g, "n") == (1, 2)
 
 
 def test_a_taken_over_notice_is_drained_when_its_last_holder_saw_it_drained() -> None:
     """r0, cut off from the API server, waits blind for pods it cannot see go, until the
     deadline; r1 took the notice over and saw them gone well before it. Without a takeover
     the latest drain of any holder counts, as before."""
-    notice = report.NoticeFacts(
+    notice = NoticeFacts(
         label="kueue#0", source="kueue", kind="reclaim", target="workload w",
         notice_id="A", response="no_cordon", deadline=_at(30), sent_at=_at(0), gangs=(),
     )  # fmt: skip
@@ -649,7 +666,7 @@ def test_a_trace_without_its_root_is_found_by_its_ledger_span() -> None:
         {"trace_id": "v", "name": "receive x", "start_ns": _ns(0),
          "attributes": {"reclaimd.notice.id": "A"}},  # a transport's: not the notice's trace
     ]  # fmt: skip
-    found = report.index_traces(spans)
+    found = index_traces(spans)
     assert sorted({s["trace_id"] for s in found["A"]}) == ["t", "u"]
 
 
@@ -660,7 +677,7 @@ def test_a_miss_while_no_replica_could_act_is_shown_apart_not_counted() -> None:
     """Campaign seed 3974087945: r1 killed for good, r0 paused over the deadline; the notice
     was done 8 s late, after 20 s of its window with nobody to act. With the replica count
     unknown, or a miss longer than that time plus the allowance, it is a miss."""
-    notice = report.NoticeFacts(
+    notice = NoticeFacts(
         label="kueue#0", source="kueue", kind="reclaim", target="workload w",
         notice_id="A", response="no_cordon", deadline=_at(40), sent_at=_at(10), gangs=(),
     )  # fmt: skip
@@ -677,10 +694,10 @@ def test_a_miss_while_no_replica_could_act_is_shown_apart_not_counted() -> None:
     paused = _kill(at=20, kind="pause", label="pause reclaimd-0@20s", replica=0,
                    ended_at=_at(47), successor="r0")  # fmt: skip
 
-    def judge(drained: float, replicas: int) -> report.Verdict:
-        return report.evaluate(
-            scenario="x", run_id="r", expect=report.Expectations(), notices=[notice], gangs=[],
-            observed=report.Observed(events=[], spans=spans(drained), claims={}),
+    def judge(drained: float, replicas: int) -> Verdict:
+        return evaluate(
+            scenario="x", run_id="r", expect=Expectations(), notices=[notice], gangs=[],
+            observed=Observed(events=[], spans=spans(drained), claims={}),
             faults=[gone, paused], replicas=replicas,
         )  # fmt: skip
 
@@ -692,7 +709,7 @@ def test_a_miss_while_no_replica_could_act_is_shown_apart_not_counted() -> None:
     assert check.ok and "kueue#0 (20.0s of its window)" in check.detail
     assert v.summary is not None
     assert (v.summary.deadlines_missed, v.summary.deadlines_nobody_up) == (0, 1)
-    assert "late, no replica up 20.0s" in report.render(v)
+    assert "late, no replica up 20.0s" in render(v)
     for drained, replicas in ((48, 0), (66, 2)):  # unknown count; 26 s late > 20 + 5
         v = judge(drained, replicas)
         assert v.summary is not None and v.summary.deadlines_missed == 1

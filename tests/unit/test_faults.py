@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from chaos.drill import scenario
-from chaos.drill import verdict as report
+from chaos.drill.verdict.evaluate import evaluate
+from chaos.drill.verdict.facts import Arrival, ClaimSeen, Expectations, FaultFacts, Observed
+from chaos.drill.verdict.render import render, to_json
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "chaos" / "scenarios"
 BASE: dict[str, Any] = yaml.safe_load((SCENARIOS / "storm-two-replicas.yaml").read_text())
@@ -78,11 +80,11 @@ def _at(s: float) -> datetime:
 
 
 def _seen(s: float, holder: str, notice: str, wrote: float, phase: str = "claimed") -> Any:
-    return report.ClaimSeen(_at(s), holder, phase, notice, _at(wrote))
+    return ClaimSeen(_at(s), holder, phase, notice, _at(wrote))
 
 
 def test_fault_cost_takeovers_and_ledger_delay() -> None:
-    fault = report.FaultFacts(
+    fault = FaultFacts(
         label="kill reclaimd-0@3s",
         kind="kill",
         started_at=_at(3),
@@ -106,17 +108,17 @@ def test_fault_cost_takeovers_and_ledger_delay() -> None:
          "end_ns": ns + 500_000_000, "attributes": {}},
     ]  # fmt: skip
     arrivals = [
-        report.Arrival("g1", "e1", _at(2), _at(2.01), _at(2.02)),  # before: on time
-        report.Arrival("g2", "e2", _at(10), _at(18), _at(18.1)),  # 8 s late
-        report.Arrival("g3", "e3", _at(12), None, _at(12.5)),  # read 0.5 s after: on time
+        Arrival("g1", "e1", _at(2), _at(2.01), _at(2.02)),  # before: on time
+        Arrival("g2", "e2", _at(10), _at(18), _at(18.1)),  # 8 s late
+        Arrival("g3", "e3", _at(12), None, _at(12.5)),  # read 0.5 s after: on time
     ]
-    v = report.evaluate(
+    v = evaluate(
         scenario="x",
         run_id="r",
-        expect=report.Expectations(),
+        expect=Expectations(),
         notices=[],
         gangs=[],
-        observed=report.Observed(
+        observed=Observed(
             events=[], spans=spans, claims={}, claim_history=history, arrivals=arrivals
         ),
         faults=[fault],
@@ -131,41 +133,41 @@ def test_fault_cost_takeovers_and_ledger_delay() -> None:
     assert row.delayed == 1 and row.max_delay_s == pytest.approx(8.0)
     assert v.summary is not None and v.summary.ledger_delay_max_s == pytest.approx(8.0)
     assert any(c.name == "faults applied" and c.ok for c in v.checks)
-    table = report.render(v)
+    table = render(v)
     assert "kill reclaimd-0@3s" in table and "summary:" in table
-    doc = report.to_json(v)
+    doc = to_json(v)
     assert doc["faults"][0]["taken_over"] == 2 and doc["summary"]["notices"] == 0
 
 
 def test_a_fault_that_could_not_be_applied_fails_the_verdict() -> None:
-    broken = report.FaultFacts("stop_kafka@2s", "stop_kafka", _at(2), None, error="boom")
-    v = report.evaluate(
+    broken = FaultFacts("stop_kafka@2s", "stop_kafka", _at(2), None, error="boom")
+    v = evaluate(
         scenario="x",
         run_id="r",
-        expect=report.Expectations(),
+        expect=Expectations(),
         notices=[],
         gangs=[],
-        observed=report.Observed(events=[], spans=[], claims={}),
+        observed=Observed(events=[], spans=[], claims={}),
         faults=[broken],
     )
     assert not v.ok and [c.name for c in v.checks if not c.ok] == ["faults applied"]
 
 
 def _readiness(*samples: tuple[float, str, int], ended: float | None = 8.0) -> Any:
-    fault = report.FaultFacts(
+    fault = FaultFacts(
         label="restart_apiserver@2s",
         kind="restart_apiserver",
         started_at=_at(2),
         ended_at=None if ended is None else _at(ended),
         readiness=tuple((_at(t), name, status) for t, name, status in samples),
     )
-    v = report.evaluate(
+    v = evaluate(
         scenario="x",
         run_id="r",
-        expect=report.Expectations(),
+        expect=Expectations(),
         notices=[],
         gangs=[],
-        observed=report.Observed(events=[], spans=[], claims={}),
+        observed=Observed(events=[], spans=[], claims={}),
         faults=[fault],
     )
     return v
@@ -185,8 +187,8 @@ def test_readyz_around_a_stack_fault() -> None:
     assert (r.replicas, r.unready, r.samples) == (2, 2, 10)
     assert r.first_unready_s == pytest.approx(2.0)
     assert r.ready_again_s == pytest.approx(3.5)
-    assert "/readyz: 2/2 replica(s) answered not-ready" in report.render(v)
-    assert report.to_json(v)["faults"][0]["readyz"]["ready_again_s"] == pytest.approx(3.5)
+    assert "/readyz: 2/2 replica(s) answered not-ready" in render(v)
+    assert to_json(v)["faults"][0]["readyz"]["ready_again_s"] == pytest.approx(3.5)
     assert r.ready_after_fault_s == pytest.approx(9.5)  # r1's 200 at 11.5, fault at 2
 
 
@@ -196,7 +198,7 @@ def test_readyz_ready_before_the_outage_ends() -> None:
     r = v.faults[0].readiness
     assert r is not None and r.ready_again_s == 0.0
     assert r.ready_after_fault_s == pytest.approx(3.0)
-    assert "(3.00s after the fault" in report.render(v)
+    assert "(3.00s after the fault" in render(v)
 
 
 def test_readyz_never_unready_and_never_ready_again() -> None:

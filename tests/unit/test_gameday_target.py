@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from chaos import fleet
-from chaos.drill.scenario import parse, plan
+from chaos.drill.plan import plan
+from chaos.drill.scenario import parse
 from chaos.gameday.cleanup import _restore_patches
 from chaos.gameday.target import GameDayError, Release, _set, bind, finished, state_of
 from reclaimd.config import Settings

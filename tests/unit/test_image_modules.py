@@ -85,7 +85,7 @@ def test_relative_and_guarded_imports() -> None:
         """
     )
     found = m.imports_at_import_time(source, "chaos.drill.run", is_package=False)
-    assert {"chaos.fleet", "chaos.drill.scenario", "typing"} <= found
+    assert {"chaos.drill.fleet", "chaos.drill.scenario", "typing"} <= found
     assert not {f.split(".")[0] for f in found} & set(FRAMEWORKS)
 
 

@@ -22,8 +22,8 @@ def test_no_symlinks_in_the_packages() -> None:
 
 def test_the_product_package_holds_no_rig_module() -> None:
     assert [p.name for p in (REPO / "reclaimd").rglob("*.py") if RIG.match(p.name)] == []
-    assert (REPO / "chaos" / "bench_storm.py").is_file()
-    assert (REPO / "chaos" / "bench_report.py").is_file()
+    assert (REPO / "chaos" / "bench" / "storm.py").is_file()
+    assert (REPO / "chaos" / "bench" / "report.py").is_file()
 
 
 def test_the_image_archives_the_product_alone() -> None:

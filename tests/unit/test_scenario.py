@@ -12,9 +12,21 @@ from typing import Any
 import pytest
 import yaml
 
+from chaos.drill import plan as planning
 from chaos.drill import scenario
-from chaos.drill import verdict as report
 from chaos.drill.scenario import ScenarioError, Source
+from chaos.drill.verdict.evaluate import evaluate
+from chaos.drill.verdict.facts import (
+    Expectations,
+    GangFacts,
+    NoticeFacts,
+    Observed,
+    RankFacts,
+    Save,
+)
+from chaos.drill.verdict.gpuseconds import expected_gpu_seconds
+from chaos.drill.verdict.model import Verdict
+from chaos.drill.verdict.render import render, to_json
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "chaos" / "scenarios"
 
@@ -55,7 +67,7 @@ def with_(path: str, value: Any, doc: dict[str, Any] | None = None) -> dict[str,
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_scenarios_load_and_plan(path: Path) -> None:
     s = scenario.load(path)
-    plan = scenario.plan(s, run_id="unit")
+    plan = planning.plan(s, run_id="unit")
     assert plan.notices, "a drill without notices rehearses nothing"
     touched = {g.name for n in plan.notices for g in plan.gangs_on(n.node or "")}
     touched |= {n.gang for n in plan.notices if n.gang}
@@ -68,7 +80,7 @@ def test_an_aks_drill_names_each_node_as_aks_and_its_metadata_service_do() -> No
     from chaos.standins.azure import compute_of
     from reclaimd import sources
 
-    plan = scenario.plan(scenario.load(SCENARIOS / "aks-spot-evictions.yaml"), run_id="unit")
+    plan = planning.plan(scenario.load(SCENARIOS / "aks-spot-evictions.yaml"), run_id="unit")
     assert {n.source for n in plan.notices} == {Source.AZURE_SCHEDULED}
     vms = set()
     for node in plan.nodes:
@@ -87,9 +99,9 @@ def test_an_aks_drill_names_each_node_as_aks_and_its_metadata_service_do() -> No
 
 
 def test_the_storm_is_storm_sized() -> None:
-    plan = scenario.plan(scenario.load(SCENARIOS / "spot-az-storm.yaml"), run_id="unit")
+    plan = planning.plan(scenario.load(SCENARIOS / "spot-az-storm.yaml"), run_id="unit")
     assert len(plan.nodes) >= 200 and len(plan.gangs) >= 40
-    bench = scenario.plan(scenario.load(SCENARIOS / "spot-az-storm-bench.yaml"), run_id="unit")
+    bench = planning.plan(scenario.load(SCENARIOS / "spot-az-storm-bench.yaml"), run_id="unit")
     assert len(bench.nodes) < len(plan.nodes) and len(bench.gangs) < len(plan.gangs)
 
 
@@ -233,7 +245,7 @@ def test_a_plan_depends_on_the_seed_only() -> None:
             {"ack_latency_s": {"lognormal": {"median": 0.3, "sigma": 0.5}}, "fail": 0.25},
         )
     )
-    one, two = scenario.plan(s, run_id="r1"), scenario.plan(s, run_id="r2")
+    one, two = planning.plan(s, run_id="r1"), planning.plan(s, run_id="r2")
     assert [g.ranks for g in one.gangs] == [g.ranks for g in two.gangs]
     assert [(n.node, n.send_at_s) for n in one.notices] == [
         (n.node, n.send_at_s) for n in two.notices
@@ -241,14 +253,14 @@ def test_a_plan_depends_on_the_seed_only() -> None:
     # names are the run's own, so two runs never collide on the cluster
     assert {n.name for n in one.nodes}.isdisjoint({n.name for n in two.nodes})
     assert {n.instance_id for n in one.nodes}.isdisjoint({n.instance_id for n in two.nodes})
-    reseeded = scenario.plan(scenario.parse({**with_("seed", 4)}), run_id="r1")
+    reseeded = planning.plan(scenario.parse({**with_("seed", 4)}), run_id="r1")
     assert [n.node for n in reseeded.notices] != [n.node for n in one.notices] or [
         g.ranks for g in reseeded.gangs
     ] != [g.ranks for g in one.gangs]
 
 
 def test_spread_puts_ranks_on_distinct_nodes_across_pools() -> None:
-    plan = scenario.plan(scenario.parse(base()), run_id="r")
+    plan = planning.plan(scenario.parse(base()), run_id="r")
     for g in plan.gangs:
         nodes = [r.node for r in g.ranks]
         assert len(set(nodes)) == len(nodes)
@@ -260,7 +272,7 @@ def test_spread_puts_ranks_on_distinct_nodes_across_pools() -> None:
 def test_packed_fills_a_node_before_the_next() -> None:
     doc = with_("gangs.0", {"name": "small", "count": 3, "ranks": 3, "gpus_per_rank": 2,
                             "placement": "packed", "pools": ["b"]})  # fmt: skip
-    plan = scenario.plan(scenario.parse(doc), run_id="r")
+    plan = planning.plan(scenario.parse(doc), run_id="r")
     per_node = Counter(r.node for g in plan.gangs for r in g.ranks)
     assert per_node == {"b-0": 4, "b-1": 4, "b-2": 1}
 
@@ -278,7 +290,7 @@ def test_explicit_placement_and_capacity() -> None:
     with pytest.raises(ScenarioError, match=r"gangs\[1\].nodes\[0\]: a-0 has 0 GPUs free"):
         scenario.parse(doc)
     doc["gangs"][1]["nodes"] = ["a-1"]
-    plan = scenario.plan(scenario.parse(doc), run_id="r")
+    plan = planning.plan(scenario.parse(doc), run_id="r")
     assert [r.node for r in plan.gang("x").ranks] == ["a-0", "a-0"]
 
 
@@ -286,7 +298,7 @@ def test_fractions_are_exact_counts() -> None:
     doc = with_("gangs.0", {"name": "g", "count": 4, "ranks": 4, "gpus_per_rank": 1,
                             "checkpoint": {"opt_in": 0.5, "fail": 0.25, "hang": 0.125,
                                            "durable": 0.5}})  # fmt: skip
-    plan = scenario.plan(scenario.parse(doc), run_id="r")
+    plan = planning.plan(scenario.parse(doc), run_id="r")
     opted = [g for g in plan.gangs if g.opt_in]
     assert len(opted) == 2
     ranks = [r for g in opted for r in g.ranks]  # 8 opted-in ranks
@@ -318,7 +330,7 @@ def test_notice_groups_expand_with_times_duplicates_and_garbage() -> None:
         {"source": "ec2-sqs", "target": {"pool": "a", "count": 3}, "at_s": 2, "spread_s": 4,
          "issued_offset_s": -10, "duplicates": 2, "malformed": 3, "out_of_order": True},
     )  # fmt: skip
-    plan = scenario.plan(scenario.parse(doc), run_id="r")
+    plan = planning.plan(scenario.parse(doc), run_id="r")
     assert [n.send_at_s for n in plan.notices] == [2.0, 4.0, 6.0]
     issued = [n.issued_at_s for n in plan.notices]
     assert issued == [-4.0, -6.0, -8.0]  # latest-issued goes first, all 10 s late
@@ -335,7 +347,7 @@ def test_kueue_and_kafka_targets_name_kueue_gangs() -> None:
         {"source": "kueue", "target": {"fraction": 1.0}, "pods_stop_after_s": 7},
         {"source": "kafka", "kind": "reclaim", "target": {"gangs": ["wl"]}, "window_s": 30},
     ]
-    plan = scenario.plan(scenario.parse(doc), run_id="r")
+    plan = planning.plan(scenario.parse(doc), run_id="r")
     assert [(n.source, n.gang, n.node) for n in plan.notices] == [
         (Source.KUEUE, "wl", None),
         (Source.KAFKA, "wl", None),
@@ -345,16 +357,16 @@ def test_kueue_and_kafka_targets_name_kueue_gangs() -> None:
 
 
 def test_targets_by_fraction_round_up_and_stay_in_fleet_order() -> None:
-    plan = scenario.plan(scenario.parse(base()), run_id="r")
+    plan = planning.plan(scenario.parse(base()), run_id="r")
     nodes = [n.node for n in plan.notices]
     assert len(nodes) == 2 and all(n is not None and n.startswith("a-") for n in nodes)
     assert nodes == sorted(nodes, key=lambda k: int(str(k).split("-")[1]))
     doc = with_("notices.0.target", {"zone": "us-east-2a", "fraction": 0.3})
-    assert len(scenario.plan(scenario.parse(doc), run_id="r").notices) == 2  # ceil(1.2)
+    assert len(planning.plan(scenario.parse(doc), run_id="r").notices) == 2  # ceil(1.2)
 
 
 def test_windows_follow_the_overrides() -> None:
-    plan = scenario.plan(scenario.parse(with_("reclaimd.windows", {"ec2_spot_s": 30})), run_id="r")
+    plan = planning.plan(scenario.parse(with_("reclaimd.windows", {"ec2_spot_s": 30})), run_id="r")
     assert plan.windows.ec2_spot_s == 30
     assert plan.scenario.reclaimd.as_settings() == {"windows": {"ec2_spot_s": 30.0}}
 
@@ -370,8 +382,8 @@ def t(seconds: float) -> datetime:
 
 def save(
     received: float, finished: float | None, *, deadline: float = 60, durable: bool = True
-) -> report.Save:
-    return report.Save(
+) -> Save:
+    return Save(
         received_at=t(received),
         deadline=t(deadline),
         finished_at=None if finished is None else t(finished),
@@ -384,13 +396,13 @@ def save(
 def rank(
     i: int,
     *,
-    saves: dict[str, report.Save] | None = None,
+    saves: dict[str, Save] | None = None,
     opted: bool = True,
     ckpt: float = -600,
     started: float = -3600,
     gpus: int = 8,
-) -> report.RankFacts:
-    return report.RankFacts(
+) -> RankFacts:
+    return RankFacts(
         pod=f"g-{i}",
         rank=i,
         gpus=gpus,
@@ -404,7 +416,7 @@ def rank(
 
 def test_gpu_seconds_follow_the_rule() -> None:
     stop = t(10)
-    gang = report.GangFacts(
+    gang = GangFacts(
         name="g",
         namespace="ns",
         scope="rank",
@@ -415,42 +427,42 @@ def test_gpu_seconds_follow_the_rule() -> None:
             rank(3, started=-100),  # pod started after its checkpoint: from -100
         ),
     )
-    low, high = report.expected_gpu_seconds(gang, stop)
+    low, high = expected_gpu_seconds(gang, stop)
     assert low == high == 8 * (9 + 610 + 610 + 110)
 
 
 def test_an_ack_that_raced_the_budget_gives_a_range() -> None:
-    gang = report.GangFacts(
+    gang = GangFacts(
         name="g", namespace="ns", scope="rank",
         ranks=(rank(0, saves={"n1": save(1, 59.5, deadline=60)}),),
     )  # fmt: skip
-    assert report.expected_gpu_seconds(gang, t(70)) == (8 * 69, 8 * 670)
-    late = report.GangFacts(
+    assert expected_gpu_seconds(gang, t(70)) == (8 * 69, 8 * 670)
+    late = GangFacts(
         name="g", namespace="ns", scope="rank",
         ranks=(rank(0, saves={"n1": save(1, 65, deadline=60)}),),
     )  # fmt: skip
-    assert report.expected_gpu_seconds(late, t(70)) == (8 * 670, 8 * 670)
+    assert expected_gpu_seconds(late, t(70)) == (8 * 670, 8 * 670)
 
 
 def test_leader_scope_and_earlier_checkpoints() -> None:
     leader_saved = {"n1": save(1, 2)}
-    gang = report.GangFacts(
+    gang = GangFacts(
         name="g", namespace="ns", scope="leader",
         ranks=(rank(0, saves=leader_saved), rank(1), rank(2)),
     )  # fmt: skip
-    assert report.expected_gpu_seconds(gang, t(10)) == (3 * 8 * 9.0, 3 * 8 * 9.0)
+    assert expected_gpu_seconds(gang, t(10)) == (3 * 8 * 9.0, 3 * 8 * 9.0)
     # a durable checkpoint acked for an earlier notice (a rebalance) counts as well
-    earlier = report.GangFacts(
+    earlier = GangFacts(
         name="g", namespace="ns", scope="rank",
         ranks=(rank(0, saves={"rebalance": save(-50, -49, deadline=0), "n1": save(1, None)}),),
     )  # fmt: skip
-    assert report.expected_gpu_seconds(earlier, t(10)) == (8 * 60.0, 8 * 60.0)
+    assert expected_gpu_seconds(earlier, t(10)) == (8 * 60.0, 8 * 60.0)
 
 
 def facts(
     notice_id: str, gangs: tuple[str, ...], *, response: str = "full", label: str = ""
-) -> report.NoticeFacts:
-    return report.NoticeFacts(
+) -> NoticeFacts:
+    return NoticeFacts(
         label=label or notice_id,
         source="ec2-sqs",
         kind="spot-interruption",
@@ -502,44 +514,44 @@ def event(gang: str, notice_id: str, gpu_s: float, **over: Any) -> dict[str, Any
     }
 
 
-def one_gang() -> report.GangFacts:
-    return report.GangFacts(
+def one_gang() -> GangFacts:
+    return GangFacts(
         name="g", namespace="ns", scope="rank",
         ranks=(rank(0, saves={"n1": save(1, 2)}), rank(1, saves={"n1": save(1, 2)})),
     )  # fmt: skip
 
 
-def verdict(events: list[dict[str, Any]], **over: Any) -> report.Verdict:
+def verdict(events: list[dict[str, Any]], **over: Any) -> Verdict:
     args: dict[str, Any] = {
         "scenario": "s",
         "run_id": "r",
-        "expect": report.Expectations(max_notice_to_drained_s=30),
+        "expect": Expectations(max_notice_to_drained_s=30),
         "notices": [facts("n1", ("g",))],
         "gangs": [one_gang()],
-        "observed": report.Observed(
+        "observed": Observed(
             events=events, spans=spans_for("n1"), claims={"node-n1": "done"}, queue_depth=0
         ),
     }
-    return report.evaluate(**{**args, **over})
+    return evaluate(**{**args, **over})
 
 
-def failing(v: report.Verdict) -> set[str]:
+def failing(v: Verdict) -> set[str]:
     return {c.name for c in v.checks if not c.ok and c.required}
 
 
 def test_a_clean_run_passes_and_reports_its_times() -> None:
     v = verdict([event("g", "n1", 2 * 8 * 9.0)])
-    assert v.ok, report.render(v)
+    assert v.ok, render(v)
     row = v.notices[0]
     assert row.after_send(row.claimed_at) == pytest.approx(0.1)
     assert row.after_send(row.all_signaled_at) == pytest.approx(0.4)  # the last rank asked
     assert row.to_drained_s == pytest.approx(5)
     assert row.deadline_met is True
-    out = report.to_json(v)
+    out = to_json(v)
     assert out["ok"] is True and out["notices"][0]["deadline_met"] is True
     assert out["gangs"][0]["expected_gpu_seconds"] == [144.0, 144.0]
     assert out["slowest_notice"] == "n1"
-    assert "== verdict: PASS" in report.render(v)
+    assert "== verdict: PASS" in render(v)
 
 
 def test_a_second_event_for_a_gang_fails_the_ledger_check() -> None:
@@ -568,7 +580,7 @@ def test_a_missed_deadline_fails() -> None:
     assert "every deadline met" in failing(v)
     late = verdict(
         [event("g", "n1", 144.0)],
-        observed=report.Observed(
+        observed=Observed(
             events=[event("g", "n1", 144.0)],
             spans=spans_for("n1", drained=125),
             claims={"node-n1": "done"},
@@ -578,7 +590,7 @@ def test_a_missed_deadline_fails() -> None:
 
 
 def test_unasked_ranks_and_leftover_pods_fail() -> None:
-    lazy = report.GangFacts(
+    lazy = GangFacts(
         name="g", namespace="ns", scope="rank",
         ranks=(rank(0, saves={"n1": save(1, 2)}), rank(1)), pods_left=("g-1",),
     )  # fmt: skip
@@ -587,8 +599,8 @@ def test_unasked_ranks_and_leftover_pods_fail() -> None:
 
 
 def test_checkpoint_only_notices_charge_nothing_but_must_ask() -> None:
-    def run(asked_for: str) -> report.Verdict:
-        gang = report.GangFacts(
+    def run(asked_for: str) -> Verdict:
+        gang = GangFacts(
             name="g", namespace="ns", scope="rank",
             ranks=(rank(0, saves={asked_for: save(1, 2)}), rank(1, saves={asked_for: save(1, 2)})),
         )  # fmt: skip
@@ -596,11 +608,11 @@ def test_checkpoint_only_notices_charge_nothing_but_must_ask() -> None:
             [],
             notices=[facts("rb", ("g",), response="checkpoint_only")],
             gangs=[gang],
-            observed=report.Observed(events=[], spans=spans_for("rb"), claims={"node-rb": "done"}),
+            observed=Observed(events=[], spans=spans_for("rb"), claims={"node-rb": "done"}),
         )
 
     v = run("rb")
-    assert v.ok, report.render(v)
+    assert v.ok, render(v)
     assert "2/2 ranks asked" in next(c.detail for c in v.checks if c.name.startswith("every rank"))
     assert failing(run("another")) == {"every rank of every affected gang signaled"}
 
@@ -608,7 +620,7 @@ def test_checkpoint_only_notices_charge_nothing_but_must_ask() -> None:
 def test_traces_must_exist_and_link_the_events() -> None:
     v = verdict(
         [event("g", "n1", 144.0)],
-        observed=report.Observed(
+        observed=Observed(
             events=[event("g", "n1", 144.0)], spans=[], claims={"node-n1": "done"}
         ),
     )
@@ -620,7 +632,7 @@ def test_traces_must_exist_and_link_the_events() -> None:
 def test_leftover_messages_and_open_claims_fail() -> None:
     v = verdict(
         [event("g", "n1", 144.0)],
-        observed=report.Observed(
+        observed=Observed(
             events=[event("g", "n1", 144.0)], spans=spans_for("n1"),
             claims={"node-n1": "signaled"}, queue_depth=2, garbage_sent=3,
         ),
@@ -631,7 +643,7 @@ def test_leftover_messages_and_open_claims_fail() -> None:
 def test_an_ack_counts_when_the_trainer_answered_it_not_when_it_finished() -> None:
     finished_early = save(1, 5, deadline=60)
 
-    def answered(at: float | None) -> report.Save:
+    def answered(at: float | None) -> Save:
         when = None if at is None else t(at)
         return replace(finished_early, answered_at=when, answers_known=True)
 
@@ -645,19 +657,19 @@ def test_an_ack_counts_when_the_trainer_answered_it_not_when_it_finished() -> No
 def test_opted_out_checks_are_shown_not_counted() -> None:
     v = verdict(
         [event("g", "n1", 144.0, x_DeadlineMet=False)],
-        expect=report.Expectations(deadlines_met=False),
+        expect=Expectations(deadlines_met=False),
     )
     assert v.ok
     assert any(c.name == "every deadline met" and not c.ok and not c.required for c in v.checks)
-    assert "[info] every deadline met" in report.render(v)
+    assert "[info] every deadline met" in render(v)
 
 
 def test_render_cuts_long_tables() -> None:
     notices = [facts(f"n{i}", ()) for i in range(40)]
     v = verdict([], notices=notices, gangs=[one_gang()])
-    text = report.render(v)
+    text = render(v)
     assert "... 15 more notices in the JSON report" in text
-    assert len(report.to_json(v)["notices"]) == 40
+    assert len(to_json(v)["notices"]) == 40
 
 
 def test_yaml_round_trip_of_the_base_document() -> None:
@@ -714,7 +726,7 @@ def test_several_faults_at_once_on_both_replicas_validate() -> None:
         {"kind": "term", "replica": 0, "at_s": 40, "restart_after_s": 0},
     )
     assert len(s.faults) == 5
-    assert scenario.plan(s, run_id="unit").notices
+    assert planning.plan(s, run_id="unit").notices
 
 
 @pytest.mark.parametrize(
@@ -777,7 +789,7 @@ def test_listen_adds_central_sources_with_nothing_sent_on_them() -> None:
     nothing on; a per-node agent is no source a replica consumes."""
     raw = yaml.safe_load((SCENARIOS / "spot-az-storm.yaml").read_text())
     raw.setdefault("reclaimd", {})["listen"] = ["kafka", "gke-pubsub"]
-    p = scenario.plan(scenario.parse(raw), run_id="t")
+    p = planning.plan(scenario.parse(raw), run_id="t")
     assert p.sources() == {Source.EC2_SQS, Source.KAFKA, Source.GKE_PUBSUB}
     raw["reclaimd"]["listen"] = ["imds"]
     with pytest.raises(ScenarioError, match="listen: imds is not a central source"):

@@ -6,7 +6,10 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chaos.drill import verdict as report
+from chaos.drill.verdict.checks import split_problems
+from chaos.drill.verdict.evaluate import evaluate
+from chaos.drill.verdict.facts import Expectations, Observed
+from chaos.drill.verdict.model import Check, Verdict
 from reclaimd.ledger import LabelPolicy, to_event
 from reclaimd.model import (
     CheckpointScope,
@@ -66,18 +69,18 @@ def mixed_event() -> dict[str, Any]:
 def test_the_ledgers_own_split_adds_up() -> None:
     ev = mixed_event()
     assert len(ev["x_WasteByInstance"]) == 2  # the case the check is for: a gang on two kinds
-    assert report.split_problems(ev) == []
+    assert split_problems(ev) == []
 
 
 def test_parts_that_do_not_add_up_are_named() -> None:
     ev = mixed_event()
     ev["x_WasteByInstance"][0]["x_WastedGpuSeconds"] += 0.01  # beyond rounding
-    (problem,) = report.split_problems(ev)
+    (problem,) = split_problems(ev)
     assert problem.startswith("parts ") and "GPU-s vs" in problem
     fewer = mixed_event()
     fewer["x_WasteByInstance"][1]["x_Ranks"] -= 1
     fewer["x_WasteByInstance"][1]["x_GpuCount"] -= 4
-    assert report.split_problems(fewer) == [
+    assert split_problems(fewer) == [
         "parts' x_Ranks do not sum to x_GangSize",
         "parts' x_GpuCount do not sum to x_GpuCount",
     ]
@@ -89,34 +92,34 @@ def test_rounding_of_each_part_is_not_a_mismatch() -> None:
     # true parts 1.0004 and 2.0004 GPU-s: each rounds down, their total (3.0008) rounds up
     spot["x_WastedGpuSeconds"], od["x_WastedGpuSeconds"] = 1.0, 2.0
     ev["x_WastedGpuSeconds"] = 3.001
-    assert report.split_problems(ev) == []
+    assert split_problems(ev) == []
     ev["x_WastedGpuSeconds"] = 3.002  # more than three half-units of rounding: a real gap
-    assert report.split_problems(ev) == ["parts 3.000 GPU-s vs 3.002"]
+    assert split_problems(ev) == ["parts 3.000 GPU-s vs 3.002"]
 
 
 def test_a_v2_event_must_carry_the_split_and_a_v1_event_need_not() -> None:
     ev = mixed_event()
     del ev["x_WasteByInstance"]
-    assert report.split_problems(ev) == ["v2 event without x_WasteByInstance"]
+    assert split_problems(ev) == ["v2 event without x_WasteByInstance"]
     v1 = {**ev, "schema": "reclaimd.restart-waste/v1"}
-    assert report.split_problems(v1) == []
-    assert report.split_problems({**mixed_event(), "x_WasteByInstance": {"a": 1}}) == [
+    assert split_problems(v1) == []
+    assert split_problems({**mixed_event(), "x_WasteByInstance": {"a": 1}}) == [
         "x_WasteByInstance is not a list of parts"
     ]
 
 
-def verdict(events: list[dict[str, Any]], *, exact: bool = True) -> report.Verdict:
-    return report.evaluate(
+def verdict(events: list[dict[str, Any]], *, exact: bool = True) -> Verdict:
+    return evaluate(
         scenario="s",
         run_id="r",
-        expect=report.Expectations(ledger_exact=exact),
+        expect=Expectations(ledger_exact=exact),
         notices=[],
         gangs=[],
-        observed=report.Observed(events=events, spans=[], claims={}),
+        observed=Observed(events=events, spans=[], claims={}),
     )
 
 
-def check(v: report.Verdict) -> report.Check:
+def check(v: Verdict) -> Check:
     return next(c for c in v.checks if c.name == CHECK)
 
 
