@@ -78,7 +78,7 @@ bench-cache: stack-up
 # BENCH_PEERS_ARGS="--nodes 50 --repeat 1" for a quick run.
 .PHONY: bench-peers
 bench-peers: stack-up
-	$(BIN)/python -m chaos.bench.peers $(BENCH_PEERS_ARGS)
+	$(BIN)/python -m chaos.bench.peers.run $(BENCH_PEERS_ARGS)
 
 # What the in-cluster tests need: buildah/podman/runc/mmdebstrap (apt), helm (Go module proxy).
 deploy-tools:
