@@ -113,14 +113,14 @@ bench-uploads: venv
 bench-fuzz: stack-up
 	$(BIN)/python -m chaos.bench.fuzz.run $(BENCH_FUZZ_ARGS)
 
-# A randomized fault campaign (chaos/bench/failover.py): 20 drills, each a storm with a random source
+# A randomized fault campaign (chaos/bench/failover/): 20 drills, each a storm with a random source
 # mix and 1-3 faults (kill, restart, fresh disk, pause, term, successor, partition, Kafka or
 # apiserver down) from a recorded seed, judged by the drills' ground-truth checks: one row per
 # run and the total; out/bench-failover.json, each run's scenario in out/failover/<seed>.yaml.
 # FAILOVER_ARGS="--runs 5 --seed 7"; a failing run reruns with "--runs 1 --seed <its seed>".
 .PHONY: bench-failover
 bench-failover: stack-up
-	$(BIN)/python -m chaos.bench.failover --out out/bench-failover.json $(FAILOVER_ARGS)
+	$(BIN)/python -m chaos.bench.failover.run --out out/bench-failover.json $(FAILOVER_ARGS)
 
 # torch 2.15.0 (the PyPI CUDA build, used on CPU) and Lightning for the trainer SDK's tests and
 # bench: wheels cached under ~/.cache/reclaimd/wheels (about 2.9 GB once), installed offline.

@@ -43,13 +43,18 @@ from typing import Any
 
 import yaml
 
-from chaos.bench import failover
+from chaos.bench.failover import run as failover
+from chaos.bench.failover import scenario as failover_scenario
 from chaos.drill import plan as planning
 from chaos.drill import scenario as scenario_mod
 from chaos.drill.run import Drill, Progress
 from chaos.drill.scenario import ScenarioError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = failover.EXIT_OK, failover.EXIT_FAILED, failover.EXIT_USAGE
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = (
+    failover_scenario.EXIT_OK,
+    failover_scenario.EXIT_FAILED,
+    failover_scenario.EXIT_USAGE,
+)
 DEFAULT_MINUTES = 10.0
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_RSS_EVERY_S = 5.0
@@ -65,7 +70,7 @@ POOL = {"ec2-sqs": "a", "gke-pubsub": "g", "kafka": "c"}
 TURNS: dict[str, dict[str, Any]] = {
     "kill_restart": {"kind": "kill", "replica": 0, "restart_after_s": 3.0},
     "term_successor": {"kind": "term", "replica": 1, "restart_after_s": 1.0},
-    "pause": {"kind": "pause", "replica": 0, "for_s": failover.CLAIM_LEASE_S + 5.0},
+    "pause": {"kind": "pause", "replica": 0, "for_s": failover_scenario.CLAIM_LEASE_S + 5.0},
     "stop_kafka": {"kind": "stop_kafka", "for_s": 10.0},
     "partition": {"kind": "partition", "replica": 1, "for_s": 15.0},
     "restart_apiserver": {"kind": "restart_apiserver"},
@@ -91,7 +96,8 @@ def generate(
     pools, gangs, notices = [], [], []
     for s, source in enumerate(SOURCES):
         pool = POOL[source]
-        pools.append({"name": pool, "count": per_source, "gpus": 8, **failover.POOL_SHAPES[pool]})
+        shape = failover_scenario.POOL_SHAPES[pool]
+        pools.append({"name": pool, "count": per_source, "gpus": 8, **shape})
         gangs += _gangs(pool, per_source)
         offset = interval_s * s / len(SOURCES)
         for i in range(per_source):
@@ -369,7 +375,7 @@ async def soak(args: argparse.Namespace) -> int:
     env = stackenv.load()
     drill = SoakDrill(parsed, env, progress=Progress(sys.stderr), rss_every_s=args.rss_every)
     limit = failover.run_limit_s(doc)
-    labels = ", ".join(failover._label(f) for f in doc["faults"])
+    labels = ", ".join(failover_scenario.fault_label(f) for f in doc["faults"])
     t0 = time.monotonic()
     try:
         async with asyncio.timeout(limit):

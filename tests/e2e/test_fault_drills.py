@@ -39,7 +39,7 @@ FAULT_PASSING: list[str] = [
     "kueue-reclaim-kill",  # 3/3
     "gce-kill-30s",  # 3/3 with Pub/Sub slots (2026-12-02)
     # Seeds of make bench-failover that found a bug, fixed since (the generated scenario as the
-    # campaign wrote it; `python -m chaos.bench.failover --runs 1 --seed N` reruns it).
+    # campaign wrote it; `python -m chaos.bench.failover.run --runs 1 --seed N` reruns it).
     "failover-1059485652",  # 2/2 after the fixes of 2026-12-02
     "failover-1135209167",  # 3/3
     "failover-820738344",  # 3/3

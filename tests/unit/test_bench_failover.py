@@ -10,34 +10,36 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.bench import failover
+from chaos.bench.failover import run as failover
+from chaos.bench.failover import scenario as failover_scenario
 from chaos.drill import plan as planning
 from chaos.drill import scenario
 
-SEEDS = failover.run_seeds(20261201, 60)
+SEEDS = failover_scenario.run_seeds(20261201, 60)
 
 
 def test_run_seeds_start_with_the_campaign_seed_and_are_stable() -> None:
-    seeds = failover.run_seeds(42, 5)
+    seeds = failover_scenario.run_seeds(42, 5)
     assert seeds[0] == 42 and len(set(seeds)) == 5
-    assert failover.run_seeds(42, 5) == seeds and failover.run_seeds(42, 3) == seeds[:3]
-    assert failover.run_seeds(43, 5)[1:] != seeds[1:]
+    assert failover_scenario.run_seeds(42, 5) == seeds
+    assert failover_scenario.run_seeds(42, 3) == seeds[:3]
+    assert failover_scenario.run_seeds(43, 5)[1:] != seeds[1:]
 
 
 def test_a_run_is_generated_from_its_seed_alone() -> None:
     # `--runs 1 --seed <a run's seed>` reruns that run: run 0 of a campaign seeded with it
-    seed = failover.run_seeds(99, 4)[3]
-    again = failover.run_seeds(seed, 1)[0]
-    assert failover.generate(seed) == failover.generate(again)
-    assert failover.generate(seed) != failover.generate(seed + 1)
+    seed = failover_scenario.run_seeds(99, 4)[3]
+    again = failover_scenario.run_seeds(seed, 1)[0]
+    assert failover_scenario.generate(seed) == failover_scenario.generate(again)
+    assert failover_scenario.generate(seed) != failover_scenario.generate(seed + 1)
 
 
 @pytest.mark.parametrize("seed", SEEDS[:60])
 def test_every_generated_scenario_is_valid_and_in_bounds(seed: int) -> None:
-    doc = failover.generate(seed)
+    doc = failover_scenario.generate(seed)
     s = scenario.parse(doc)
     plan = planning.plan(s, run_id="unit")
-    assert failover.MIN_NODES <= len(plan.nodes) <= failover.MAX_NODES
+    assert failover_scenario.MIN_NODES <= len(plan.nodes) <= failover_scenario.MAX_NODES
     assert all(1 <= len(g.ranks) <= 8 for g in plan.gangs)
     assert s.reclaimd.replicas == 2 and 1 <= len(s.faults) <= 3
     touched = {g.name for n in plan.notices for g in plan.gangs_on(n.node or "")}
@@ -50,20 +52,24 @@ def test_every_generated_scenario_is_valid_and_in_bounds(seed: int) -> None:
     for f in s.faults:
         assert f.at_s <= storm_end + 2.0  # inside the storm (or just after its last send)
         if f.kind is scenario.FaultKind.PAUSE:
-            assert f.for_s is not None and f.for_s > failover.CLAIM_LEASE_S
+            assert f.for_s is not None and f.for_s > failover_scenario.CLAIM_LEASE_S
     sources = {n.source.value for n in s.notices}
-    assert sources <= set(failover.SOURCES)
+    assert sources <= set(failover_scenario.SOURCES)
     assert math.isfinite(failover.run_limit_s(doc))
 
 
 def test_the_mix_covers_every_kind_and_source() -> None:
-    docs = [failover.generate(s) for s in SEEDS]
-    labels = {failover._label(f).split(" ")[0].split("@")[0] for d in docs for f in d["faults"]}
+    docs = [failover_scenario.generate(s) for s in SEEDS]
+    labels = {
+        failover_scenario.fault_label(f).split(" ")[0].split("@")[0]
+        for d in docs
+        for f in d["faults"]
+    }
     assert labels == {
         "kill", "kill+restart", "fresh_disk", "pause", "term", "term+successor", "partition",
         "stop_kafka", "restart_apiserver",
     }  # fmt: skip
-    assert {n["source"] for d in docs for n in d["notices"]} == set(failover.SOURCES)
+    assert {n["source"] for d in docs for n in d["notices"]} == set(failover_scenario.SOURCES)
     assert any(g.get("pdb_max_unavailable") is not None for d in docs for g in d["gangs"])
     assert any(len(g.get("pools", ())) > 1 for d in docs for g in d["gangs"])  # across pools
     both = [d for d in docs if {f.get("replica") for f in d["faults"]} >= {0, 1}]
@@ -72,7 +78,7 @@ def test_the_mix_covers_every_kind_and_source() -> None:
 
 def test_kinds_and_sources_can_be_narrowed() -> None:
     for seed in SEEDS[:20]:
-        doc = failover.generate(seed, kinds=["partition", "pause"], sources=["ec2-sqs"])
+        doc = failover_scenario.generate(seed, kinds=["partition", "pause"], sources=["ec2-sqs"])
         assert {f["kind"] for f in doc["faults"]} <= {"partition", "pause"}
         assert {n["source"] for n in doc["notices"]} == {"ec2-sqs"}
 
@@ -114,12 +120,12 @@ def test_dry_run_writes_each_scenario_for_shipping(tmp_path: Path, capsys: Any) 
     code = failover.main(["--runs", "3", "--seed", "5", "--out", str(out), "--dry-run"])
     assert code == 0
     files = sorted((tmp_path / "failover").glob("*.yaml"))
-    assert [f.stem for f in files] == sorted(str(s) for s in failover.run_seeds(5, 3))
+    assert [f.stem for f in files] == sorted(str(s) for s in failover_scenario.run_seeds(5, 3))
     for f in files:
         text = f.read_text()
-        assert text.startswith(f"# python -m chaos.bench.failover --runs 1 --seed {f.stem}")
+        assert text.startswith(f"# python -m chaos.bench.failover.run --runs 1 --seed {f.stem}")
         scenario.load(f)  # a generated run is a scenario `reclaimd drill run` takes as is
-        assert yaml.safe_load(text) == failover.generate(int(f.stem))
+        assert yaml.safe_load(text) == failover_scenario.generate(int(f.stem))
     assert len(capsys.readouterr().out.strip().splitlines()) == 3
 
 
@@ -136,7 +142,7 @@ def test_the_report_has_every_figure(tmp_path: Path) -> None:
     failover._write(out, args, [3, 4], [_result(seed=3, ok=True, takeovers=[1.5, 2.5])])
     doc = json.loads(out.read_text())
     run = doc["runs"][0]
-    assert run["rerun"] == "python -m chaos.bench.failover --runs 1 --seed 3"
+    assert run["rerun"] == "python -m chaos.bench.failover.run --runs 1 --seed 3"
     for key in ("lost", "late", "doubled", "over_charged", "under_charged", "deadlines_missed",
                 "takeover_p50_s", "takeover_p99_s", "takeover_max_s", "live_takeovers",
                 "fenced_actions", "gave_up"):  # fmt: skip
