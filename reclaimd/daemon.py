@@ -192,7 +192,7 @@ class Daemon:
             tasks.append(tg.create_task(parts.restarts.run(), name="restart-overhead"))
         resumer = claimlog.Resumer(
             parts.store,
-            parts.view,
+            parts.view.view,
             resume=parts.intake.resume,
             in_flight=parts.scheduler.running,
             renewed=parts.holders.renewed,

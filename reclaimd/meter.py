@@ -428,7 +428,7 @@ class LeaseHourLock:
 
 
 class CacheFleet:
-    """``FleetView`` over ``cluster.cache.ClusterCache``.
+    """``FleetView`` over ``cluster.cacheview.CacheView`` (``ClusterCache.view``).
 
     Everything comes through the cache's public queries (``gpu_pods``, ``node``,
     ``provider_id``).

@@ -36,6 +36,7 @@ from reclaimd.afterdrain import NoAfterDrain
 from reclaimd.cluster import (
     actions,
     cache,
+    cacheview,
     claimlog,
     claims,
     events,
@@ -88,7 +89,7 @@ def wire(
     limiter = ratelimit.RateLimiter(
         ratelimit.RateSettings(**s.kube.fields("kubeconfig", "connections"))
     )
-    view = cache.ClusterCache(
+    cluster_cache = cache.ClusterCache(
         api,
         labeler=ledger.cost_labels,
         settings=cache.CacheSettings(
@@ -100,6 +101,7 @@ def wire(
             else s.cache.snapshot_path or s.ledger.beside_outbox("pods.snapshot"),
         ),
     )
+    view = cluster_cache.view  # what every part but the daemon reads of the cache
     pp = s.peer_probe
     listener = (
         probe.Listener(pp.host, pp.port, pp.advertise) if pp.enabled and not s.dry_run else None
@@ -270,7 +272,7 @@ def wire(
         else heldnotices.HeldNotices(s.ledger.beside_outbox("held.sqlite")),
     )
     return Parts(
-        view,
+        cluster_cache,
         store,
         alive,
         ledger_writer,
@@ -324,7 +326,7 @@ def _meter(
     s: Settings,
     api: ApiServer,
     *,
-    view: cache.ClusterCache,
+    view: cacheview.CacheView,
     policy: ledger.LabelPolicy,
     limiter: ratelimit.RateLimiter,
     alive: holders.HolderLeases,

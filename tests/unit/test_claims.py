@@ -124,8 +124,8 @@ def test_a_claim_lives_as_long_as_its_holders_lease(
 
 
 def test_the_cache_copy_seeds_the_first_write() -> None:
-    from reclaimd.cluster.cache import NodeView
     from reclaimd.cluster.claims import _seeded
+    from reclaimd.cluster.indexes import NodeView
 
     text = json.dumps(claim("n1").to_json())
     view = NodeView("gpu-1", "42", False, ({"key": "k", "effect": "NoSchedule"},), text, {})

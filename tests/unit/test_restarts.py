@@ -12,8 +12,8 @@ import pytest
 
 from reclaimd import ledger, restarts
 from reclaimd.cluster import gangs
-from reclaimd.cluster.cache import slim_pod
 from reclaimd.cluster.gangclaims import Charged
+from reclaimd.cluster.indexes import slim_pod
 from reclaimd.ledger import LabelPolicy, LedgerWriter
 from reclaimd.model import (
     CheckpointOutcome,
