@@ -2,7 +2,7 @@
 
 Trino is started on 127.0.0.1 by ``deploy/local/trino.sh`` (trino-server from Maven Central,
 cached under ~/.cache/reclaimd; about 30 s to start). The SQL is the one file the report runs;
-the ``focus`` view comes from ``engine.focus_view`` for both engines. The hand-built bill's
+the ``focus`` view comes from ``focus.focus_view`` for both engines. The hand-built bill's
 figures are compared as the report shows them (money to the cent); the generated fleet's
 unrounded, to a hundredth of a cent (its sums can fall on half a cent, and the engines add
 in another order).
