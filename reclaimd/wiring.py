@@ -39,6 +39,7 @@ from reclaimd.cluster import (
     cacheview,
     claimlog,
     claims,
+    claimstore,
     events,
     gangclaims,
     holders,
@@ -62,7 +63,7 @@ class Parts:
     """A process's parts, built by ``wire`` from its settings."""
 
     view: cache.ClusterCache
-    store: claims.ClaimStore
+    store: claimstore.ClaimStore
     holders: holders.HolderLeases
     ledger: ledger.LedgerWriter
     scheduler: Scheduler[Admitted]
@@ -119,7 +120,7 @@ def wire(
         probe_every_s=pp.every_s,
         probe_timeout_s=pp.timeout_s,
     )
-    store = claims.ClaimStore(
+    store = claimstore.ClaimStore(
         api,
         s.holder,
         limiter=limiter,

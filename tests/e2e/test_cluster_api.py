@@ -28,11 +28,11 @@ from reclaimd.cluster.cache import CacheSettings, ClusterCache, NodeView
 from reclaimd.cluster.claims import (
     AdvanceStatus,
     ClaimStatus,
-    ClaimStore,
     NodeObj,
     Phase,
     WorkloadObj,
 )
+from reclaimd.cluster.claimstore import ClaimStore
 from reclaimd.cluster.gangclaims import GangClaims, lease_name
 from reclaimd.cluster.gangs import JOB_NAME
 from reclaimd.cluster.holders import HolderLeases
