@@ -102,10 +102,10 @@ class ClusterActions:
         only_its_gang: Callable[[str, str], bool] | None = None,
     ) -> None:
         """``pod_exists``: the cache's view (cheap in a storm); without it, ask the API.
-        ``budget_changes``: the cache's PDB watch (``ClusterCache.budget_changes``).
-        ``gone_at``: when the cache saw a pod (by uid) leave (``ClusterCache.pod_gone_at``).
+        ``budget_changes``: the cache's PDB watch (``CacheView.budget_changes``).
+        ``gone_at``: when the cache saw a pod (by uid) leave (``CacheView.pod_gone_at``).
         ``only_its_gang``: whether every PDB covering a pod guards only its gang's pods
-        (``ClusterCache.pdbs_guard_only_its_gang``); without it, none is taken to."""
+        (``CacheView.pdbs_guard_only_its_gang``); without it, none is taken to."""
         self._api = api_client
         self._limiter = limiter
         self._settings = settings

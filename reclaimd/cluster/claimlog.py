@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class NodeCopies(Protocol):
-    """The cluster cache's nodes (``cache.ClusterCache`` fits)."""
+    """The cluster cache's nodes (``cacheview.CacheView`` fits)."""
 
     def node(self, name: str) -> claimstore.NodeSnapshot | None: ...
     def node_claims(self) -> Iterable[tuple[str, str]]: ...

@@ -50,7 +50,7 @@ DEFAULTS = ClaimSettings()  # one instance, as the default argument it replaces 
 
 
 class NodeSnapshot(Protocol):
-    """The cache's copy of a node (``cache.NodeView`` fits): enough to write the claim and the
+    """The cache's copy of a node (``indexes.NodeView`` fits): enough to write the claim and the
     cordon without reading the node first."""
 
     @property
