@@ -59,7 +59,8 @@ DAEMON_PARTS = (
     "reclaimd.cluster.actions",
     "reclaimd.cluster.cache",
     "reclaimd.cluster.claims",
-    "reclaimd.cluster.client",
+    "reclaimd.cluster.connect",
+    "reclaimd.cluster.errors",
     "reclaimd.cluster.gangclaims",
     "reclaimd.cluster.ratelimit",
     "reclaimd.config",
@@ -649,9 +650,9 @@ def measure_main(kubeconfig: str) -> int:
 
     async def go() -> dict[str, Any]:
         from reclaimd import ledger
-        from reclaimd.cluster import cache, client
+        from reclaimd.cluster import cache, connect, errors
 
-        api = await client.build_api_client(kubeconfig)
+        api = await connect.build_api_client(kubeconfig)
         # As ``reclaimd.wiring.wire`` builds it.
         view = cache.ClusterCache(api, labeler=ledger.cost_labels)
         start = time.monotonic()

@@ -403,7 +403,7 @@ class LeaseHourLock:
         self._limiter: RateLimiter = limiter or RateLimiter()
 
     async def acquire(self, hour: datetime) -> bool:
-        from reclaimd.cluster import apiserver, client, objects
+        from reclaimd.cluster import apiserver, errors, objects
 
         name = lease_name(self.cluster, hour)
         body = {
@@ -418,7 +418,7 @@ class LeaseHourLock:
                 lambda: self._api.post(apiserver.lease(self.namespace), body),
             )
             return True
-        except client.Conflict:
+        except errors.Conflict:
             lease = await self._limiter.read(
                 f"read lease/{name}",
                 None,

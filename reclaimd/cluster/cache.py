@@ -38,7 +38,7 @@ from typing import Any
 from reclaimd import kueueapi, logs
 from reclaimd.annotations import UrlPolicy
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import apiserver, client, gangs, podsnapshot
+from reclaimd.cluster import apiserver, errors, gangs, podsnapshot
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.pdbs import PdbIndex
 from reclaimd.cluster.watch import (
@@ -726,7 +726,7 @@ class ClusterCache:
                     apply(event)
                     if isinstance(event, Listed):
                         self._listed(name)
-            except client.NotFound as e:
+            except errors.NotFound as e:
                 if not optional:
                     log.error("cache %s: %s", name, e)
                 else:
@@ -735,7 +735,7 @@ class ClusterCache:
                     log.info("cache %s: resource not served, retrying later", name)
                     state.progressed()  # nothing to hold is current too
                     self._listed(name)
-            except client.KubeError as e:
+            except errors.KubeError as e:
                 log.error("cache %s: %s; retrying within %.0fs", name, e, pause.ceiling())
             await pause.sleep()
 

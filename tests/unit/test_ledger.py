@@ -600,15 +600,15 @@ async def test_writer_and_cluster_log_must_share_the_holder(tmp_path: Path) -> N
 
 
 def test_only_a_record_that_can_never_be_written_lets_an_event_go_unlocked() -> None:
-    from reclaimd.cluster import client
+    from reclaimd.cluster import errors
     from reclaimd.cluster.ledgerlog import TooLarge
     from reclaimd.ledger import refused_for_good
 
     assert refused_for_good(TooLarge("over the limit"))
-    assert refused_for_good(client.Invalid("create lease", 422))
-    assert refused_for_good(client.NotFound("create lease", 404))  # no such namespace
+    assert refused_for_good(errors.Invalid("create lease", 422))
+    assert refused_for_good(errors.NotFound("create lease", 404))  # no such namespace
     # an API server just restarted answers 403 (and 401) before its caches fill
-    assert not refused_for_good(client.Forbidden("create lease", 403))
-    assert not refused_for_good(client.Unauthorized("create lease", 401))
-    assert not refused_for_good(client.ServerError("create lease", 503))
+    assert not refused_for_good(errors.Forbidden("create lease", 403))
+    assert not refused_for_good(errors.Unauthorized("create lease", 401))
+    assert not refused_for_good(errors.ServerError("create lease", 503))
     assert not refused_for_good(RuntimeError("anything else"))

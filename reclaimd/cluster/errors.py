@@ -1,7 +1,8 @@
-"""The Kubernetes client: how one is built, and the one place API errors become ours.
+"""The Kubernetes API error hierarchy: the one place API errors become ours.
 
-Every module under ``reclaimd.cluster`` talks to the API server through the ``ApiServer``
-built here, and turns every failure into a ``KubeError`` through ``kube_errors()``. The
+Every module under ``reclaimd.cluster`` talks to the API server through an ``ApiServer``
+(built by ``connect.build_api_client``) and turns every failure into a ``KubeError`` through
+``kube_errors()``. The
 classes carry the retry policy (``retriable``), so callers decide on the class, never on a
 status code or a message string. A message holds the operation, the status and at most the
 first line of the server's ``message`` field, cut to a bounded length: a response body can
@@ -18,8 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from reclaimd.cluster import kubeconfig
-from reclaimd.cluster.apiserver import ApiServer, ApiStatus
+from reclaimd.cluster.apiserver import ApiStatus
 
 MESSAGE_LIMIT = 160
 
@@ -162,18 +162,3 @@ def kube_errors(what: str) -> Iterator[None]:
     except (aiohttp.ClientError, TimeoutError) as e:
         # Connection-level failures carry no status; they are worth another try.
         raise ServerError(what, 0, type(e).__name__) from e
-
-
-async def build_api_client(
-    kubeconfig_path: str | None = None, *, context: str | None = None, pool_size: int = 64
-) -> ApiServer:
-    """An ``ApiServer`` from ``kubeconfig_path``, else in-cluster config, else ``$KUBECONFIG``.
-
-    In a pod (``KUBERNETES_SERVICE_HOST`` set, no path given) the service account is used, so
-    the RBAC in ``deploy/kubernetes/rbac.yaml`` is what the daemon can do.
-    """
-    try:
-        connection = kubeconfig.load(kubeconfig_path, context)
-    except kubeconfig.KubeconfigError as e:
-        raise ConfigError("load Kubernetes config", 0, str(e)[:MESSAGE_LIMIT]) from e
-    return ApiServer.open(connection, pool_size)
