@@ -46,14 +46,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from reclaimd import skus
-from reclaimd.ledger import (
-    LabelPolicy,
-    LedgerWriter,
-    bounded,
-    cost_labels,
-    placement,
-    pricing_category,
-)
+from reclaimd.ledger.labels import LabelPolicy, bounded, cost_labels, placement, pricing_category
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import rfc3339, stable_id, utcnow
 
 if TYPE_CHECKING:

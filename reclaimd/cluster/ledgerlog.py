@@ -10,7 +10,7 @@ again finds the tombstone when it records, and publishes nothing. So the record 
 id's lock, before and after publication. A replica whose holder Lease goes stale leaves its
 records behind, and a
 peer adopts them (a resourceVersion-preconditioned patch naming itself, so two peers cannot
-both adopt) and publishes them (``ledger.LedgerWriter``, which also makes that exactly once).
+both adopt) and publishes them (``ledger.writer.LedgerWriter``, which also makes that exactly once).
 
 Every holder a record ever had is kept on it (``reclaimd.io/ledger-holders``): an adopter fences
 each of their Kafka transactions before it looks at the topic, so a paused replica that wakes

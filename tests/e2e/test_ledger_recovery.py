@@ -25,7 +25,7 @@ from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.ledgerlog import LedgerLog, PendingEvent
 from reclaimd.cluster.ratelimit import RateLimiter
-from reclaimd.ledger import LedgerWriter
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import RestartWaste
 
 WAIT_S = 90.0  # a bound on waiting for the writers, not a timing assertion

@@ -44,7 +44,7 @@ from reclaimd.cluster import apiserver, errors
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import CacheSettings, ClusterCache
 from reclaimd.cluster.connect import build_api_client
-from reclaimd.ledger import LedgerWriter
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import parse_time, rfc3339, utcnow
 
 REPO = Path(__file__).resolve().parents[2]
