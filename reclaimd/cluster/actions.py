@@ -30,13 +30,13 @@ import asyncio
 import contextlib
 import functools
 import logging
-import random
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from reclaimd.backoff import RetryPolicy
 from reclaimd.cluster import apiserver, errors, objects, taints
 from reclaimd.cluster.apiserver import ApiServer, JsonObject
 from reclaimd.cluster.ratelimit import RateLimiter
@@ -242,10 +242,13 @@ class ClusterActions:
             return self._settings.watched_retry_s
         # A PDB that stays shut (a budget no deletion can free) is asked less often the
         # further off its deadline is: a tenth of the time left, at least the cap.
-        cap = max(self._settings.retry_cap_s, remaining_s / 10)
-        ceiling = min(cap, self._settings.retry_base_s * 2**attempt)
-        delay = random.uniform(ceiling / 2, ceiling)
-        return max(delay, min(hint_s or 0.0, self._settings.retry_cap_s))
+        s = self._settings
+        policy = RetryPolicy(s.retry_base_s, s.retry_cap_s, jitter="half")
+        return policy.delay(
+            attempt,
+            cap_s=max(s.retry_cap_s, remaining_s / 10),
+            hint_s=min(hint_s or 0.0, s.retry_cap_s),
+        )
 
     async def _force_delete(
         self, member: Member, due: datetime, deadline: datetime, what: str, outcome: EvictResult

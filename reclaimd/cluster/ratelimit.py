@@ -31,7 +31,6 @@ import contextlib
 import heapq
 import itertools
 import math
-import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
+from reclaimd.backoff import RetryPolicy
 from reclaimd.cluster import errors
 
 T = TypeVar("T")
@@ -295,11 +295,11 @@ class RateLimiter:
             except errors.KubeError as e:
                 if e.status:
                     self._answered_at = asyncio.get_running_loop().time()
-                if not isinstance(e, errors.Throttled | errors.ServerError | errors.Forbidden):
+                if not (e.transient or e.retried_in_grace):
                     if budgeted:
                         self.accepted()  # an answer about the object, not about the load
                     raise
-                if isinstance(e, errors.Forbidden):
+                if e.retried_in_grace:
                     if forbidden_until is None:
                         forbidden_until = time.time() + s.forbidden_grace_s
                     if time.time() >= forbidden_until:
@@ -310,13 +310,11 @@ class RateLimiter:
                 )
                 if overload:
                     self.pushed(e.retry_after_s if isinstance(e, errors.Throttled) else None)
-                ceiling = min(s.retry_cap_s, s.retry_base_s * 2**attempt)
-                delay = max(random.uniform(0, ceiling), e.retry_after_s or 0.0)
-                if until is not None:
-                    left = until.timestamp() - time.time()
-                    if left <= delay:
-                        raise
-                elif attempt >= s.max_attempts:
+                # Full jitter, never sooner than the server's Retry-After.
+                policy = RetryPolicy(s.retry_base_s, s.retry_cap_s)
+                delay = policy.delay(attempt, hint_s=e.retry_after_s)
+                left = None if until is None else until.timestamp() - time.time()
+                if not policy.allows(delay, attempt, left_s=left, max_attempts=s.max_attempts):
                     raise
                 self.retried += 1
                 await asyncio.sleep(delay)
