@@ -41,6 +41,10 @@ class Record:
     deleted_by: str
 
 
+# A slotted source's Leases carry its registry name; the map names no source (a source's name
+# lives in its own folder: tests/unit/test_source_identity.py).
+SLOT_PREFIX = "reclaimd-{source}-slot-"
+
 RECORDS: tuple[Record, ...] = (
     Record(
         "holder Lease",
@@ -73,11 +77,11 @@ RECORDS: tuple[Record, ...] = (
         "the ledger's recovery pass (LedgerLog.sweep, every 10 min), past KEEP_PUBLISHED_S",
     ),
     Record(
-        "Pub/Sub slot Lease",
+        "slot Lease",
         Kind.LEASE,
-        "reclaimd-pubsub-slot-",
-        "the Pub/Sub source's slots: one per subscription, held by the replica consuming it,"
-        " renewed every third of lease_s",
+        SLOT_PREFIX,
+        "a slotted source's slots (its registry entry's ``slotted``; the Pub/Sub subscriptions):"
+        " one per subscription, held by the replica consuming it, renewed every third of lease_s",
         "while a replica consumes the subscription; released when it stops, else it expires"
         " after lease_s",
         "nobody: a slot is reused by name (one per configured subscription)",

@@ -86,7 +86,7 @@ class LedgerWriter:
         self._alive = alive
         self._signals = Signals()
         self._counts = LedgerCounts()
-        kafka = LedgerTopic(
+        ledger_topic = LedgerTopic(
             bootstrap_servers,
             topic,
             connection,
@@ -100,7 +100,7 @@ class LedgerWriter:
             holder=self.holder,
             outbox=self._outbox,
             cluster=cluster,
-            topic=kafka,
+            topic=ledger_topic,
             signals=self._signals,
             counts=self._counts,
             tombstones=self._tombstones,
@@ -116,7 +116,7 @@ class LedgerWriter:
             outbox=self._outbox,
             cluster=cluster,
             alive=alive,
-            topic=kafka,
+            topic=ledger_topic,
             signals=self._signals,
             counts=self._counts,
             tombstones=self._tombstones,

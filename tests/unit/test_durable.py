@@ -10,7 +10,7 @@ import ast
 import re
 from pathlib import Path
 
-from reclaimd import durable
+from reclaimd import durable, sources
 from reclaimd.cluster import claims, taints
 from reclaimd.config import LedgerSettings, TracingSettings
 
@@ -66,7 +66,9 @@ def _beside_outbox_suffixes() -> set[str]:
 
 
 def test_the_map_names_every_record_the_code_keeps_and_nothing_else() -> None:
-    leases = {r.where for r in durable.of(durable.Kind.LEASE)}
+    slotted = [e.name for e in sources.REGISTRY if e.slotted]
+    leases = {r.where for r in durable.of(durable.Kind.LEASE) if r.where != durable.SLOT_PREFIX}
+    leases |= {durable.SLOT_PREFIX.format(source=name) for name in slotted}
     assert leases == _lease_prefixes()
     assert durable.beside_outbox_suffixes() == _beside_outbox_suffixes()
     files = {r.where for r in durable.of(durable.Kind.FILE)} - durable.beside_outbox_suffixes()
