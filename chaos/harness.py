@@ -29,7 +29,7 @@ from chaos import fleet, inject, kube
 from chaos.process import DaemonProcess
 from chaos.stack import StackEnv
 from chaos.trainers import Behaviour, TrainerFleet
-from reclaimd.ledger import SCHEMA as LEDGER_SCHEMA
+from reclaimd.ledger.event import SCHEMA as LEDGER_SCHEMA
 from reclaimd.model import Notice, utcnow
 
 REPO = Path(__file__).resolve().parents[1]

@@ -35,7 +35,7 @@ from typing import Any, Final
 from chaos.drill.plan import Plan
 from chaos.fleet import NodeSpec, node_body
 from reclaimd import meter, skus
-from reclaimd.ledger import LabelPolicy, cost_labels
+from reclaimd.ledger.labels import LabelPolicy, cost_labels
 from reclaimd.model import rfc3339
 from reclaimd.report.ledger_input import WastePart
 

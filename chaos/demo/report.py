@@ -18,7 +18,7 @@ from chaos.demo import fleet as demo_fleet
 from chaos.drill import plan as planning
 from chaos.drill import scenario
 from reclaimd import cli
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.report import ledger_input
 from reclaimd.report.ledger_input import InputError
 

@@ -19,7 +19,7 @@ from chaos.drill.plan import plan as plan_scenario
 from chaos.drill.scenario import FaultKind, ScenarioError
 from chaos.drill.scenario import load as load_scenario
 from chaos.drill.verdict.render import render, to_json
-from reclaimd import postmortem
+from reclaimd import postmortemsvg
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -102,7 +102,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if args.svg:
         picture = slowest(verdict)
         if picture is not None:
-            Path(args.svg).write_text(postmortem.render_svg(picture))
+            Path(args.svg).write_text(postmortemsvg.render_svg(picture))
             print(f"post-mortem picture of the slowest notice: {args.svg}")
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(verdict), indent=2) + "\n")
@@ -114,7 +114,7 @@ def cmd_gameday(args: argparse.Namespace, scenario: Any) -> int:
     from chaos.drill.run import Progress
     from chaos.gameday.run import GameDay, Options
     from chaos.gameday.target import GameDayError
-    from reclaimd.cluster.client import ConfigError
+    from reclaimd.cluster.errors import ConfigError
 
     if not args.release or not args.node_label or args.max_nodes is None:
         raise ScenarioError("--cluster needs --release, --node-label and --max-nodes")

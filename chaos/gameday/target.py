@@ -27,7 +27,7 @@ import yaml
 from chaos.drill.plan import Plan, PlannedNode
 from chaos.drill.scenario import Source
 from reclaimd import config as rconfig
-from reclaimd.ledger import cost_labels
+from reclaimd.ledger.labels import cost_labels
 from reclaimd.model import ParseError
 
 INSTANCE = "app.kubernetes.io/instance"

@@ -32,7 +32,7 @@ import pytest
 from chaos.demo import report as demo_report
 from chaos.drill import plan as planning
 from chaos.drill import scenario
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.model import rfc3339
 from reclaimd.report import ledger_input, render, spotpays
 

@@ -10,7 +10,8 @@ from chaos.drill.verdict.checks import split_problems
 from chaos.drill.verdict.evaluate import evaluate
 from chaos.drill.verdict.facts import Expectations, Observed
 from chaos.drill.verdict.model import Check, Verdict
-from reclaimd.ledger import LabelPolicy, to_event
+from reclaimd.ledger.event import to_event
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.model import (
     CheckpointScope,
     Gang,
