@@ -111,7 +111,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def cmd_gameday(args: argparse.Namespace, scenario: Any) -> int:
     """``drill run --cluster``: 0, 1 as a local drill; 2 for a refusal (nothing changed)."""
-    from reclaimd.cluster.client import ConfigError
+    from reclaimd.cluster.errors import ConfigError
 
     from .drill import Progress
     from .gameday import GameDay, Options

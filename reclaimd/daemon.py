@@ -34,7 +34,8 @@ from reclaimd import (
 from reclaimd import sourcing as registry
 from reclaimd.cluster import (
     claimlog,
-    client,
+    connect,
+    errors,
     peers,
     ratelimit,
 )
@@ -75,7 +76,7 @@ class Daemon:
                 "service.instance.id": s.holder,
             },
         )
-        api = await client.build_api_client(
+        api = await connect.build_api_client(
             str(s.kube.kubeconfig) if s.kube.kubeconfig else None, pool_size=s.kube.connections
         )
         session = checkpoint.session(s.checkpoint_connections, s.checkpoint.identity_token_file)
@@ -174,7 +175,7 @@ class Daemon:
         if parts.probe is not None:
             await parts.probe.start()
         if not self.settings.dry_run:
-            with contextlib.suppress(client.KubeError):
+            with contextlib.suppress(errors.KubeError):
                 await parts.holders.renew()
 
     def _acting(self, tg: asyncio.TaskGroup, parts: Parts) -> list[asyncio.Task[None]]:
@@ -232,7 +233,7 @@ class Daemon:
         if parts.probe is not None:
             await parts.probe.close()  # refused from now on: peers take our claims over now
         if not self.settings.dry_run:
-            with contextlib.suppress(client.KubeError):
+            with contextlib.suppress(errors.KubeError):
                 await parts.holders.release()
 
     def _sources(self, parts: Parts, api: ApiServer) -> dict[str, registry.Source]:

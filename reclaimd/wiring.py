@@ -22,7 +22,6 @@ from reclaimd import (
     checkpoint,
     dryrun,
     heldnotices,
-    ledger,
     meter,
     metrics,
     putbudget,
@@ -51,6 +50,8 @@ from reclaimd.cluster import (
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.config import Settings, UnknownTarget
 from reclaimd.intake import Admission, Admitted, Intake
+from reclaimd.ledger.labels import LabelPolicy, cost_labels, placement
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Notice, utcnow
 from reclaimd.pipeline import Budget, Report, Runbook
 from reclaimd.scheduler import GangOwners, Scheduler
@@ -65,7 +66,7 @@ class Parts:
     view: cache.ClusterCache
     store: claimstore.ClaimStore
     holders: holders.HolderLeases
-    ledger: ledger.LedgerWriter
+    ledger: LedgerWriter
     scheduler: Scheduler[Admitted]
     intake: Intake
     limiter: ratelimit.RateLimiter
@@ -92,7 +93,7 @@ def wire(
     )
     cluster_cache = cache.ClusterCache(
         api,
-        labeler=ledger.cost_labels,
+        labeler=cost_labels,
         settings=cache.CacheSettings(
             **s.cache.fields("watch", "snapshot_path"),
             watch=watch.WatchSettings(**s.cache.watch.fields()),
@@ -151,13 +152,13 @@ def wire(
         gone_at=view.pod_gone_at,
         only_its_gang=view.pdbs_guard_only_its_gang,
     )
-    ledger_writer = ledger.LedgerWriter(
+    ledger_writer = LedgerWriter(
         # A dry run keeps no outbox file and reaches no broker (its writer stays empty).
         bootstrap_servers="" if s.dry_run else s.ledger.bootstrap,
         connection=s.kafka,
         topic=s.ledger.topic,
         outbox_path=":memory:" if s.dry_run else s.ledger.outbox_path,
-        policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
+        policy=LabelPolicy(allowed=s.ledger.label_allowlist),
         **s.ledger.writer.fields(),
         **_ledger_log(s, api, s.ledger.topic, limiter, alive),
     )
@@ -242,7 +243,7 @@ def wire(
         ),
         # Each rank's waste is priced where it ran: the event names each node's instance.
         build_waste=waste.with_placements(
-            lambda node: ledger.placement(view.node_labels(node), view.provider_id(node))
+            lambda node: placement(view.node_labels(node), view.provider_id(node))
         ),
         tracer=tracer,
         cluster_name=s.cluster_name,
@@ -328,7 +329,7 @@ def _meter(
     api: ApiServer,
     *,
     view: cacheview.CacheView,
-    policy: ledger.LabelPolicy,
+    policy: LabelPolicy,
     limiter: ratelimit.RateLimiter,
     alive: holders.HolderLeases,
 ) -> meter.Meter | None:
@@ -336,7 +337,7 @@ def _meter(
     if not a.enabled:
         return None
     outbox = a.outbox_path or s.ledger.beside_outbox("allocation.sqlite")
-    rows = ledger.LedgerWriter(
+    rows = LedgerWriter(
         bootstrap_servers=s.ledger.bootstrap,
         connection=s.kafka,
         topic=a.topic,

@@ -36,7 +36,7 @@ from typing import Any
 from reclaimd import kueueapi, logs
 from reclaimd.annotations import UrlPolicy
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import apiserver, client, gangs
+from reclaimd.cluster import apiserver, errors, gangs
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cacheview import CacheView
 from reclaimd.cluster.indexes import Indexes, node_record, pod_record
@@ -334,7 +334,7 @@ class ClusterCache:
                     apply(event)
                     if isinstance(event, Listed):
                         self._listed(name)
-            except client.NotFound as e:
+            except errors.NotFound as e:
                 if not optional:
                     log.error("cache %s: %s", name, e)
                 else:
@@ -343,7 +343,7 @@ class ClusterCache:
                     log.info("cache %s: resource not served, retrying later", name)
                     state.progressed()  # nothing to hold is current too
                     self._listed(name)
-            except client.KubeError as e:
+            except errors.KubeError as e:
                 log.error("cache %s: %s; retrying within %.0fs", name, e, pause.ceiling())
             await pause.sleep()
 

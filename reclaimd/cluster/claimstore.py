@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from reclaimd import kueueapi
-from reclaimd.cluster import apiserver, client, objects, taints
+from reclaimd.cluster import apiserver, errors, objects, taints
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import WorkloadApi
 from reclaimd.cluster.claims import (
@@ -177,7 +177,7 @@ class ClaimStore:
                     conflicts=self._settings.max_conflicts,
                 ),
             )
-        except client.NotFound:
+        except errors.NotFound:
             return ClaimResult(ClaimStatus.TARGET_NOT_FOUND)
 
     async def advance(
@@ -216,7 +216,7 @@ class ClaimStore:
                 change,
                 conflicts=self._settings.max_conflicts,
             )
-        except client.NotFound:
+        except errors.NotFound:
             return AdvanceResult(AdvanceStatus.TARGET_NOT_FOUND)
 
     async def heartbeat(self, obj: ClaimTarget, notice_id: str) -> AdvanceResult:
@@ -263,7 +263,7 @@ class ClaimStore:
 
         try:
             items = await self._limiter.read("list workloads", None, workloads)
-        except client.NotFound:
+        except errors.NotFound:
             items = []  # no Kueue in this cluster
         for item in items:
             meta = item.get("metadata") or {}
@@ -294,7 +294,7 @@ class ClaimStore:
             return await self._limiter.read(
                 f"read {obj.describe()}", None, lambda: self._fetch(obj)
             )
-        except client.NotFound:
+        except errors.NotFound:
             return None
 
     async def _fetch(self, obj: ClaimTarget) -> _Read:
@@ -303,7 +303,7 @@ class ClaimStore:
         An unreadable annotation counts as no claim: a hand-edited value must not block every
         future notice for that node, and our write replaces it.
         """
-        with client.kube_errors(f"read {obj.describe()}"):
+        with errors.kube_errors(f"read {obj.describe()}"):
             if isinstance(obj, NodeObj):
                 node = await self._api.get(apiserver.node(obj.name))
                 parsed = self._parse(obj, _annotations(node))

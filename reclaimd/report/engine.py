@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from reclaimd import skus
-from reclaimd.ledger import DEFAULT_ALLOW, PURCHASE_OPTIONS, normalize_purchase_option
+from reclaimd.ledger.labels import DEFAULT_ALLOW, PURCHASE_OPTIONS, normalize_purchase_option
 from reclaimd.report import sqltext
 from reclaimd.report.focus import load_focus
 from reclaimd.report.ledger_input import (

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from reclaimd.cluster import claims, client, gangs
+from reclaimd.cluster import claims, errors, gangs
 from reclaimd.cluster.cache import CacheSettings, ClusterCache, TakingTurns, _Stream
 from reclaimd.cluster.indexes import (
     CLAIM_ANNOTATION,
@@ -415,7 +415,7 @@ class StuckOnce:
 class Unreachable(StuckOnce):
     async def list(self) -> tuple[list[Any], str]:
         self.lists += 1
-        raise client.ServerError("list nodes", 0, "ClientConnectorError")
+        raise errors.ServerError("list nodes", 0, "ClientConnectorError")
 
 
 def supervised(endpoint: Any) -> ClusterCache:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from reclaimd import meter
-from reclaimd.ledger import LedgerWriter
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.outbox import Outbox
 from reclaimd.report import Window, build
 

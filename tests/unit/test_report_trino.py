@@ -24,7 +24,7 @@ from test_report_spotpays import bill_rows as spot_bill_rows
 from test_report_spotpays import ledger_rows as spot_ledger_rows
 
 from chaos import bench_report as report_bench
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.report import Group, Window, engine, ledger_input, spotpays, trino
 from reclaimd.report.render import _round
 
