@@ -39,7 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import handlers
+from reclaimd import handlers
 from chaos import azure_metadata_server, hostile
 from chaos.ports import free_port as _free_port
 from reclaimd.model import rfc3339, utcnow

@@ -24,7 +24,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-import handlers
+from reclaimd import handlers
 from reclaimd.ledger import SCHEMA as LEDGER_SCHEMA
 from reclaimd.model import Notice, utcnow
 

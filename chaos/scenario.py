@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-import handlers
+from reclaimd import handlers
 from reclaimd import config as reclaimd_config
 from reclaimd.model import Windows
 

@@ -49,7 +49,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_parse(args: argparse.Namespace) -> int:
-    import handlers
+    from reclaimd import handlers
 
     if args.vm is not None and args.source not in handlers.SAVED:
         raise UsageError(

@@ -28,8 +28,7 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
-import handlers
-from reclaimd import configcheck, sources
+from reclaimd import configcheck, handlers, sources
 from reclaimd.annotations import UrlPolicy
 from reclaimd.kafkaconn import KafkaSettings
 from reclaimd.model import Windows

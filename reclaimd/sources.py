@@ -32,9 +32,9 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from handlers.azure_scheduled import AzureEventFacts, AzureVmFacts
-from handlers.ec2_spot import AsgLifecycleFacts
-from handlers.ids import azure_instance
+from reclaimd.handlers.azure_scheduled import AzureEventFacts, AzureVmFacts
+from reclaimd.handlers.ec2_spot import AsgLifecycleFacts
+from reclaimd.handlers.ids import azure_instance
 from reclaimd.model import Facts, Placement
 from reclaimd.strict import Strict
 

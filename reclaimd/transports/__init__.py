@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import handlers
-from reclaimd import logs
+from reclaimd import handlers, logs
 from reclaimd.backoff import Backoff
 from reclaimd.intake import Admission
 from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow

@@ -28,8 +28,7 @@ import boto3
 import pytest
 from stack import Stack
 
-import handlers
-from reclaimd import sourcing
+from reclaimd import handlers, sourcing
 from reclaimd.config import Settings
 from reclaimd.model import Notice, utcnow
 from reclaimd.transports.lifecycle import AsgLifecycle

@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-import handlers
 from chaos import azure_metadata_server, bench_fuzz
 from chaos.azure_metadata_server import Compute
 from chaos.fleet import NodeSpec
+from reclaimd import handlers
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Target, Windows, utcnow
 from reclaimd.sources import AzureScheduledSettings

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import handlers
-from handlers import azure_scheduled
+from reclaimd import handlers
+from reclaimd.handlers import azure_scheduled
 from reclaimd.model import (
     Ignored,
     Notice,

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shared_fixtures import FIXTURES as SHARED
 
-from handlers import PARSERS, Parser
+from reclaimd.handlers import PARSERS, Parser
 from reclaimd.model import Ignored, Notice, ParseError, Response, Target, Windows, digest
 
 FIXTURES = SHARED

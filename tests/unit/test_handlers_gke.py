@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from handlers import gce_metadata, gke_preemption
+from reclaimd.handlers import gce_metadata, gke_preemption
 from reclaimd.model import (
     Ignored,
     Notice,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES
 
-from handlers import PARSERS, ids
+from reclaimd.handlers import PARSERS, ids
 from reclaimd.model import ParseError, Windows
 
 RECEIVED = datetime(2025, 9, 16, 12, 0, tzinfo=UTC)

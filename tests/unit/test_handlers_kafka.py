@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from handlers import kafka_notice
+from reclaimd.handlers import kafka_notice
 from reclaimd.model import (
     Ignored,
     Notice,

@@ -8,9 +8,8 @@ from datetime import UTC, datetime
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-import handlers
-from handlers import ec2_spot, fields
-from reclaimd import sources
+from reclaimd import handlers, sources
+from reclaimd.handlers import ec2_spot, fields
 from reclaimd.model import ParseError, Windows
 
 FIXTURES = SHARED

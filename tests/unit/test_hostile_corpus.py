@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from chaos import hostile
-from handlers import PARSERS, azure_scheduled, ids
+from reclaimd.handlers import PARSERS, azure_scheduled, ids
 from reclaimd.model import Ignored, Notice, ParseError, Windows
 
 RECEIVED = datetime(2025, 9, 16, 12, 0, tzinfo=UTC)

@@ -27,9 +27,8 @@ from typing import Any
 
 import pytest
 
-import handlers
-from handlers.ec2_spot import AsgLifecycleFacts
-from reclaimd import config, sources
+from reclaimd import config, handlers, sources
+from reclaimd.handlers.ec2_spot import AsgLifecycleFacts
 from reclaimd.model import (
     Cause,
     Facts,
@@ -153,7 +152,7 @@ def product_files() -> list[Path]:
 def module_file(module: str) -> str:
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin is not None, module
-    return rel(Path(spec.origin))
+    return rel(Path(spec.origin).resolve())  # reclaimd/handlers is a symlink to handlers/
 
 
 def own_files(entry: Entry[Any]) -> set[str]:

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES
 
-import handlers
-from handlers import imds as imds_handler
-from reclaimd import sources, sourcing
+from reclaimd import handlers, sources, sourcing
 from reclaimd.afterdrain import AfterDrains, NoAfterDrain
 from reclaimd.config import Settings
+from reclaimd.handlers import imds as imds_handler
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, utcnow
 from reclaimd.transports import Counters, Read, deliver

@@ -16,10 +16,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-import handlers
 from chaos.azure_metadata_server import AzureMetadataServer, Compute, rfc1123
-from handlers.fields import as_gmt_time
+from reclaimd import handlers
 from reclaimd.afterdrain import AfterDrain
+from reclaimd.handlers.fields import as_gmt_time
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
 from reclaimd.sources import AzureScheduledSettings

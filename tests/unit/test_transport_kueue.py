@@ -16,8 +16,7 @@ from typing import Any, cast
 import pytest
 from shared_fixtures import FIXTURES
 
-import handlers
-from reclaimd import kueueapi
+from reclaimd import handlers, kueueapi
 from reclaimd.cluster import client
 from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.watch import Changed, Listed
