@@ -125,7 +125,7 @@ class ScheduledEvents:
         return self.incarnation
 
     def answer(self) -> str:
-        from reclaimd.transports.azure_scheduled import version_of
+        from reclaimd.handlers.azure_scheduled.transport import version_of
 
         if self.real:
             body, version = self.real, version_of(self.real)
@@ -791,7 +791,7 @@ class FuzzRun:
         claimed (at least three reads: one notice, then the same document again, as IMDS keeps
         serving it) or its NotBefore passes, then hostile documents again."""
         from chaos.azure_metadata_server import MIN_NOTICE_S
-        from reclaimd.transports import azure_scheduled as transport
+        from reclaimd.handlers.azure_scheduled import transport
 
         state = self.state
         assert state is not None

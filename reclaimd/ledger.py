@@ -52,11 +52,11 @@ from aiokafka.errors import KafkaError, ProducerFenced
 
 from reclaimd import kafkaprobe
 from reclaimd import waste as waste_math
+from reclaimd.handlers import instance_of
 from reclaimd.kafkaconn import KafkaSettings, options
 from reclaimd.logs import event as log_event
 from reclaimd.model import Cause, Placement, RestartWaste, rfc3339
 from reclaimd.outbox import AsyncOutbox, Cluster, Row
-from reclaimd.sources import instance_of
 
 if TYPE_CHECKING:  # the Kafka side knows the cluster records by shape only
     from reclaimd.cluster.ledgerlog import PendingEvent

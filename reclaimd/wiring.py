@@ -21,17 +21,16 @@ from opentelemetry.trace import SpanContext
 from reclaimd import (
     checkpoint,
     dryrun,
+    handlers,
     heldnotices,
     ledger,
     meter,
     metrics,
     putbudget,
     restarts,
-    sources,
     tracing,
     waste,
 )
-from reclaimd import sourcing as registry
 from reclaimd.afterdrain import NoAfterDrain
 from reclaimd.cluster import (
     actions,
@@ -48,6 +47,7 @@ from reclaimd.cluster import (
 )
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.config import Settings, UnknownTarget
+from reclaimd.handlers import running
 from reclaimd.intake import Admission, Admitted, Intake
 from reclaimd.model import Notice, utcnow
 from reclaimd.pipeline import Budget, Report, Runbook
@@ -160,7 +160,7 @@ def wire(
     )
     receipts = tracing.Receipts(
         tracer,
-        destinations=sources.destinations(s),
+        destinations=handlers.destinations(s),
     )
     observed = metrics.Metrics(label_policy=ledger_writer.policy)
     recorder = (
@@ -231,7 +231,7 @@ def wire(
         owners=GangOwners(gang_leases if would is None else would.gang_lock),
         records=gang_leases if would is None else None,
         # A dry run never completes a lifecycle action.
-        after_drain=registry.after_drain(s) if would is None else NoAfterDrain(),
+        after_drain=running.after_drain(s) if would is None else NoAfterDrain(),
         budget=Budget(
             drain_reserve_s=s.policy.drain_reserve_s,
             drain_reserve_fraction=s.policy.drain_reserve_fraction,

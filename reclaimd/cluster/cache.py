@@ -50,8 +50,8 @@ from reclaimd.cluster.watch import (
     WatchSettings,
     watch_objects,
 )
+from reclaimd.handlers import instance_of
 from reclaimd.model import Gang, GangKey, Target, WorkloadRef, utcnow
-from reclaimd.sources import instance_of
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class CacheSettings:
 def instance_ids(node: RawObject) -> frozenset[str]:
     """Every cloud instance id a node answers to.
 
-    The one its providerID names (``sources.instance_of``), plus the node metadata keys in
+    The one its providerID names (``handlers.instance_of``), plus the node metadata keys in
     ``INSTANCE_ID_KEYS``.
     """
     found: set[str] = set()

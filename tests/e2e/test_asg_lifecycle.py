@@ -28,10 +28,11 @@ import boto3
 import pytest
 from stack import Stack
 
-from reclaimd import handlers, sourcing
+from reclaimd import handlers
 from reclaimd.config import Settings
+from reclaimd.handlers import running
+from reclaimd.handlers.sqs.lifecycle import AsgLifecycle
 from reclaimd.model import Notice, utcnow
-from reclaimd.transports.lifecycle import AsgLifecycle
 
 REGION = "us-east-1"
 HOOK = "reclaimd-drain"
@@ -67,7 +68,7 @@ def after_drain(endpoint: str) -> AsgLifecycle:
     settings = Settings.model_validate(
         {"sqs": {"enabled": True, "queue_url": "q", "endpoint_url": endpoint, "region": REGION}}
     )
-    part = sourcing.after_drain(settings)
+    part = running.after_drain(settings)
     assert isinstance(part, AsgLifecycle)
     return part
 

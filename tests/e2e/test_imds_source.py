@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 from stack import Stack
 
+from reclaimd.handlers.imds import transport as imds
+from reclaimd.handlers.imds.settings import ImdsSettings
+from reclaimd.handlers.imds.transport import ImdsSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import ImdsSettings
-from reclaimd.transports import imds
-from reclaimd.transports.imds import ImdsSource
 
 # What the mock serves by default (aemm v1.13): one notice on each path.
 SOURCES_BY_PATH = {

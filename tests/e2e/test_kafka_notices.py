@@ -20,11 +20,11 @@ from chaos import stack as stackenv
 from chaos.fleet import NodeSpec
 from chaos.harness import Harness
 from chaos.process import DaemonProcess
+from reclaimd.handlers.kafka_notices import transport as kafka_notices
+from reclaimd.handlers.kafka_notices.settings import KafkaNoticeSettings
+from reclaimd.handlers.kafka_notices.transport import KafkaNoticeSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, parse_time, utcnow
-from reclaimd.sources import KafkaNoticeSettings
-from reclaimd.transports import kafka_notices
-from reclaimd.transports.kafka_notices import KafkaNoticeSource
 
 TAINT = "reclaimd.io/interruption"
 WINDOW_S = 60.0

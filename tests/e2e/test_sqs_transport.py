@@ -17,10 +17,10 @@ import pytest
 from stack import REPO_DIR
 
 from chaos import stack as stackenv
+from reclaimd.handlers.sqs.settings import SqsSettings
+from reclaimd.handlers.sqs.transport import SqsSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import SqsSettings
-from reclaimd.transports.sqs import SqsSource
 
 FIXTURES = REPO_DIR.parent / "shared" / "fixtures"
 SPOT = json.loads((FIXTURES / "aws" / "eventbridge-spot-interruption-warning.json").read_text())

@@ -16,10 +16,8 @@ from chaos import azure_metadata_server, bench_fuzz
 from chaos.azure_metadata_server import Compute
 from chaos.fleet import NodeSpec
 from reclaimd import handlers
-from reclaimd.intake import Admission
-from reclaimd.model import Notice, NoticeKind, Target, Windows, utcnow
-from reclaimd.sources import AzureScheduledSettings
-from reclaimd.transports.azure_scheduled import (
+from reclaimd.handlers.azure_scheduled.settings import AzureScheduledSettings
+from reclaimd.handlers.azure_scheduled.transport import (
     AzureScheduledSource,
     AzureStartRequests,
     DocumentState,
@@ -27,6 +25,8 @@ from reclaimd.transports.azure_scheduled import (
     envelope,
     version_of,
 )
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, NoticeKind, Target, Windows, utcnow
 
 
 def test_memory_is_flat_when_the_last_quarter_stays_near_the_second() -> None:

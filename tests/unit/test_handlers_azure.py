@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reclaimd import handlers
-from reclaimd.handlers import azure_scheduled
+from reclaimd.handlers.azure_scheduled import parser as azure_scheduled
 from reclaimd.model import (
     Ignored,
     Notice,

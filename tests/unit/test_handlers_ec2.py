@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from reclaimd.handlers import ec2_spot
+from reclaimd.handlers.sqs import parser as ec2_spot
 from reclaimd.model import (
     Ignored,
     Notice,

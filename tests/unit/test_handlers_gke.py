@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from reclaimd.handlers import gce_metadata, gke_preemption
+from reclaimd.handlers.gce_metadata import parser as gce_metadata
+from reclaimd.handlers.pubsub import parser as gke_preemption
 from reclaimd.model import (
     Ignored,
     Notice,

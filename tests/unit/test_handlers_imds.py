@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from reclaimd.handlers import imds
+from reclaimd.handlers.imds import parser as imds
 from reclaimd.model import (
     Ignored,
     Notice,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from reclaimd.handlers import kafka_notice
+from reclaimd.handlers.kafka_notices import parser as kafka_notice
 from reclaimd.model import (
     Ignored,
     Notice,

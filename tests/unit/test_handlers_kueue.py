@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from reclaimd.handlers import kueue_reclaim
+from reclaimd.handlers.kueue import parser as kueue_reclaim
 from reclaimd.model import (
     Ignored,
     Notice,

@@ -19,11 +19,8 @@ import pytest
 from chaos.azure_metadata_server import AzureMetadataServer, Compute, rfc1123
 from reclaimd import handlers
 from reclaimd.afterdrain import AfterDrain
-from reclaimd.handlers.fields import as_gmt_time
-from reclaimd.intake import Admission
-from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
-from reclaimd.sources import AzureScheduledSettings
-from reclaimd.transports.azure_scheduled import (
+from reclaimd.handlers.azure_scheduled.settings import AzureScheduledSettings
+from reclaimd.handlers.azure_scheduled.transport import (
     AzureScheduledSource,
     AzureStartRequests,
     DocumentState,
@@ -33,6 +30,9 @@ from reclaimd.transports.azure_scheduled import (
     envelope,
     version_of,
 )
+from reclaimd.handlers.fields import as_gmt_time
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "azure"
 COMPUTE = Compute()

@@ -16,11 +16,9 @@ from multidict import CIMultiDict
 
 from chaos.gce_metadata_server import GceMetadataServer
 from reclaimd import handlers
-from reclaimd.intake import Admission
-from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
-from reclaimd.sources import GceMetadataSettings
-from reclaimd.transports import gce_metadata
-from reclaimd.transports.gce_metadata import (
+from reclaimd.handlers.gce_metadata import transport as gce_metadata
+from reclaimd.handlers.gce_metadata.settings import GceMetadataSettings
+from reclaimd.handlers.gce_metadata.transport import (
     GceMetadataSource,
     Identity,
     KeyState,
@@ -28,6 +26,8 @@ from reclaimd.transports.gce_metadata import (
     check_flavor,
     envelope,
 )
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
 
 PROJECT, ZONE, VM = "reclaimd-local", "us-central1-a", "gke-pool-a-0001"
 IDENTITY = Identity(project=PROJECT, zone=ZONE, instance=VM)

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from reclaimd.handlers.kafka_notices import transport as kafka_notices
+from reclaimd.handlers.kafka_notices.settings import KafkaNoticeSettings
+from reclaimd.handlers.kafka_notices.transport import KafkaNoticeSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import KafkaNoticeSettings
-from reclaimd.transports import kafka_notices
-from reclaimd.transports.kafka_notices import KafkaNoticeSource
 
 SETTINGS = KafkaNoticeSettings(enabled=True, bootstrap="127.0.0.1:1", topic="t", group_id="g")
 

@@ -20,11 +20,11 @@ from reclaimd import handlers, kueueapi
 from reclaimd.cluster import client
 from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.watch import Changed, Listed
+from reclaimd.handlers.kueue.settings import KueueSettings
+from reclaimd.handlers.kueue.transport import KueueSource, object_key, pick_version
+from reclaimd.handlers.transport import DEAF_AFTER_S
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Windows, utcnow
-from reclaimd.sources import KueueSettings
-from reclaimd.transports import DEAF_AFTER_S
-from reclaimd.transports.kueue import KueueSource, object_key, pick_version
 
 KUEUE = FIXTURES / "kueue"
 T0 = "workload-v1beta2-reclaim-preempted-t0-evicted.json"  # the eviction, as first written

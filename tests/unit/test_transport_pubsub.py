@@ -15,11 +15,11 @@ import pytest
 from pydantic import ValidationError
 from shared_fixtures import FIXTURES as SHARED
 
+from reclaimd.handlers.pubsub import transport as pubsub
+from reclaimd.handlers.pubsub.settings import PubSubSettings
+from reclaimd.handlers.pubsub.transport import PubSubSource, Verdict, verdict
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, stable_id
-from reclaimd.sources import PubSubSettings
-from reclaimd.transports import pubsub
-from reclaimd.transports.pubsub import PubSubSource, Verdict, verdict
 
 FIXTURES = SHARED / "gcp"
 SETTINGS = PubSubSettings(enabled=True, project="p", subscription="s", max_messages=5)

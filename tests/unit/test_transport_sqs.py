@@ -14,11 +14,11 @@ import pytest
 from pydantic import ValidationError
 from shared_fixtures import FIXTURES
 
+from reclaimd.handlers.sqs import transport as sqs
+from reclaimd.handlers.sqs.settings import SqsSettings
+from reclaimd.handlers.sqs.transport import SqsSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import SqsSettings
-from reclaimd.transports import sqs
-from reclaimd.transports.sqs import SqsSource
 
 SPOT = (FIXTURES / "aws" / "eventbridge-spot-interruption-warning.json").read_text()
 
