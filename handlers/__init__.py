@@ -27,6 +27,8 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
+from pydantic import BaseModel
+
 from reclaimd.handlers.base import Parser, SavedParser
 from reclaimd.handlers.entry import NOWHERE, Entry, Origin, SourceSettings
 from reclaimd.model import ParseError, ParseOutcome, Windows
@@ -148,16 +150,16 @@ def instance_of(provider_id: str) -> str:
 # --- the settings' sources ------------------------------------------------------------------
 
 
-def enabled(settings: Any) -> list[Entry[Any]]:
+def enabled(settings: BaseModel) -> list[Entry[Any]]:
     return [entry for entry in REGISTRY if entry.enabled(settings)]
 
 
-def sections(settings: Any) -> Iterator[tuple[Entry[Any], SourceSettings]]:
+def sections(settings: BaseModel) -> Iterator[tuple[Entry[Any], SourceSettings]]:
     for entry in REGISTRY:
         yield entry, entry.section(settings)
 
 
-def destinations(settings: Any) -> dict[str, str]:
+def destinations(settings: BaseModel) -> dict[str, str]:
     """``messaging.system`` -> the destination each message transport consumes."""
     return {
         entry.origin.messaging: section.destination()

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 from urllib.parse import urlsplit
+
+from pydantic import BaseModel
 
 from reclaimd.handlers.base import Parser, SavedParser
 from reclaimd.model import Facts, Placement
@@ -134,10 +136,12 @@ class Entry(Generic[S]):
         """Its transport, whose ``build(entry, supplies)`` makes the running source."""
         return f"{self.package}.transport"
 
-    def section(self, settings: Any) -> S:
-        """This source's section of ``Settings``, typed."""
+    def section(self, settings: BaseModel) -> S:
+        """This source's section of ``Settings``, typed: ``Settings`` holds every source's
+        section as a field named for it (its YAML key), which mypy does not see, so a source's
+        section is read through its entry, ``ENTRY.section(settings)``."""
         section: S = getattr(settings, self.name)
         return section
 
-    def enabled(self, settings: Any) -> bool:
+    def enabled(self, settings: BaseModel) -> bool:
         return self.section(settings).enabled

@@ -336,15 +336,13 @@ class _Settings(_Strict):
             section.check(dry_run=self.dry_run)
         return self
 
-    if TYPE_CHECKING:
-        # Each source's section (``handlers.REGISTRY``), added below: ``settings.<name>``.
-        def __getattr__(self, name: str) -> Any: ...
 
 
 def settings_model(registry: Iterable[handlers.Entry[Any]]) -> type[_Settings]:
     """The settings: the sections above, and one per source of ``registry``, named and typed
     by its entry (``<name>: {...}`` in the file, ``RECLAIMD_<NAME>__<KEY>`` in the
-    environment)."""
+    environment). To mypy a source's section is no attribute: it is read, typed, through its
+    entry (``Entry.section``), and this module names no source."""
     model: type[_Settings] = create_model(  # type: ignore[call-overload]
         "Settings",
         __base__=_Settings,
