@@ -4,7 +4,7 @@ Polls ``GET /metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: 
 ``poll_interval_s`` (jittered; the docs recommend once a second, a Preempt gives 30 s). The
 document lists events for every VM of the availability set or placement group, so this VM's
 identity is read once at start from ``/metadata/instance/compute`` and sent with each document
-in the envelope the ``azure-scheduled`` parser reads (``handlers/azure_scheduled.py``).
+in the envelope the ``azure-scheduled`` parser reads (``handlers/azure_scheduled/parser.py``).
 
 A document is handed to the parser when its ``DocumentIncarnation`` changes (the docs: "documents
 with the same incarnation contain the same event information"), and again on every poll until

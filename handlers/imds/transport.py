@@ -27,7 +27,7 @@ from reclaimd.model import Windows
 
 log = logging.getLogger(__name__)
 
-# Every path handlers/imds.py reads (a unit test keeps the two lists equal); the deadline
+# Every path handlers/imds/parser.py reads (a unit test keeps the two lists equal); the deadline
 # carriers first, so a poll that fails part way has read those.
 PATHS = (
     "spot/instance-action",

@@ -1,4 +1,4 @@
-"""The ASG lifecycle after-drain part (reclaimd/transports/lifecycle.py), with the real boto3
+"""The ASG lifecycle after-drain part (handlers/sqs/lifecycle.py), with the real boto3
 client, built by the SQS registry entry (reclaimd/sources.py).
 
 1. Against moto's Auto Scaling API on the stack: a launch template, a group, a termination

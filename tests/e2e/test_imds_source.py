@@ -1,4 +1,4 @@
-"""The per-node IMDS source (reclaimd/transports/imds.py) against the stack's EC2 metadata mock
+"""The per-node IMDS source (handlers/imds/transport.py) against the stack's EC2 metadata mock
 (aemm, IMDSv2 only): every notice path its parser reads is polled and admitted, the instance
 identity comes from the mock, repeat polls map to the same notices, and an IMDS that does not
 answer is counted and polled again, never fatal."""

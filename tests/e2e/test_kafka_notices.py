@@ -1,6 +1,6 @@
 """The Kafka notices topic end to end: CloudEvents produced to a real broker, a real reclaimd
 in a consumer group, kube-apiserver + kwok, fake trainers, the ledger topic; and the consumer
-itself (reclaimd/transports/kafka_notices.py) against the broker: offsets committed only up to
+itself (handlers/kafka_notices/transport.py) against the broker: offsets committed only up to
 the first record whose notice is not claimed, which is read again."""
 
 from __future__ import annotations

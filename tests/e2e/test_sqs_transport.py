@@ -1,4 +1,4 @@
-"""The SQS transport itself (reclaimd/transports/sqs.py) against moto: visibility is the lease.
+"""The SQS transport itself (handlers/sqs/transport.py) against moto: visibility is the lease.
 While a claim is under way the heartbeat keeps the message from a peer; a source that stops
 (the daemon cancels it on SIGTERM) while a claim hangs makes the message visible again, and a
 peer's receive gets it at once instead of after the visibility timeout."""

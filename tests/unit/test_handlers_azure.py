@@ -1,4 +1,4 @@
-"""Azure Scheduled Events (handlers/azure_scheduled.py) over the public-doc fixtures, and its
+"""Azure Scheduled Events (handlers/azure_scheduled/parser.py) over the public-doc fixtures, and its
 Azure id grammars and providerID mapping."""
 
 from __future__ import annotations

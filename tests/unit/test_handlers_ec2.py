@@ -1,4 +1,4 @@
-"""EventBridge/SQS EC2 notices and ASG lifecycle hooks (handlers/ec2_spot.py)."""
+"""EventBridge/SQS EC2 notices and ASG lifecycle hooks (handlers/sqs/parser.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GCE/GKE preemption and maintenance: audit LogEntries via Pub/Sub, and the metadata server
-(handlers/gke_preemption.py, handlers/gce_metadata.py)."""
+(handlers/pubsub/parser.py, handlers/gce_metadata/parser.py)."""
 
 from __future__ import annotations
 

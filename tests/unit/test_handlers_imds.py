@@ -1,4 +1,4 @@
-"""IMDS notices in the per-node poller's envelope (handlers/imds.py)."""
+"""IMDS notices in the per-node poller's envelope (handlers/imds/parser.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CloudEvents notices from the Kafka notices topic (handlers/kafka_notice.py)."""
+"""CloudEvents notices from the Kafka notices topic (handlers/kafka_notices/parser.py)."""
 
 from __future__ import annotations
 

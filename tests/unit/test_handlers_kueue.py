@@ -1,4 +1,4 @@
-"""Kueue reclaim notices from Workload objects (handlers/kueue_reclaim.py)."""
+"""Kueue reclaim notices from Workload objects (handlers/kueue/parser.py)."""
 
 from __future__ import annotations
 

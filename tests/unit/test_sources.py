@@ -1,6 +1,6 @@
 """The source registry (reclaimd/sources.py), the one delivery step every transport uses
 (reclaimd/transports.deliver), and the after-drain parts (reclaimd/afterdrain.py,
-reclaimd/transports/lifecycle.py's pure side). No network: payloads are the shared samples."""
+handlers/sqs/lifecycle.py's pure side). No network: payloads are the shared samples."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Azure Scheduled Events transport (reclaimd/transports/azure_scheduled.py): incarnation
+"""Azure Scheduled Events transport (handlers/azure_scheduled/transport.py): incarnation
 tracking, the envelope, the StartRequests approval; and the poller against
 chaos/azure_metadata_server.py, our stand-in for IMDS (no emulator of it exists), on loopback."""
 

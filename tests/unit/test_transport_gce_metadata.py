@@ -1,4 +1,4 @@
-"""GCE metadata transport (reclaimd/transports/gce_metadata.py): envelope building, ETag
+"""GCE metadata transport (handlers/gce_metadata/transport.py): envelope building, ETag
 handling, the Metadata-Flavor check; and the watcher against chaos/gce_metadata_server.py,
 our stand-in for the metadata server (no emulator of it exists), on loopback."""
 

@@ -1,4 +1,4 @@
-"""Kafka notices consumer (reclaimd/transports/kafka_notices.py): how it leaves the group. The
+"""Kafka notices consumer (handlers/kafka_notices/transport.py): how it leaves the group. The
 consumer is a dynamic member (never ``group_instance_id``) with the configured session and
 heartbeat, and a cancelled source stops it (LeaveGroup), bounded. Against the broker:
 tests/e2e/test_kafka_notices.py."""

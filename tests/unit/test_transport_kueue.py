@@ -1,4 +1,4 @@
-"""Kueue transport (reclaimd/transports/kueue.py): version choice, and what it does with the
+"""Kueue transport (handlers/kueue/transport.py): version choice, and what it does with the
 watch's events: which objects are parsed, which notices are admitted, how often, and what a
 claim that could not be stored leads to. The watch itself runs against the real apiserver in
 tests/e2e/test_kueue.py; here the events are fed in directly."""

@@ -1,5 +1,5 @@
 """Pub/Sub transport: what it decides for a message, single flight per notice id, and the
-thread-to-loop bridge (reclaimd/transports/pubsub.py). The streaming pull itself runs
+thread-to-loop bridge (handlers/pubsub/transport.py). The streaming pull itself runs
 against the emulator in tests/e2e/test_gke.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SQS transport (reclaimd/transports/sqs.py) with a stand-in client: the heartbeat that keeps an
+"""SQS transport (handlers/sqs/transport.py) with a stand-in client: the heartbeat that keeps an
 unsettled message invisible, the hand-back of what a stopping source holds, and the settings.
 Against moto: tests/e2e/test_sqs_transport.py."""
 
