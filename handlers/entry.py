@@ -72,7 +72,7 @@ def unless_url(key: str, url: str, like: str) -> dict[str, str]:
 class Origin:
     """Where a notice came from, as the semantic conventions say it: its cloud and transport.
 
-    ``prefix``: the start of every ``Notice.source`` the source's handler writes (the longest
+    ``prefix``: the start of every ``Notice.source`` the source's parser writes (the longest
     matching prefix wins). ``label``: when set, every such source is this metrics label (the
     rest of it is a producer's free text)."""
 
@@ -95,6 +95,8 @@ S = TypeVar("S", bound=SourceSettings)
 
 @dataclass(frozen=True)
 class Entry(Generic[S]):
+    """A source, as its folder's ``ENTRY`` names it; ``S`` is its settings section's model."""
+
     name: str  # the task, the transport's metrics label, the Settings section, the folder
     model: type[S]  # the section's settings model
     origin: Origin
@@ -119,8 +121,9 @@ class Entry(Generic[S]):
     # A providerID of this source's cloud -> the instance it names (None: not this cloud's).
     # Unset: the last path segment of any ``scheme://...`` (``instance_of``).
     instance_of: Callable[[str], str | None] | None = None
-    # Other names ``reclaimd parse --source`` takes for it: its parser's name from before a
-    # source was one folder (the CLI only: settings, labels and the chart know one name).
+    # Other names ``reclaimd parse --source`` (and ``reclaimd.handlers.parse``, which the
+    # rig's payload makers call so) take for it: its parser's name from before a source was
+    # one folder. Settings, labels, the ledger and the chart know the one name.
     aliases: tuple[str, ...] = ()
     # Where it is listed (settings sections, the chart, the CLI's choices): the order the
     # sources were added in.
