@@ -104,7 +104,7 @@ class ScheduledEvents:
     """What the Azure route answers ``GET /metadata/scheduledevents``, one document per GET.
 
     The poller hands a document over only when its version (``DocumentIncarnation``, else its
-    digest: ``reclaimd.transports.azure_scheduled.version_of``) differs from the last one it
+    digest: ``reclaimd.handlers.azure_scheduled.transport.version_of``) differs from the last one it
     read, so every answer's version differs from the one before: each hostile answer is a
     message the daemon must count. In turn: the real document while ``real`` is set (counted
     once, as one message, however often it is read), a hostile one while ``budget`` lasts,

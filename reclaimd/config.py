@@ -400,7 +400,7 @@ CODE_SETTINGS: Mapping[str, CodePart] = MappingProxyType(
         ),
         "reclaimd.cluster.events.EventSettings": CodePart("events"),
         "reclaimd.checkpoint.CheckpointSettings": CodePart("checkpoint"),
-        "reclaimd.ledger.LedgerWriter": CodePart(
+        "reclaimd.ledger.writer.LedgerWriter": CodePart(
             "ledger.writer", {"holder": "holder", "policy": "ledger.label_allowlist"}
         ),
         "reclaimd.intake.Intake": CodePart("intake", {"expire_after": "policy.expired_after_s"}),

@@ -33,7 +33,8 @@ from reclaimd import (
 )
 from reclaimd.cluster import (
     claimlog,
-    client,
+    connect,
+    errors,
     peers,
     ratelimit,
 )
@@ -76,7 +77,7 @@ class Daemon:
                 "service.instance.id": s.holder,
             },
         )
-        api = await client.build_api_client(
+        api = await connect.build_api_client(
             str(s.kube.kubeconfig) if s.kube.kubeconfig else None, pool_size=s.kube.connections
         )
         session = checkpoint.session(s.checkpoint_connections, s.checkpoint.identity_token_file)
@@ -175,7 +176,7 @@ class Daemon:
         if parts.probe is not None:
             await parts.probe.start()
         if not self.settings.dry_run:
-            with contextlib.suppress(client.KubeError):
+            with contextlib.suppress(errors.KubeError):
                 await parts.holders.renew()
 
     def _acting(self, tg: asyncio.TaskGroup, parts: Parts) -> list[asyncio.Task[None]]:
@@ -193,7 +194,7 @@ class Daemon:
             tasks.append(tg.create_task(parts.restarts.run(), name="restart-overhead"))
         resumer = claimlog.Resumer(
             parts.store,
-            parts.view,
+            parts.view.view,
             resume=parts.intake.resume,
             in_flight=parts.scheduler.running,
             renewed=parts.holders.renewed,
@@ -233,7 +234,7 @@ class Daemon:
         if parts.probe is not None:
             await parts.probe.close()  # refused from now on: peers take our claims over now
         if not self.settings.dry_run:
-            with contextlib.suppress(client.KubeError):
+            with contextlib.suppress(errors.KubeError):
                 await parts.holders.release()
 
     def _sources(self, parts: Parts, api: ApiServer) -> dict[str, Source]:

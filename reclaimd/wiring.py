@@ -23,7 +23,6 @@ from reclaimd import (
     dryrun,
     handlers,
     heldnotices,
-    ledger,
     meter,
     metrics,
     putbudget,
@@ -35,8 +34,10 @@ from reclaimd.afterdrain import NoAfterDrain
 from reclaimd.cluster import (
     actions,
     cache,
+    cacheview,
     claimlog,
     claims,
+    claimstore,
     events,
     gangclaims,
     holders,
@@ -49,6 +50,8 @@ from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.config import Settings, UnknownTarget
 from reclaimd.handlers import running
 from reclaimd.intake import Admission, Admitted, Intake
+from reclaimd.ledger.labels import LabelPolicy, cost_labels, placement
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Notice, utcnow
 from reclaimd.pipeline import Budget, Report, Runbook
 from reclaimd.scheduler import GangOwners, Scheduler
@@ -61,9 +64,9 @@ class Parts:
     """A process's parts, built by ``wire`` from its settings."""
 
     view: cache.ClusterCache
-    store: claims.ClaimStore
+    store: claimstore.ClaimStore
     holders: holders.HolderLeases
-    ledger: ledger.LedgerWriter
+    ledger: LedgerWriter
     scheduler: Scheduler[Admitted]
     intake: Intake
     limiter: ratelimit.RateLimiter
@@ -88,9 +91,9 @@ def wire(
     limiter = ratelimit.RateLimiter(
         ratelimit.RateSettings(**s.kube.fields("kubeconfig", "connections"))
     )
-    view = cache.ClusterCache(
+    cluster_cache = cache.ClusterCache(
         api,
-        labeler=ledger.cost_labels,
+        labeler=cost_labels,
         settings=cache.CacheSettings(
             **s.cache.fields("watch", "snapshot_path"),
             watch=watch.WatchSettings(**s.cache.watch.fields()),
@@ -100,6 +103,7 @@ def wire(
             else s.cache.snapshot_path or s.ledger.beside_outbox("pods.snapshot"),
         ),
     )
+    view = cluster_cache.view  # what every part but the daemon reads of the cache
     pp = s.peer_probe
     listener = (
         probe.Listener(pp.host, pp.port, pp.advertise) if pp.enabled and not s.dry_run else None
@@ -117,7 +121,7 @@ def wire(
         probe_every_s=pp.every_s,
         probe_timeout_s=pp.timeout_s,
     )
-    store = claims.ClaimStore(
+    store = claimstore.ClaimStore(
         api,
         s.holder,
         limiter=limiter,
@@ -148,13 +152,13 @@ def wire(
         gone_at=view.pod_gone_at,
         only_its_gang=view.pdbs_guard_only_its_gang,
     )
-    ledger_writer = ledger.LedgerWriter(
+    ledger_writer = LedgerWriter(
         # A dry run keeps no outbox file and reaches no broker (its writer stays empty).
         bootstrap_servers="" if s.dry_run else s.ledger.bootstrap,
         connection=s.kafka,
         topic=s.ledger.topic,
         outbox_path=":memory:" if s.dry_run else s.ledger.outbox_path,
-        policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
+        policy=LabelPolicy(allowed=s.ledger.label_allowlist),
         **s.ledger.writer.fields(),
         **_ledger_log(s, api, s.ledger.topic, limiter, alive),
     )
@@ -239,7 +243,7 @@ def wire(
         ),
         # Each rank's waste is priced where it ran: the event names each node's instance.
         build_waste=waste.with_placements(
-            lambda node: ledger.placement(view.node_labels(node), view.provider_id(node))
+            lambda node: placement(view.node_labels(node), view.provider_id(node))
         ),
         tracer=tracer,
         cluster_name=s.cluster_name,
@@ -270,7 +274,7 @@ def wire(
         else heldnotices.HeldNotices(s.ledger.beside_outbox("held.sqlite")),
     )
     return Parts(
-        view,
+        cluster_cache,
         store,
         alive,
         ledger_writer,
@@ -324,8 +328,8 @@ def _meter(
     s: Settings,
     api: ApiServer,
     *,
-    view: cache.ClusterCache,
-    policy: ledger.LabelPolicy,
+    view: cacheview.CacheView,
+    policy: LabelPolicy,
     limiter: ratelimit.RateLimiter,
     alive: holders.HolderLeases,
 ) -> meter.Meter | None:
@@ -333,7 +337,7 @@ def _meter(
     if not a.enabled:
         return None
     outbox = a.outbox_path or s.ledger.beside_outbox("allocation.sqlite")
-    rows = ledger.LedgerWriter(
+    rows = LedgerWriter(
         bootstrap_servers=s.ledger.bootstrap,
         connection=s.kafka,
         topic=a.topic,

@@ -33,7 +33,7 @@ from reclaimd.handlers.kafka_notices.settings import KafkaNoticeSettings
 from reclaimd.handlers.kafka_notices.transport import KafkaNoticeSource
 from reclaimd.intake import Admission
 from reclaimd.kafkaconn import KafkaSettings
-from reclaimd.ledger import LedgerWriter
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Notice, Windows
 
 pytestmark = pytest.mark.e2e

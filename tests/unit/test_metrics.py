@@ -22,7 +22,7 @@ from reclaimd.handlers.pubsub.transport import SlottedPubSubSource
 from reclaimd.handlers.running import Slot
 from reclaimd.handlers.transport import Counters
 from reclaimd.intake import Admission
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.model import (
     CheckpointOutcome,
     Gang,

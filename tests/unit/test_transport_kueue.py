@@ -17,7 +17,7 @@ import pytest
 from shared_fixtures import FIXTURES
 
 from reclaimd import handlers, kueueapi
-from reclaimd.cluster import client
+from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.watch import Changed, Listed
 from reclaimd.handlers.kueue.settings import KueueSettings
@@ -143,7 +143,7 @@ async def test_no_kueue_or_no_answer_falls_back() -> None:
     assert await kueueapi.WorkloadVersion(absent).get() is None
     assert await kueueapi.version_or(absent, "v1beta1") == "v1beta1"
     failing = cast(ApiServer, Discovery([], status=504))
-    with pytest.raises(client.ServerError, match=r"discover kueue\.x-k8s\.io"):
+    with pytest.raises(errors.ServerError, match=r"discover kueue\.x-k8s\.io"):
         await kueueapi.served_versions(failing)
     assert await kueueapi.version_or(failing, "v1beta1") == "v1beta1"
 
