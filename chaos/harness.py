@@ -24,11 +24,11 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-import handlers
 from chaos import fleet, inject, kube
 from chaos.process import DaemonProcess
 from chaos.stack import StackEnv
 from chaos.trainers import Behaviour, TrainerFleet
+from reclaimd import handlers
 from reclaimd.ledger.event import SCHEMA as LEDGER_SCHEMA
 from reclaimd.model import Notice, utcnow
 

@@ -17,9 +17,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from reclaimd.handlers.ids import Grammar
 from reclaimd.model import ParseError, frozen_map, load_json, parse_time
-
-from .ids import Grammar
 
 JSONObject = Mapping[str, Any]
 _EARLIEST_YEAR = 1970

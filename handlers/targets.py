@@ -7,9 +7,8 @@ field its payload determines and leaves the rest empty rather than guessing: an 
 
 from __future__ import annotations
 
-from reclaimd.model import Target
-
-from .ids import AWS_ZONE, GCE_ZONE
+from reclaimd.handlers.ids import AWS_ZONE, GCE_ZONE
+from reclaimd.model import Placement, Target
 
 
 def is_aws_zone(value: str, region: str = "") -> bool:
@@ -39,3 +38,11 @@ def gce_instance(project: str, zone: str, name: str) -> Target:
 def gce_region(zone: str) -> str:
     """``us-central1-a`` -> ``us-central1``; ``""`` for anything not shaped like a zone."""
     return zone.rsplit("-", 1)[0] if GCE_ZONE.matches(zone) else ""
+
+
+def ec2_arn(where: Placement, instance_id: str) -> str:
+    """An EC2 instance's ARN, when the event named all of its parts (the ``cloud.resource_id``
+    of the AWS sources' origins)."""
+    if instance_id and where.region and where.account:
+        return f"arn:aws:ec2:{where.region}:{where.account}:instance/{instance_id}"
+    return ""

@@ -2,7 +2,7 @@
 
 An ASG lifecycle termination, for one, holds its instance until told: it wants heartbeats while
 the drain runs and ``CompleteLifecycleAction`` once the gangs are drained. The runbook knows
-no source, so it calls this protocol; ``reclaimd.sources`` builds the enabled sources' parts.
+no source, so it calls this protocol; ``reclaimd.handlers`` builds the enabled sources' parts.
 This module imports only the model, so the pipeline may import it (its import contract).
 """
 

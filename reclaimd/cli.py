@@ -17,7 +17,6 @@ from typing import Any
 
 from reclaimd import __version__, config
 from reclaimd.model import Ignored, ParseError, utcnow
-from reclaimd.sources import PARSER_NAMES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Where other distributions add commands (the rig's `reclaimd drill`): an ``add_parser(sub)``.
@@ -51,10 +50,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_parse(args: argparse.Namespace) -> int:
-    import handlers
+def _parse_choices() -> tuple[str, ...]:
+    """The sources ``parse --source`` takes: each one's name, and its parser's former name."""
+    from reclaimd import handlers
 
-    if args.vm is not None and args.source not in handlers.SAVED:
+    return handlers.PARSE_CHOICES
+
+
+def cmd_parse(args: argparse.Namespace) -> int:
+    from reclaimd import handlers
+
+    source = handlers.ALIASES.get(args.source, args.source)  # its one name
+    if args.vm is not None and source not in handlers.SAVED:
         raise UsageError(
             f"--vm: only with --source {', '.join(sorted(handlers.SAVED))}:"
             f" leave it out for {args.source} (its payload names its instance)"
@@ -65,10 +72,10 @@ def cmd_parse(args: argparse.Namespace) -> int:
     payload = _read_input(args.file)
     try:
         outcome = handlers.parse_saved(
-            args.source, payload, received_at=utcnow(), windows=windows, target=args.vm or ""
+            source, payload, received_at=utcnow(), windows=windows, target=args.vm or ""
         )
     except ParseError as e:
-        if args.source in handlers.SAVED:
+        if source in handlers.SAVED:
             raise  # a saved body's own errors say what to add
         raise ParseError(
             f"{e}: is it what --source {args.source} reads? Check --source, or give the"
@@ -112,7 +119,7 @@ def build_parser(*, tools: bool = True) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_check_config)
 
     s = sub.add_parser("parse", help="print the notices a payload yields, one JSON per line")
-    s.add_argument("--source", required=True, choices=PARSER_NAMES)
+    s.add_argument("--source", required=True, choices=_parse_choices())
     s.add_argument("file", nargs="?", default="-", help="payload file, or - for stdin")
     s.add_argument("--config", help="settings file (for the notice windows)")
     s.add_argument("-v", "--verbose", action="store_true", help="say why a payload is ignored")

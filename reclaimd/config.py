@@ -28,8 +28,7 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
-import handlers
-from reclaimd import configcheck, sources
+from reclaimd import configcheck, handlers
 from reclaimd.annotations import UrlPolicy
 from reclaimd.kafkaconn import KafkaSettings
 from reclaimd.model import Windows
@@ -333,19 +332,17 @@ class _Settings(_Strict):
 
     @model_validator(mode="after")
     def _sources_fit(self) -> _Settings:
-        for _, section in sources.sections(self):
+        for _, section in handlers.sections(self):
             section.check(dry_run=self.dry_run)
         return self
 
-    if TYPE_CHECKING:
-        # Each source's section (``sources.REGISTRY``), added below: ``settings.<name>``.
-        def __getattr__(self, name: str) -> Any: ...
 
 
-def settings_model(registry: Iterable[sources.Entry[Any]]) -> type[_Settings]:
+def settings_model(registry: Iterable[handlers.Entry[Any]]) -> type[_Settings]:
     """The settings: the sections above, and one per source of ``registry``, named and typed
     by its entry (``<name>: {...}`` in the file, ``RECLAIMD_<NAME>__<KEY>`` in the
-    environment)."""
+    environment). To mypy a source's section is no attribute: it is read, typed, through its
+    entry (``Entry.section``), and this module names no source."""
     model: type[_Settings] = create_model(  # type: ignore[call-overload]
         "Settings",
         __base__=_Settings,
@@ -358,7 +355,7 @@ def settings_model(registry: Iterable[sources.Entry[Any]]) -> type[_Settings]:
 if TYPE_CHECKING:
     Settings = _Settings
 else:
-    Settings = settings_model(sources.REGISTRY)
+    Settings = settings_model(handlers.REGISTRY)
 
 
 @dataclass(frozen=True)

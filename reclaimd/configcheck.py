@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from reclaimd import sources
+from reclaimd import handlers
 
 Path_ = tuple[str, ...]
 
@@ -98,7 +98,7 @@ def source_lines(data: Mapping[str, Any], where: Where, *, require_source: bool)
     """What each enabled source lacks (each section validated alone: a section with errors of
     its own was reported already), and, with ``require_source``, that none is enabled."""
     out, enabled = [], []
-    for entry in sources.REGISTRY:
+    for entry in handlers.REGISTRY:
         raw = data.get(entry.name, {})
         try:
             section = entry.model.model_validate(raw)
@@ -113,7 +113,7 @@ def source_lines(data: Mapping[str, Any], where: Where, *, require_source: bool)
         for key, message in section.needs().items():
             out.append(where.line((entry.name, key), message) + because)
     if require_source and not enabled and not out:
-        names = ", ".join(e.name for e in sources.REGISTRY)
+        names = ", ".join(e.name for e in handlers.REGISTRY)
         at = f"{where.file}: " if where.file else ""
         out.append(
             f"{at}no source is enabled, so this replica would hear no notice:"

@@ -31,7 +31,6 @@ from reclaimd import (
     metrics,
     tracing,
 )
-from reclaimd import sourcing as registry
 from reclaimd.cluster import (
     claimlog,
     connect,
@@ -41,8 +40,10 @@ from reclaimd.cluster import (
 )
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.config import Settings
+from reclaimd.handlers import destinations, enabled
+from reclaimd.handlers import running as running_sources
+from reclaimd.handlers.transport import Source, Supplies
 from reclaimd.pipeline import Report
-from reclaimd.sources import destinations, enabled
 from reclaimd.wiring import Parts, wire
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class Daemon:
             )
             # Each central source, by its name: not ready while it cannot hear (its receives
             # failed for longer than a few rounds: a deleted queue, a refused subscription).
-            readiness.checks.update(registry.hearing(sources_by_name))
+            readiness.checks.update(running_sources.hearing(sources_by_name))
             # Up before the cache syncs: /healthz answers and /readyz says why not yet.
             await serving.enter_async_context(observed.serve(s.metrics_port, readiness))
             await view.start()
@@ -236,9 +237,9 @@ class Daemon:
             with contextlib.suppress(errors.KubeError):
                 await parts.holders.release()
 
-    def _sources(self, parts: Parts, api: ApiServer) -> dict[str, registry.Source]:
-        """One transport per enabled entry of the source registry (``reclaimd.sources``)."""
-        wiring = registry.Wiring(
+    def _sources(self, parts: Parts, api: ApiServer) -> dict[str, Source]:
+        """One transport per enabled entry of the source registry (``reclaimd.handlers``)."""
+        supplies = Supplies(
             self.settings,
             parts.intake.admit,
             self.settings.windows,
@@ -246,7 +247,7 @@ class Daemon:
             limiter=parts.limiter,
             dead=parts.holders.dead,
         )
-        return {e.name: registry.build_one(e, wiring) for e in enabled(self.settings)}
+        return {e.name: running_sources.build_one(e, supplies) for e in enabled(self.settings)}
 
 
 def _our_queue(s: Settings) -> tuple[str, ...]:
@@ -256,7 +257,7 @@ def _our_queue(s: Settings) -> tuple[str, ...]:
 
 
 def _receiving(
-    tg: asyncio.TaskGroup, parts: Parts, sources: Mapping[str, registry.Source]
+    tg: asyncio.TaskGroup, parts: Parts, sources: Mapping[str, Source]
 ) -> list[asyncio.Task[None]]:
     """Every transport's task, and the one admitting what this disk's last process held."""
     tasks = [
@@ -275,15 +276,15 @@ async def _settle(tasks: list[asyncio.Task[None]], limit_s: float) -> None:
         await asyncio.wait(tasks, timeout=limit_s)
 
 
-def _bind_gauges(parts: Parts, running: Mapping[str, registry.Source]) -> metrics.Metrics:
+def _bind_gauges(parts: Parts, running: Mapping[str, Source]) -> metrics.Metrics:
     """The parts' own counters, read at scrape time."""
     ledger_writer, scheduler, limiter = parts.ledger, parts.scheduler, parts.limiter
     parts.metrics.bind(
         ledger=ledger_writer,
         label_drops=lambda: ledger_writer.policy.dropped,
-        transports=registry.counters(running),
+        transports=running_sources.counters(running),
         scheduler_depth=lambda: scheduler.depth,
-        slots=registry.slots(running),
+        slots=running_sources.slots(running),
         kube_waiting=lambda: limiter.waiting,
         kube_throttled=lambda: limiter.throttled,
         restarts=parts.restarts,

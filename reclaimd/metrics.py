@@ -46,13 +46,13 @@ from prometheus_client.registry import Collector
 
 from reclaimd import __version__, logs
 from reclaimd.checkpoint import NOT_OPTED_IN
+from reclaimd.handlers import origin_of
 from reclaimd.ledger.labels import DEFAULT_ALLOW, LabelPolicy
 from reclaimd.model import Notice, RankAck
 from reclaimd.pipeline import Report
-from reclaimd.sources import origin_of
 
 if TYPE_CHECKING:
-    from reclaimd.sourcing import Slot
+    from reclaimd.handlers.running import Slot
 
 log = logging.getLogger(__name__)
 

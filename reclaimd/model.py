@@ -167,7 +167,7 @@ class Facts:
     field is the attribute of its name, left out when empty. A handler writes a kind of facts
     with ``attributes()``; a later step reads it with ``of(notice)``, never by a string key.
     The facts every source may know are here; a source's own are its handler module's,
-    listed on its registry entry (``reclaimd.sources``).
+    listed on its registry entry (``reclaimd.handlers``).
     """
 
     @classmethod

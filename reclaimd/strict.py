@@ -1,7 +1,7 @@
 """The base of every settings section: unknown keys refused, values frozen.
 
 Its own module so that both ``reclaimd.config`` (which assembles ``Settings``) and
-``reclaimd.sources`` (whose entries carry their sections' models) can build on it without
+``reclaimd.handlers.entry`` (whose entries carry their sections' models) can build on it without
 importing each other's way round.
 """
 

@@ -46,7 +46,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from reclaimd import __version__, sources
+from reclaimd import __version__, handlers
 from reclaimd.model import Notice, Placement, TraceContext, rfc3339, utcnow
 
 TRACER_NAME = "reclaimd"
@@ -212,7 +212,7 @@ def link_from(traceparent: str) -> list[trace.Link]:
 
 
 # A notice's cloud and transport come from its source's registry entry (``Origin``).
-origin_of = sources.origin_of
+origin_of = handlers.origin_of
 
 
 def notice_attributes(notice: Notice, *, cluster: str = "") -> Attributes:

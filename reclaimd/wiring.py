@@ -21,16 +21,15 @@ from opentelemetry.trace import SpanContext
 from reclaimd import (
     checkpoint,
     dryrun,
+    handlers,
     heldnotices,
     meter,
     metrics,
     putbudget,
     restarts,
-    sources,
     tracing,
     waste,
 )
-from reclaimd import sourcing as registry
 from reclaimd.afterdrain import NoAfterDrain
 from reclaimd.cluster import (
     actions,
@@ -49,6 +48,7 @@ from reclaimd.cluster import (
 )
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.config import Settings, UnknownTarget
+from reclaimd.handlers import running
 from reclaimd.intake import Admission, Admitted, Intake
 from reclaimd.ledger.labels import LabelPolicy, cost_labels, placement
 from reclaimd.ledger.writer import LedgerWriter
@@ -164,7 +164,7 @@ def wire(
     )
     receipts = tracing.Receipts(
         tracer,
-        destinations=sources.destinations(s),
+        destinations=handlers.destinations(s),
     )
     observed = metrics.Metrics(label_policy=ledger_writer.policy)
     recorder = (
@@ -235,7 +235,7 @@ def wire(
         owners=GangOwners(gang_leases if would is None else would.gang_lock),
         records=gang_leases if would is None else None,
         # A dry run never completes a lifecycle action.
-        after_drain=registry.after_drain(s) if would is None else NoAfterDrain(),
+        after_drain=running.after_drain(s) if would is None else NoAfterDrain(),
         budget=Budget(
             drain_reserve_s=s.policy.drain_reserve_s,
             drain_reserve_fraction=s.policy.drain_reserve_fraction,

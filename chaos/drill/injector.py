@@ -298,7 +298,7 @@ class Injector:
 
 def _expected_notice(parser: str, payload: bytes, received: datetime, plan: Plan) -> Notice:
     """What reclaimd must make of the payload: the same parser, the same windows."""
-    import handlers
+    from reclaimd import handlers
 
     outcome = handlers.parse(parser, payload, received_at=received, windows=plan.windows)
     if not isinstance(outcome, tuple) or len(outcome) != 1:

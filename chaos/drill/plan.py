@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-import handlers
 from chaos.drill.scenario import (
     CLOUD_OF,
     MAX_PER_NODE_TARGETS,
@@ -32,6 +31,7 @@ from chaos.drill.scenario import (
     TargetSelector,
     _no_duplicates,
 )
+from reclaimd import handlers
 from reclaimd.model import Windows
 
 # --- the plan --------------------------------------------------------------------------------

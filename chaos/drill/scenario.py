@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-import handlers
 from reclaimd import config as reclaimd_config
+from reclaimd import handlers
 from reclaimd.model import Windows
 
 

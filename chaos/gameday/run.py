@@ -53,6 +53,9 @@ from chaos.gameday.target import (
 from chaos.harness import Harness
 from chaos.kube import rig_client
 from chaos.stack import StackEnv
+from reclaimd.handlers.kafka_notices import ENTRY as KAFKA_NOTICES
+from reclaimd.handlers.pubsub import ENTRY as PUBSUB
+from reclaimd.handlers.sqs import ENTRY as SQS
 from reclaimd.kafkaconn import options
 from reclaimd.model import utcnow
 
@@ -84,16 +87,17 @@ class ReleaseHarness(Harness):
         values = {
             "KUBECONFIG": "",
             "KAFKA_BOOTSTRAP": s.ledger.bootstrap,
-            "AWS_ENDPOINT_URL": s.sqs.endpoint_url or "",
-            "AWS_DEFAULT_REGION": s.sqs.region,
+            "AWS_ENDPOINT_URL": SQS.section(s).endpoint_url or "",
+            "AWS_DEFAULT_REGION": SQS.section(s).region,
         }
         # The run's scratch (the spans gathered for the judge), gone with the run.
         workdir = Path(tempfile.mkdtemp(prefix=f"reclaimd-gameday-{run_id}-"))
         super().__init__(StackEnv(workdir, values), name=run_id, workdir=workdir)
         import boto3
 
-        self.sqs = boto3.client("sqs", endpoint_url=s.sqs.endpoint_url, region_name=s.sqs.region)
-        self.queue_url = s.sqs.queue_url
+        sqs = SQS.section(s)
+        self.sqs = boto3.client("sqs", endpoint_url=sqs.endpoint_url, region_name=sqs.region)
+        self.queue_url = sqs.queue_url
         self.topic = s.ledger.topic
         self.kafka = s.kafka  # the release's own connection (TLS, SASL): the rig reads as it
         self.namespace = namespace
@@ -195,7 +199,7 @@ class GameDay:
             world.publisher, world.built.pubsub_topic = await _pubsub_topic(release)
         if Source.KAFKA in plan.sources():  # CloudEvents on the release's notices topic
             world.producer = await _producer(release)
-            world.built.notices_topic = release.settings.kafka_notices.topic
+            world.built.notices_topic = KAFKA_NOTICES.section(release.settings).topic
         injector = Injector(plan, world, say=self.say)
         watcher = Watcher(plan, sent=injector.sent, faults=[], say=self.say)
         cleaned: Check | None = None
@@ -233,7 +237,7 @@ class GameDay:
                     await world.producer.stop()
                 # Pub/Sub: a copy may still be leased to a replica (or come back with a
                 # slot's seek): watch the put-back nodes a lease extension more.
-                pubsub = release.settings.pubsub.lease_extension_s + 2.0
+                pubsub = PUBSUB.section(release.settings).lease_extension_s + 2.0
                 settle = pubsub if Source.GKE_PUBSUB in plan.sources() else 2.0
                 cleaned = await cleanup(api, self.states, probes, settle_s=settle, say=self.say)
         checks = (*verdict.checks, events, cleaned)
@@ -279,7 +283,7 @@ async def _pubsub_topic(release: Release) -> tuple[Any, str]:
     Logging sink's topic, where a preemption's LogEntry arrives."""
     from google.cloud import pubsub_v1
 
-    p = release.settings.pubsub
+    p = PUBSUB.section(release.settings)
     sub_id = p.subscription if p.slots == 1 else f"{p.subscription}-0"
     subscriber = pubsub_v1.SubscriberClient()
     try:
@@ -296,7 +300,7 @@ async def _producer(release: Release) -> Any:
     from aiokafka import AIOKafkaProducer
 
     s = release.settings
-    producer = AIOKafkaProducer(**options(s.kafka, s.kafka_notices.bootstrap), acks="all")
+    producer = AIOKafkaProducer(**options(s.kafka, KAFKA_NOTICES.section(s).bootstrap), acks="all")
     await producer.start()
     return producer
 

@@ -27,6 +27,10 @@ import yaml
 from chaos.drill.plan import Plan, PlannedNode
 from chaos.drill.scenario import Source
 from reclaimd import config as rconfig
+from reclaimd.handlers.kafka_notices import ENTRY as KAFKA_NOTICES
+from reclaimd.handlers.kueue import ENTRY as KUEUE
+from reclaimd.handlers.pubsub import ENTRY as PUBSUB
+from reclaimd.handlers.sqs import ENTRY as SQS
 from reclaimd.ledger.labels import cost_labels
 from reclaimd.model import ParseError
 
@@ -53,10 +57,10 @@ class Release:
     def enabled(self) -> frozenset[Source]:
         s = self.settings
         on = {
-            Source.EC2_SQS: s.sqs.enabled,
-            Source.GKE_PUBSUB: s.pubsub.enabled,
-            Source.KAFKA: s.kafka_notices.enabled,
-            Source.KUEUE: s.kueue.enabled,
+            Source.EC2_SQS: SQS.section(s).enabled,
+            Source.GKE_PUBSUB: PUBSUB.section(s).enabled,
+            Source.KAFKA: KAFKA_NOTICES.section(s).enabled,
+            Source.KUEUE: KUEUE.section(s).enabled,
         }
         return frozenset(k for k, v in on.items() if v)
 
@@ -124,16 +128,17 @@ def check_sources(plan: Plan, release: Release, namespace: str) -> None:
             raise GameDayError(f"game day: {source} notices are not supported yet (only {named})")
         if source not in release.enabled():
             raise GameDayError(f"release {release.name!r} does not consume {source}")
-    if Source.EC2_SQS in sources and not s.sqs.queue_url:
+    if Source.EC2_SQS in sources and not SQS.section(s).queue_url:
         raise GameDayError(f"release {release.name!r} has no sqs.queue_url")
-    if Source.GKE_PUBSUB in sources and not (s.pubsub.project and s.pubsub.subscription):
+    pubsub = PUBSUB.section(s)
+    if Source.GKE_PUBSUB in sources and not (pubsub.project and pubsub.subscription):
         raise GameDayError(f"release {release.name!r} has no pubsub.project and subscription")
-    if Source.KAFKA in sources and not s.kafka_notices.bootstrap:
+    if Source.KAFKA in sources and not KAFKA_NOTICES.section(s).bootstrap:
         raise GameDayError(
             "the release's kafka_notices.bootstrap is not in its ConfigMap (a Secret?): pass"
             " --set kafka_notices.bootstrap=HOST:PORT"
         )
-    watched = s.kueue.namespaces
+    watched = KUEUE.section(s).namespaces
     if Source.KUEUE in sources and watched and namespace not in watched:
         raise GameDayError(
             f"release {release.name!r} watches Kueue Workloads in {', '.join(watched)} only:"

@@ -29,7 +29,7 @@ class ScheduledEvents:
     """What the Azure route answers ``GET /metadata/scheduledevents``, one document per GET.
 
     The poller hands a document over only when its version (``DocumentIncarnation``, else its
-    digest: ``reclaimd.transports.azure_scheduled.version_of``) differs from the last one it
+    digest: ``reclaimd.handlers.azure_scheduled.transport.version_of``) differs from the last one it
     read, so every answer's version differs from the one before: each hostile answer is a
     message the daemon must count. In turn: the real document while ``real`` is set (counted
     once, as one message, however often it is read), a hostile one while ``budget`` lasts,
@@ -50,7 +50,7 @@ class ScheduledEvents:
         return self.incarnation
 
     def answer(self) -> str:
-        from reclaimd.transports.azure_scheduled import version_of
+        from reclaimd.handlers.azure_scheduled.transport import version_of
 
         if self.real:
             body, version = self.real, version_of(self.real)

@@ -1,4 +1,4 @@
-"""Write the chart's view of the source registry (``reclaimd.sources.REGISTRY``).
+"""Write the chart's view of the source registry (``reclaimd.handlers.REGISTRY``).
 
 - ``reclaimd/files/sources.json``: every source's settings section, those whose ``slots``
   default to the controller's replicas, those that read Kafka (a ``bootstrap``: the
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from reclaimd.sources import Entry
+    from reclaimd.handlers.entry import Entry
 
 CHART = Path(__file__).resolve().parent / "reclaimd"
 SOURCES = CHART / "files" / "sources.json"
@@ -102,7 +102,7 @@ def dump(doc: dict[str, Any]) -> str:
 
 def generated() -> dict[Path, str]:
     """Each file's content as the registry says it should be."""
-    from reclaimd.sources import REGISTRY
+    from reclaimd.handlers import REGISTRY
 
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     return {SOURCES: dump(sources_doc(REGISTRY)), SCHEMA: dump(schema_doc(schema, REGISTRY))}

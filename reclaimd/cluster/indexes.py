@@ -21,8 +21,8 @@ from typing import Any
 
 from reclaimd.cluster import gangs
 from reclaimd.cluster.watch import RawObject
+from reclaimd.handlers import instance_of
 from reclaimd.model import GangKey, utcnow
-from reclaimd.sources import instance_of
 
 PodId = tuple[str, str]  # namespace, name
 # The pods that left the cache, by uid, with when: a successor draining a dead owner's gang
@@ -55,7 +55,7 @@ KEPT_ANNOTATION_PREFIXES = (
 def instance_ids(node: RawObject) -> frozenset[str]:
     """Every cloud instance id a node answers to.
 
-    The one its providerID names (``sources.instance_of``), plus the node metadata keys in
+    The one its providerID names (``handlers.instance_of``), plus the node metadata keys in
     ``INSTANCE_ID_KEYS``.
     """
     found: set[str] = set()

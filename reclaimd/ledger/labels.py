@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from reclaimd.sources import instance_of
+from reclaimd.handlers import instance_of
 
 DEFAULT_ALLOW: Final = ("tenant", "queue", "sku", "cell", "purchase_option")
 # Refused whatever the allowlist says: a misconfigured allowlist must not open these.

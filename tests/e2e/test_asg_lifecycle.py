@@ -1,5 +1,5 @@
-"""The ASG lifecycle after-drain part (reclaimd/transports/lifecycle.py), with the real boto3
-client, built by the SQS registry entry (reclaimd/sources.py).
+"""The ASG lifecycle after-drain part (handlers/sqs/lifecycle.py), with the real boto3
+client, built by the SQS registry entry (handlers/sqs/__init__.py).
 
 1. Against moto's Auto Scaling API on the stack: a launch template, a group, a termination
    hook; a lifecycle notice for one of the group's instances heartbeats while "draining" and
@@ -28,11 +28,11 @@ import boto3
 import pytest
 from stack import Stack
 
-import handlers
-from reclaimd import sourcing
+from reclaimd import handlers
 from reclaimd.config import Settings
+from reclaimd.handlers import running
+from reclaimd.handlers.sqs.lifecycle import AsgLifecycle
 from reclaimd.model import Notice, utcnow
-from reclaimd.transports.lifecycle import AsgLifecycle
 
 REGION = "us-east-1"
 HOOK = "reclaimd-drain"
@@ -68,7 +68,7 @@ def after_drain(endpoint: str) -> AsgLifecycle:
     settings = Settings.model_validate(
         {"sqs": {"enabled": True, "queue_url": "q", "endpoint_url": endpoint, "region": REGION}}
     )
-    part = sourcing.after_drain(settings)
+    part = running.after_drain(settings)
     assert isinstance(part, AsgLifecycle)
     return part
 

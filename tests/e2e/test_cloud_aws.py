@@ -21,7 +21,7 @@ import boto3
 import pytest
 from stack import REPO_DIR, Stack
 
-from handlers import ec2_spot
+from reclaimd.handlers.sqs import parser as ec2_spot
 from reclaimd.model import Ignored, Windows, load_json, parse_time
 
 AWS_DIR = REPO_DIR / "deploy" / "aws"

@@ -23,11 +23,11 @@ from chaos.fleet import GangSpec, NodeSpec
 from chaos.harness import Harness
 from chaos.process import DaemonProcess
 from chaos.standins.gce import GceMetadataServer
+from reclaimd.handlers.pubsub import transport as pubsub
+from reclaimd.handlers.pubsub.settings import PubSubSettings
+from reclaimd.handlers.pubsub.transport import PubSubSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, parse_time, stable_id, utcnow
-from reclaimd.sources import PubSubSettings
-from reclaimd.transports import pubsub
-from reclaimd.transports.pubsub import PubSubSource
 
 TAINT = "reclaimd.io/interruption"
 GCE_WINDOW_S = 30.0

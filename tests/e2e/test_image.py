@@ -132,12 +132,12 @@ def found(image: str, *names: str) -> dict[str, bool]:
 
 
 def test_holds_the_daemon_only(image: str) -> None:
-    names = ["reclaimd.daemon", "handlers.ec2_spot", "reclaimd_trainer", "reclaimd_trainer.torch",
-             "reclaimd_trainer.lightning", "reclaimd_trainer.hf", "chaos", "pytest", "moto",
-             "hypothesis", "ruff", "mypy", "pip", "torch"]  # fmt: skip
+    names = ["reclaimd.daemon", "reclaimd.handlers.sqs.parser", "reclaimd_trainer",
+             "reclaimd_trainer.torch", "reclaimd_trainer.lightning", "reclaimd_trainer.hf", "chaos",
+             "pytest", "moto", "hypothesis", "ruff", "mypy", "pip", "torch"]  # fmt: skip
     assert found(image, *names) == {
         "reclaimd.daemon": True,
-        "handlers.ec2_spot": True,
+        "reclaimd.handlers.sqs.parser": True,
         "reclaimd_trainer": True,  # the checkpoint contract the daemon speaks
         "reclaimd_trainer.torch": False,  # the SDK's integrations need torch: its own wheel
         "reclaimd_trainer.lightning": False,

@@ -1,4 +1,4 @@
-"""The per-node IMDS source (reclaimd/transports/imds.py) against the stack's EC2 metadata mock
+"""The per-node IMDS source (handlers/imds/transport.py) against the stack's EC2 metadata mock
 (aemm, IMDSv2 only): every notice path its parser reads is polled and admitted, the instance
 identity comes from the mock, repeat polls map to the same notices, and an IMDS that does not
 answer is counted and polled again, never fatal."""
@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 from stack import Stack
 
+from reclaimd.handlers.imds import transport as imds
+from reclaimd.handlers.imds.settings import ImdsSettings
+from reclaimd.handlers.imds.transport import ImdsSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import ImdsSettings
-from reclaimd.transports import imds
-from reclaimd.transports.imds import ImdsSource
 
 # What the mock serves by default (aemm v1.13): one notice on each path.
 SOURCES_BY_PATH = {

@@ -1,6 +1,6 @@
 """The Kafka notices topic end to end: CloudEvents produced to a real broker, a real reclaimd
 in a consumer group, kube-apiserver + kwok, fake trainers, the ledger topic; and the consumer
-itself (reclaimd/transports/kafka_notices.py) against the broker: offsets committed only up to
+itself (handlers/kafka_notices/transport.py) against the broker: offsets committed only up to
 the first record whose notice is not claimed, which is read again."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from chaos import stack as stackenv
 from chaos.fleet import NodeSpec
 from chaos.harness import Harness
 from chaos.process import DaemonProcess
+from reclaimd.handlers.kafka_notices import transport as kafka_notices
+from reclaimd.handlers.kafka_notices.settings import KafkaNoticeSettings
+from reclaimd.handlers.kafka_notices.transport import KafkaNoticeSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, parse_time, utcnow
-from reclaimd.sources import KafkaNoticeSettings
-from reclaimd.transports import kafka_notices
-from reclaimd.transports.kafka_notices import KafkaNoticeSource
 
 TAINT = "reclaimd.io/interruption"
 WINDOW_S = 60.0

@@ -29,12 +29,12 @@ from chaos import inject
 from chaos import stack as stackenv
 from chaos.harness import Harness, readyz
 from chaos.ports import free_port
+from reclaimd.handlers.kafka_notices.settings import KafkaNoticeSettings
+from reclaimd.handlers.kafka_notices.transport import KafkaNoticeSource
 from reclaimd.intake import Admission
 from reclaimd.kafkaconn import KafkaSettings
 from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import KafkaNoticeSettings
-from reclaimd.transports.kafka_notices import KafkaNoticeSource
 
 pytestmark = pytest.mark.e2e
 

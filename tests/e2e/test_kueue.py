@@ -31,7 +31,6 @@ from aiohttp import web
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.rest import ApiException
 
-import handlers
 from chaos import fleet
 from chaos import stack as stackenv
 from chaos.harness import Harness
@@ -39,6 +38,7 @@ from chaos.ports import free_port as _free_port
 from chaos.stack import StackEnv
 from chaos.trainers import TrainerFleet
 from reclaimd import annotations as ann
+from reclaimd import handlers
 from reclaimd.model import Notice, rfc3339, utcnow
 
 GPU = fleet.GPU

@@ -29,10 +29,10 @@ import pytest
 
 from chaos import inject
 from chaos import stack as stackenv
+from reclaimd.handlers.pubsub.settings import PubSubSettings
+from reclaimd.handlers.pubsub.transport import PubSubSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import PubSubSettings
-from reclaimd.transports.pubsub import PubSubSource
 
 ACK_DEADLINE_S = 10  # the subscription's, and the transport's lease (lease_extension_s)
 # A notice leased to a dead stream comes back no sooner than its lease runs out: half of it
@@ -46,8 +46,8 @@ CHILD = """
 import asyncio, signal, sys
 from reclaimd.intake import Admission
 from reclaimd.model import Windows
-from reclaimd.sources import PubSubSettings
-from reclaimd.transports.pubsub import PubSubSource
+from reclaimd.handlers.pubsub.settings import PubSubSettings
+from reclaimd.handlers.pubsub.transport import PubSubSource
 
 async def admit(notice):
     print("admitted", notice.id, flush=True)

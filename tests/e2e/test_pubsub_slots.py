@@ -26,10 +26,10 @@ from reclaimd.cluster import slots
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.slots import PubSubSlots
+from reclaimd.handlers.pubsub.settings import PubSubSettings
+from reclaimd.handlers.pubsub.transport import SlottedPubSubSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import PubSubSettings
-from reclaimd.transports.pubsub import SlottedPubSubSource
 
 NAMESPACE = "reclaimd"  # lease_namespace: where the chart's Role lets reclaimd keep Leases
 SLOTS = 2

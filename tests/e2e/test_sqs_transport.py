@@ -1,4 +1,4 @@
-"""The SQS transport itself (reclaimd/transports/sqs.py) against moto: visibility is the lease.
+"""The SQS transport itself (handlers/sqs/transport.py) against moto: visibility is the lease.
 While a claim is under way the heartbeat keeps the message from a peer; a source that stops
 (the daemon cancels it on SIGTERM) while a claim hangs makes the message visible again, and a
 peer's receive gets it at once instead of after the visibility timeout."""
@@ -17,10 +17,10 @@ import pytest
 from stack import REPO_DIR
 
 from chaos import stack as stackenv
+from reclaimd.handlers.sqs.settings import SqsSettings
+from reclaimd.handlers.sqs.transport import SqsSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import SqsSettings
-from reclaimd.transports.sqs import SqsSource
 
 FIXTURES = REPO_DIR.parent / "shared" / "fixtures"
 SPOT = json.loads((FIXTURES / "aws" / "eventbridge-spot-interruption-warning.json").read_text())

@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-import handlers
 from chaos.bench.fuzz import common as fuzz_common
 from chaos.bench.fuzz import report as fuzz_report
 from chaos.bench.fuzz import run as bench_fuzz
@@ -20,10 +19,9 @@ from chaos.fleet import NodeSpec
 from chaos.standins import azure as azure_metadata_server
 from chaos.standins import fuzzing
 from chaos.standins.azure import Compute, preempt_document
-from reclaimd.intake import Admission
-from reclaimd.model import Notice, NoticeKind, Target, Windows, utcnow
-from reclaimd.sources import AzureScheduledSettings
-from reclaimd.transports.azure_scheduled import (
+from reclaimd import handlers
+from reclaimd.handlers.azure_scheduled.settings import AzureScheduledSettings
+from reclaimd.handlers.azure_scheduled.transport import (
     AzureScheduledSource,
     AzureStartRequests,
     DocumentState,
@@ -31,6 +29,8 @@ from reclaimd.transports.azure_scheduled import (
     envelope,
     version_of,
 )
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, NoticeKind, Target, Windows, utcnow
 
 
 def test_memory_is_flat_when_the_last_quarter_stays_near_the_second() -> None:

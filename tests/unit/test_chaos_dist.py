@@ -49,7 +49,6 @@ DISTRIBUTION_OF = {
     "pydantic": "pydantic",
     "yaml": "PyYAML",
     "reclaimd": "reclaimd",
-    "handlers": "reclaimd",
     "reclaimd_trainer": "reclaimd-trainer",  # its fake fleets' server, the guarded upload
 }
 

@@ -149,6 +149,6 @@ def test_vm_is_only_for_azure_scheduled_events() -> None:
     )
     assert r.returncode == 2
     assert r.stderr.decode() == (
-        "reclaimd parse: --vm: only with --source azure-scheduled, gce-metadata, imds:"
+        "reclaimd parse: --vm: only with --source azure_scheduled, gce_metadata, imds:"
         " leave it out for ec2 (its payload names its instance)\n"
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import handlers
+from reclaimd import handlers
 
 INSTANCE = "i-0123456789abcdef0"
 VM = "my-project/us-central1-a/gke-gpu-pool-1-abcd"

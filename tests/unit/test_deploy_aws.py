@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from handlers.ec2_spot import KINDS
+from reclaimd.handlers.sqs.parser import KINDS
 
 AWS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "aws"
 PATTERNS_DIR = AWS_DIR / "event-patterns"

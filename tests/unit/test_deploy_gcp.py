@@ -14,7 +14,7 @@ import pytest
 from logging_filter import compile_filter
 from shared_fixtures import FIXTURES
 
-from handlers import gke_preemption
+from reclaimd.handlers.pubsub import parser as gke_preemption
 from reclaimd.model import Ignored, Windows
 
 GCP_DIR = Path(__file__).resolve().parents[2] / "deploy" / "gcp"

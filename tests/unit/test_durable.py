@@ -10,7 +10,7 @@ import ast
 import re
 from pathlib import Path
 
-from reclaimd import durable, sources
+from reclaimd import durable, handlers
 from reclaimd.cluster import claims, taints
 from reclaimd.config import LedgerSettings, TracingSettings
 
@@ -66,7 +66,7 @@ def _beside_outbox_suffixes() -> set[str]:
 
 
 def test_the_map_names_every_record_the_code_keeps_and_nothing_else() -> None:
-    slotted = [e.name for e in sources.REGISTRY if e.slotted]
+    slotted = [e.name for e in handlers.REGISTRY if e.slotted]
     leases = {r.where for r in durable.of(durable.Kind.LEASE) if r.where != durable.SLOT_PREFIX}
     leases |= {durable.SLOT_PREFIX.format(source=name) for name in slotted}
     assert leases == _lease_prefixes()

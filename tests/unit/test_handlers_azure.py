@@ -1,4 +1,4 @@
-"""Azure Scheduled Events (handlers/azure_scheduled.py) over the public-doc fixtures, and its
+"""Azure Scheduled Events (handlers/azure_scheduled/parser.py) over the public-doc fixtures, and its
 Azure id grammars and providerID mapping."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import handlers
-from handlers import azure_scheduled
+from reclaimd import handlers
+from reclaimd.handlers.azure_scheduled import parser as azure_scheduled
 from reclaimd.model import (
     Ignored,
     Notice,

@@ -1,4 +1,4 @@
-"""EventBridge/SQS EC2 notices and ASG lifecycle hooks (handlers/ec2_spot.py)."""
+"""EventBridge/SQS EC2 notices and ASG lifecycle hooks (handlers/sqs/parser.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from handlers import ec2_spot
+from reclaimd.handlers.sqs import parser as ec2_spot
 from reclaimd.model import (
     Ignored,
     Notice,

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shared_fixtures import FIXTURES as SHARED
 
-from handlers import PARSERS, Parser
+from reclaimd.handlers import PARSERS, Parser
 from reclaimd.model import Ignored, Notice, ParseError, Response, Target, Windows, digest
 
 FIXTURES = SHARED
@@ -104,7 +104,7 @@ _CLOUD_EVENT = {
 }
 
 SEEDS: dict[str, list[Any]] = {
-    "ec2": [
+    "sqs": [
         load("aws", name)
         for name in (
             "eventbridge-spot-interruption-warning.json",
@@ -127,7 +127,7 @@ SEEDS: dict[str, list[Any]] = {
         _imds("spot/instance-action", load("aws", "imds-spot-instance-action.json")),
         _imds("events/maintenance/scheduled", load("aws", "imds-scheduled-events.json")),
     ],
-    "gke": [
+    "pubsub": [
         load("gcp", name)
         for name in (
             "preempted-logentry.json",
@@ -137,12 +137,12 @@ SEEDS: dict[str, list[Any]] = {
             "preempted-pubsub-push-envelope.json",
         )
     ],
-    "gce-metadata": [
+    "gce_metadata": [
         _meta("instance/preempted", "TRUE"),
         _meta("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE"),
         _meta("instance/maintenance-event", "NONE"),
     ],
-    "azure-scheduled": [
+    "azure_scheduled": [
         _azure("scheduledevents-preempt-aks-spot.json"),
         _azure("scheduledevents-terminate-vmss.json", "nsgvmss_85"),
         _azure("scheduledevents-reboot-user.json", "flatcar-vm1"),
@@ -162,7 +162,7 @@ SEEDS: dict[str, list[Any]] = {
             "object": load("kueue", "workload-v1beta2-reclaim-preempted-t0-evicted.json"),
         }
     ],
-    "kafka": [
+    "kafka_notices": [
         _CLOUD_EVENT,
         {**_CLOUD_EVENT, "type": "io.reclaimd.notice.rebalance_recommendation.v1"},
     ],
@@ -262,7 +262,7 @@ def edited(draw: st.DrawFn, source: str) -> bytes:
             del parent[path[-1]]
         elif isinstance(node, dict):
             node[draw(st.sampled_from(vocabulary))] = value
-    if source == "gke" and isinstance(doc, dict) and draw(st.booleans()):
+    if source == "pubsub" and isinstance(doc, dict) and draw(st.booleans()):
         # Wrap an edited LogEntry as Pub/Sub would, so edits reach inside the envelope too.
         data = base64.b64encode(json.dumps(doc).encode()).decode()
         doc = {"receivedMessages": [{"ackId": "1", "message": {"data": data}}]}

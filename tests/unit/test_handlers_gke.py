@@ -1,5 +1,5 @@
 """GCE/GKE preemption and maintenance: audit LogEntries via Pub/Sub, and the metadata server
-(handlers/gke_preemption.py, handlers/gce_metadata.py)."""
+(handlers/pubsub/parser.py, handlers/gce_metadata/parser.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from handlers import gce_metadata, gke_preemption
+from reclaimd.handlers.gce_metadata import parser as gce_metadata
+from reclaimd.handlers.pubsub import parser as gke_preemption
 from reclaimd.model import (
     Ignored,
     Notice,

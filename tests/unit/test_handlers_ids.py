@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES
 
-from handlers import PARSERS, ids
+from reclaimd.handlers import PARSERS, ids
 from reclaimd.model import ParseError, Windows
 
 RECEIVED = datetime(2025, 9, 16, 12, 0, tzinfo=UTC)
@@ -167,20 +167,20 @@ RN = "projects/example-project/zones/us-central1-a/instances/"
 
 CASES: list[tuple[str, Callable[[], Any], Callable[[Any], Any], str]] = [
     (
-        "ec2",
+        "sqs",
         lambda: fixture(*SPOT),
         _set(("detail", "instance-id"), "i-../x"),
         "detail.instance-id",
     ),
-    ("ec2", lambda: fixture(*SPOT), _set(("region",), "us east"), "region"),
-    ("ec2", lambda: fixture(*SPOT), _set(("account",), "12"), "account"),
-    ("ec2", lambda: fixture(*LIFECYCLE), _set(("detail", "EC2InstanceId"), "x"), "EC2InstanceId"),
-    ("ec2", lambda: fixture(*LIFECYCLE), _set(("detail", "LifecycleHookName"), "a b"), "Hook"),
-    ("ec2", lambda: fixture(*LIFECYCLE), _set(("detail", "LifecycleActionToken"), "t"), "Token"),
-    ("ec2", lambda: fixture(*DIRECT), _set(("AutoScalingGroupName",), "a\nb"), "GroupName"),
-    ("ec2", lambda: fixture(*DIRECT), _set(("AccountId",), "acct"), "AccountId"),
+    ("sqs", lambda: fixture(*SPOT), _set(("region",), "us east"), "region"),
+    ("sqs", lambda: fixture(*SPOT), _set(("account",), "12"), "account"),
+    ("sqs", lambda: fixture(*LIFECYCLE), _set(("detail", "EC2InstanceId"), "x"), "EC2InstanceId"),
+    ("sqs", lambda: fixture(*LIFECYCLE), _set(("detail", "LifecycleHookName"), "a b"), "Hook"),
+    ("sqs", lambda: fixture(*LIFECYCLE), _set(("detail", "LifecycleActionToken"), "t"), "Token"),
+    ("sqs", lambda: fixture(*DIRECT), _set(("AutoScalingGroupName",), "a\nb"), "GroupName"),
+    ("sqs", lambda: fixture(*DIRECT), _set(("AccountId",), "acct"), "AccountId"),
     (
-        "ec2",
+        "sqs",
         lambda: fixture(*HEALTH),
         _set(("detail", "affectedEntities", 0, "entityValue"), "i-zz"),
         "entityValue",
@@ -191,19 +191,19 @@ CASES: list[tuple[str, Callable[[], Any], Callable[[Any], Any], str]] = [
     ("imds", _imds_envelope, _set(("node_name",), "Node_1"), "node_name"),
     ("imds", _imds_envelope, _set(("instance_type",), "big"), "instance_type"),
     (
-        "gke",
+        "pubsub",
         lambda: fixture(*PREEMPTED),
         _set(("protoPayload", "resourceName"), RN + "Bad_Name"),
         "instance",
     ),
     (
-        "gke",
+        "pubsub",
         lambda: fixture(*PREEMPTED),
         _set(("protoPayload", "resourceName"), RN.replace("example-project", "ab") + "vm"),
         "project",
     ),
     (
-        "gke",
+        "pubsub",
         lambda: _pubsub(fixture(*PREEMPTED)),
         lambda d: _pubsub(
             _set(("resource", "labels", "instance_id"), "99999999999999999999")(fixture(*PREEMPTED))
@@ -250,20 +250,27 @@ for key, value, field in [
 ]:
     CASES.append(
         (
-            "kafka",
+            "kafka_notices",
             lambda: _cloudevent(dict(GOOD_TARGET)),
             _set(("data", "target", key), value),
             field,
         )
     )
-CASES.append(("kafka", lambda: _cloudevent(dict(GOOD_TARGET)), _set(("source",), "a b"), "source"))
 CASES.append(
-    ("kafka", lambda: _cloudevent(dict(GOOD_TARGET)), _set(("traceparent",), "x"), "traceparent")
+    ("kafka_notices", lambda: _cloudevent(dict(GOOD_TARGET)), _set(("source",), "a b"), "source")
+)
+CASES.append(
+    (
+        "kafka_notices",
+        lambda: _cloudevent(dict(GOOD_TARGET)),
+        _set(("traceparent",), "x"),
+        "traceparent",
+    )
 )
 for key, value in [("instance", "1-vm"), ("zone", "us-central1"), ("project", "p")]:
     CASES.append(
         (
-            "gce-metadata",
+            "gce_metadata",
             lambda: {
                 "instance": "gke-train-cluster-spot-a100-5b909138-nr65",
                 "project": "example-project",
@@ -292,11 +299,11 @@ def test_a_notice_issued_in_the_future_is_a_parse_error() -> None:
     # A far-future issue time would hold a claim (and a graceful stop) until then.
     spot = _set(("time",), "2999-12-31T23:59:59Z")(fixture(*SPOT))
     with pytest.raises(ParseError, match="time: issued in the future"):
-        parse("ec2", spot)
+        parse("sqs", spot)
     workload = fixture(*WORKLOAD)
     for condition in workload["status"]["conditions"]:
         condition["lastTransitionTime"] = "2999-01-01T00:00:00Z"
     with pytest.raises(ParseError, match="lastTransitionTime: issued in the future"):
         parse("kueue", workload)
     # Within a day of receipt is clock skew (or a replayed sample), not the future.
-    assert isinstance(parse("ec2", _set(("time",), "2025-09-16T20:00:00Z")(fixture(*SPOT))), tuple)
+    assert isinstance(parse("sqs", _set(("time",), "2025-09-16T20:00:00Z")(fixture(*SPOT))), tuple)

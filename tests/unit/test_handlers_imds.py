@@ -1,4 +1,4 @@
-"""IMDS notices in the per-node poller's envelope (handlers/imds.py)."""
+"""IMDS notices in the per-node poller's envelope (handlers/imds/parser.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from handlers import imds
+from reclaimd.handlers.imds import parser as imds
 from reclaimd.model import (
     Ignored,
     Notice,

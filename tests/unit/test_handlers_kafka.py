@@ -1,4 +1,4 @@
-"""CloudEvents notices from the Kafka notices topic (handlers/kafka_notice.py)."""
+"""CloudEvents notices from the Kafka notices topic (handlers/kafka_notices/parser.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from handlers import kafka_notice
+from reclaimd.handlers.kafka_notices import parser as kafka_notice
 from reclaimd.model import (
     Ignored,
     Notice,

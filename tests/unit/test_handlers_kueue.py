@@ -1,4 +1,4 @@
-"""Kueue reclaim notices from Workload objects (handlers/kueue_reclaim.py)."""
+"""Kueue reclaim notices from Workload objects (handlers/kueue/parser.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-from handlers import kueue_reclaim
+from reclaimd.handlers.kueue import parser as kueue_reclaim
 from reclaimd.model import (
     Ignored,
     Notice,

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 from shared_fixtures import FIXTURES as SHARED
 
-import handlers
-from handlers import ec2_spot, fields
-from reclaimd import sources
+from reclaimd import handlers
+from reclaimd.handlers import fields
+from reclaimd.handlers.sqs import parser as ec2_spot
 from reclaimd.model import ParseError, Windows
 
 FIXTURES = SHARED
@@ -18,28 +18,29 @@ RECEIVED = datetime(2025, 1, 1, 12, 0, 5, tzinfo=UTC)
 
 
 def test_registry_names_every_source() -> None:
-    assert set(handlers.PARSERS) == {e.parser for e in sources.REGISTRY}
-    assert {"ec2", "imds", "gke", "gce-metadata", "kueue", "kafka"} <= set(handlers.PARSERS)
+    assert set(handlers.PARSERS) == {e.name for e in handlers.REGISTRY}
+    names = {"sqs", "imds", "pubsub", "gce_metadata", "kueue", "kafka_notices"}
+    assert names <= set(handlers.PARSERS)
 
 
 def test_parse_dispatches_by_source_name_with_default_windows() -> None:
     payload = (FIXTURES / "aws" / "eventbridge-spot-interruption-warning.json").read_bytes()
-    via_registry = handlers.parse("ec2", payload, received_at=RECEIVED)
+    via_registry = handlers.parse("sqs", payload, received_at=RECEIVED)
     direct = ec2_spot.parse(payload, received_at=RECEIVED, windows=Windows())
     assert via_registry == direct
 
 
 def test_parse_passes_the_windows_on() -> None:
     payload = (FIXTURES / "aws" / "eventbridge-spot-interruption-warning.json").read_bytes()
-    out = handlers.parse("ec2", payload, received_at=RECEIVED, windows=Windows(ec2_spot_s=5))
+    out = handlers.parse("sqs", payload, received_at=RECEIVED, windows=Windows(ec2_spot_s=5))
     assert isinstance(out, tuple)
     assert out[0].deadline == datetime(2025, 1, 1, 12, 0, 5, tzinfo=UTC)
 
 
 def test_unknown_source_is_a_parse_error() -> None:
     known = ", ".join(sorted(handlers.PARSERS))
-    with pytest.raises(ParseError, match=re.escape(f"unknown source 'sqs'; known: {known}")):
-        handlers.parse("sqs", b"{}", received_at=RECEIVED)
+    with pytest.raises(ParseError, match=re.escape(f"unknown source 'nosuch'; known: {known}")):
+        handlers.parse("nosuch", b"{}", received_at=RECEIVED)
 
 
 def test_a_payload_for_another_source_is_a_parse_error() -> None:

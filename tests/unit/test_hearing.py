@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
-from reclaimd import health, metrics, sourcing
-from reclaimd.transports import DEAF_AFTER_FAILURES, DEAF_AFTER_S, Counters
+from reclaimd import health, metrics
+from reclaimd.handlers import running
+from reclaimd.handlers.transport import DEAF_AFTER_FAILURES, DEAF_AFTER_S, Counters
 
 
 @dataclass
@@ -47,8 +48,8 @@ def test_readiness_names_each_deaf_central_source() -> None:
         for _ in range(DEAF_AFTER_FAILURES):
             c.failed("refused")
         c._ok_at -= DEAF_AFTER_S + 1
-    running = {"sqs": sqs, "kueue": kueue, "imds": agent}
-    checks = sourcing.hearing(running)
+    sources = {"sqs": sqs, "kueue": kueue, "imds": agent}
+    checks = running.hearing(sources)
     assert set(checks) == {"sqs", "kueue"}
     ready = health.Readiness({"cache": lambda: True, **checks})
     assert not ready() and ready.last_failing == ("sqs",)
@@ -79,11 +80,11 @@ def test_the_metric_says_what_readiness_says() -> None:
 
 def test_turning_deaf_is_logged_once_with_why(caplog: pytest.LogCaptureFixture) -> None:
     sqs = FakeSource()
-    check = sourcing.hearing({"sqs": sqs})["sqs"]
+    check = running.hearing({"sqs": sqs})["sqs"]
     for _ in range(DEAF_AFTER_FAILURES):
         sqs.counters.failed("QueueDoesNotExist: The specified queue does not exist.")
     sqs.counters._ok_at -= DEAF_AFTER_S + 1
-    with caplog.at_level(logging.ERROR, logger="reclaimd.sourcing"):
+    with caplog.at_level(logging.ERROR, logger="reclaimd.handlers.running"):
         assert [check(), check(), check()] == [False, False, False]
     said = [r for r in caplog.records if r.getMessage() == "source cannot hear"]
     assert len(said) == 1, said

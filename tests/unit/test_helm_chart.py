@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reclaimd import config, sources
+from reclaimd import config, handlers
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "reclaimd"
@@ -295,7 +295,7 @@ def test_deploy_kubernetes_is_the_charts_render() -> None:
 # --- the node agent --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("source", "section"), [(e.agent, e.name) for e in sources.AGENTS])
+@pytest.mark.parametrize(("source", "section"), [(e.agent, e.name) for e in handlers.AGENTS])
 def test_node_agent_runs_only_on_reclaimable_nodes(
     tmp_path: Path, source: str, section: str
 ) -> None:
@@ -318,10 +318,10 @@ def test_node_agent_runs_only_on_reclaimable_nodes(
     assert getattr(s, section).enabled
     # The queue sources belong to the controller: the agent never consumes them.
     assert not s.sqs.enabled and not s.kueue.enabled and not s.pubsub.enabled
-    for other in sources.AGENTS:
+    for other in handlers.AGENTS:
         assert getattr(s, other.name).enabled is (other.name == section)
     env = {e["name"]: e for e in spec["containers"][0]["env"]}
-    for agent in sources.AGENTS:
+    for agent in handlers.AGENTS:
         named = env.get(f"RECLAIMD_{agent.name.upper()}__NODE_NAME")
         if agent.agent_node_name:
             assert named is not None, agent.name

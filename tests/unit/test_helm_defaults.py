@@ -12,7 +12,7 @@ import pytest
 from test_helm_chart import CHART, HelmError, helm, only, render
 
 from reclaimd.config import Settings
-from reclaimd.sources import SqsSettings
+from reclaimd.handlers.sqs.settings import SqsSettings
 
 __all__ = ["helm"]  # the fixture: no helm, no test
 

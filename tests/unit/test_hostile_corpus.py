@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from chaos.bench import hostile
-from handlers import PARSERS, azure_scheduled, ids
+from reclaimd.handlers import ALIASES, PARSERS, ids
+from reclaimd.handlers.azure_scheduled import parser as azure_scheduled
 from reclaimd.model import Ignored, Notice, ParseError, Windows
 
 RECEIVED = datetime(2025, 9, 16, 12, 0, tzinfo=UTC)
@@ -31,7 +32,8 @@ def test_every_hostile_payload_is_a_notice_an_ignored_or_a_parse_error(source: s
     for _ in range(PER_SOURCE):
         payload = hostile.message(source, rng)
         try:
-            outcome = PARSERS[source](payload, received_at=RECEIVED, windows=Windows())
+            parser = PARSERS[ALIASES.get(source, source)]  # the rig names parsers so
+            outcome = parser(payload, received_at=RECEIVED, windows=Windows())
         except ParseError as e:
             assert "\n" not in str(e) and len(str(e)) < 400, str(e)[:200]
             seen["error"] += 1
@@ -81,7 +83,7 @@ def test_the_http_answers_are_text() -> None:
 
 
 def _azure_parse(envelope: dict[str, Any]) -> Any:
-    return PARSERS["azure-scheduled"](
+    return PARSERS["azure_scheduled"](
         json.dumps(envelope).encode(), received_at=RECEIVED, windows=Windows()
     )
 
@@ -113,7 +115,7 @@ def test_the_azure_corpus_reaches_every_outcome() -> None:
     seen: set[str] = set()
     for _ in range(PER_SOURCE):
         try:
-            outcome = PARSERS["azure-scheduled"](
+            outcome = PARSERS["azure_scheduled"](
                 hostile.message("azure-scheduled", rng), received_at=RECEIVED, windows=Windows()
             )
         except ParseError:

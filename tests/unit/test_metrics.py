@@ -18,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.ports import free_port
 from reclaimd import health, metrics
 from reclaimd.checkpoint import NOT_OPTED_IN
+from reclaimd.handlers.pubsub.transport import SlottedPubSubSource
+from reclaimd.handlers.running import Slot
+from reclaimd.handlers.transport import Counters
 from reclaimd.intake import Admission
 from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.model import (
@@ -33,9 +36,6 @@ from reclaimd.model import (
     frozen_map,
 )
 from reclaimd.pipeline import Report
-from reclaimd.sourcing import Slot
-from reclaimd.transports import Counters
-from reclaimd.transports.pubsub import SlottedPubSubSource
 from reclaimd_trainer.s3 import PutCounters
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

@@ -78,7 +78,7 @@ def test_an_aks_drill_names_each_node_as_aks_and_its_metadata_service_do() -> No
     """The node's providerID, the stand-in's VM and the notice's instance are one VM."""
     from chaos import fleet
     from chaos.standins.azure import compute_of
-    from reclaimd import sources
+    from reclaimd import handlers
 
     plan = planning.plan(scenario.load(SCENARIOS / "aks-spot-evictions.yaml"), run_id="unit")
     assert {n.source for n in plan.notices} == {Source.AZURE_SCHEDULED}
@@ -89,7 +89,7 @@ def test_an_aks_drill_names_each_node_as_aks_and_its_metadata_service_do() -> No
             purchase_option=node.purchase_option, cloud="azure", project=node.project,
         )  # fmt: skip
         compute = compute_of(node)
-        assert sources.instance_of(spec.provider_id) == compute.name == node.instance_id
+        assert handlers.instance_of(spec.provider_id) == compute.name == node.instance_id
         assert spec.provider_id.lower() == "azure://" + compute.resource_id.lower()
         assert (compute.location, compute.zone, compute.priority) == ("eastus", "1", "Spot")
         labels = fleet.node_body(spec)["metadata"]["labels"]

@@ -11,17 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from reclaimd import config, sources, sourcing
+from reclaimd import config, handlers
 from reclaimd.cluster import slots
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.kubeconfig import Connection
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.slots import RELEASED, SlotLease, lease_name, pick, why_free
 from reclaimd.config import Settings
+from reclaimd.handlers import running
+from reclaimd.handlers.pubsub.settings import PubSubSettings
+from reclaimd.handlers.pubsub.transport import PubSubSource, SlottedPubSubSource
+from reclaimd.handlers.transport import Supplies
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, utcnow
-from reclaimd.sources import PubSubSettings
-from reclaimd.transports.pubsub import PubSubSource, SlottedPubSubSource
 
 NOW = utcnow()
 NOWHERE = Connection("https://127.0.0.1:1", ssl=False)  # never called: the writes are e2e
@@ -134,24 +136,24 @@ def pubsub_settings(**pubsub: object) -> Settings:
 
 
 async def test_one_slot_builds_the_plain_source_and_more_a_slotted_one() -> None:
-    built = sourcing.build(pubsub_settings(), admit=admit)
+    built = running.build(pubsub_settings(), admit=admit)
     assert isinstance(built["pubsub"], PubSubSource)
-    assert sourcing.slots(built) == {}  # no slot, no gauge
+    assert running.slots(built) == {}  # no slot, no gauge
 
     async with ApiServer.open(NOWHERE) as api:
-        wiring = sourcing.Wiring(
+        supplies = Supplies(
             pubsub_settings(slots=2), admit, pubsub_settings().windows, api, limiter=object()
         )
-        (entry,) = sources.enabled(wiring.settings)
-        slotted = sourcing.build_one(entry, wiring)
+        (entry,) = handlers.enabled(supplies.settings)
+        slotted = running.build_one(entry, supplies)
         assert isinstance(slotted, SlottedPubSubSource)
         assert slotted.slots.subscriptions == ("s-0", "s-1")  # type: ignore[attr-defined]
-        gauge = sourcing.slots({"pubsub": slotted})["pubsub"]
+        gauge = running.slots({"pubsub": slotted})["pubsub"]
         assert gauge.held() == -1  # none held yet
         assert gauge.help == SlottedPubSubSource.slot_help
 
     with pytest.raises(ValueError, match="needs the Kubernetes API"):
-        sourcing.build(pubsub_settings(slots=2), admit=admit)
+        running.build(pubsub_settings(slots=2), admit=admit)
 
 
 # --- minding the free slots (the Lease reads faked; their writes are e2e) ------------------

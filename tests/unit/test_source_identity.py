@@ -1,14 +1,14 @@
-"""A source is one registry entry: its identity lives in its handler, its transport and its
-line in reclaimd/sources.py, and everything else is derived from ``REGISTRY`` (pure: reads the
+"""A source is one folder: its identity lives in handlers/<name>/ (its ENTRY, parser,
+settings and transport), and everything else is derived from ``REGISTRY`` (pure: reads the
 checkout).
 
 The proof lists, for each source, the product files whose code names it: its name (the
-settings section, task and metrics label), its parser's name and the ``Notice.source`` values
-under its origin prefix. Code means identifiers and string literals; docstrings and comments
-are documentation and may name anything.
+folder, settings section, task and metrics label), its aliases (its parser's former name) and
+the ``Notice.source`` values under its origin prefix. Code means identifiers and string
+literals; docstrings and comments are documentation and may name anything.
 
-The direction of the imports is proven too: the registry imports handlers (their facts, their
-providerID grammars), and no handler imports the registry or any reclaimd module but the model.
+The direction of the imports is proven too: the registry imports every folder's entry, and no
+parser imports the registry or any reclaimd module but the model and the shared readers.
 """
 
 from __future__ import annotations
@@ -21,27 +21,30 @@ import re
 import sys
 import tomllib
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-import handlers
-from handlers.ec2_spot import AsgLifecycleFacts
-from reclaimd import config, sources
+from reclaimd import config, handlers
+from reclaimd.handlers.entry import Entry, Origin, SourceSettings
+from reclaimd.handlers.sqs.parser import AsgLifecycleFacts
 from reclaimd.model import (
     Cause,
     Facts,
+    Ignored,
     Notice,
     NoticeKind,
+    ParseOutcome,
     Placement,
     Target,
     TraceContext,
+    Windows,
     frozen_map,
     utcnow,
 )
-from reclaimd.sources import Entry, Origin, SourceSettings
 
 REPO = Path(__file__).resolve().parents[2]
 HANDLERS = REPO / "handlers"
@@ -72,11 +75,11 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
         "reclaimd/daemon.py": "the readiness check named kafka: the ledger's broker refuses us",
     },
 }
-# An existing source's own module outside its handler and transport, and why.
+# An existing source's own module outside its folder, and why.
 OWN_MODULES: dict[str, dict[str, str]] = {
     "pubsub": {
         "reclaimd/cluster/slots.py": "its slot Leases (reclaimd-pubsub-slot-*), written "
-        "through the cluster's write budget",
+        "through the cluster's write budget and read by reclaimd status and the rig's teardown",
     },
 }
 
@@ -141,7 +144,7 @@ def names(entry: Entry[Any], text: str, registry: tuple[Entry[Any], ...]) -> boo
         return False  # kueue.x-k8s.io/...: a Kubernetes API group or label key, not a source
     if re.search(rf"(?<![A-Za-z0-9]){re.escape(entry.name)}(?![A-Za-z0-9])", text):
         return True
-    if text == entry.parser:
+    if text in entry.aliases:
         return True
     return owner_of_prefix(text, registry) == entry.name
 
@@ -153,18 +156,16 @@ def product_files() -> list[Path]:
 def module_file(module: str) -> str:
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin is not None, module
-    return rel(Path(spec.origin))
+    return rel(Path(spec.origin).resolve())  # reclaimd/handlers is a symlink to handlers/
+
+
+def folder(entry: Entry[Any]) -> Path:
+    return HANDLERS / entry.name
 
 
 def own_files(entry: Entry[Any]) -> set[str]:
-    """Its handler, its transport (and after-drain part) and the registry."""
-    files = {
-        "reclaimd/sources.py",
-        module_file(handlers.PARSERS[entry.parser].__module__),
-        module_file(entry.module),
-    }
-    if entry.after_drain:
-        files.add(module_file(f"reclaimd.transports.{entry.after_drain}"))
+    """Its folder's modules (entry, parser, settings, transport, what only it owns)."""
+    files = {rel(p) for p in folder(entry).rglob("*.py")}
     return files | set(OWN_MODULES.get(entry.name, {}))
 
 
@@ -173,40 +174,45 @@ def tokens() -> dict[str, set[str]]:
     return {rel(p): set(code_tokens(p)) for p in product_files()}
 
 
-@pytest.mark.parametrize("entry", sources.REGISTRY, ids=lambda e: e.name)
-def test_a_sources_name_is_in_its_handler_its_transport_and_the_registry_only(
+@pytest.mark.parametrize("entry", handlers.REGISTRY, ids=lambda e: e.name)
+def test_a_sources_name_is_in_its_folder_only(
     entry: Entry[Any], tokens: dict[str, set[str]]
 ) -> None:
     found = {
         path
         for path, toks in tokens.items()
-        if any(names(entry, t, sources.REGISTRY) for t in toks)
+        if any(names(entry, t, handlers.REGISTRY) for t in toks)
     }
     found -= set(OTHER_MEANINGS.get(entry.name, {}))
     assert found <= own_files(entry)
-    # ... and the scan sees it where it is: in the registry and its handler (NAME) at least.
-    assert {"reclaimd/sources.py", module_file(handlers.PARSERS[entry.parser].__module__)} <= found
+    # ... and the scan sees it where it is: in its folder's entry at least.
+    assert rel(folder(entry) / "__init__.py") in found
+    # Its folder is where the registry found it, and holds its parser and transport.
+    assert module_file(entry.parse.__module__) in own_files(entry)
+    assert module_file(entry.module) in own_files(entry)
+    if entry.after_drain:
+        assert module_file(f"{entry.package}.{entry.after_drain}") in own_files(entry)
 
 
 def test_the_proof_sees_a_name_where_code_uses_it(tmp_path: Path) -> None:
     """The scan is no blind eye: a stray use of a name in code is found, a docstring is not."""
     stray = tmp_path / "stray.py"
     stray.write_text('"""sqs, imds, gce-metadata in a docstring."""\nX = settings.imds\n')
-    (imds,) = [e for e in sources.REGISTRY if e.name == "imds"]
-    (sqs,) = [e for e in sources.REGISTRY if e.name == "sqs"]
+    (imds,) = [e for e in handlers.REGISTRY if e.name == "imds"]
+    (sqs,) = [e for e in handlers.REGISTRY if e.name == "sqs"]
     toks = set(code_tokens(stray))
-    assert any(names(imds, t, sources.REGISTRY) for t in toks)
-    assert not any(names(sqs, t, sources.REGISTRY) for t in toks)
-    assert owner_of_prefix("aws.imds.spot", sources.REGISTRY) == "imds"
-    assert owner_of_prefix("aws.ec2.spot", sources.REGISTRY) == "sqs"
+    assert any(names(imds, t, handlers.REGISTRY) for t in toks)
+    assert not any(names(sqs, t, handlers.REGISTRY) for t in toks)
+    assert owner_of_prefix("aws.imds.spot", handlers.REGISTRY) == "imds"
+    assert owner_of_prefix("aws.ec2.spot", handlers.REGISTRY) == "sqs"
 
 
 def test_the_exceptions_are_still_needed(tokens: dict[str, set[str]]) -> None:
     """An exception the code no longer needs goes (else it would hide a real use later)."""
     for name, files in (OTHER_MEANINGS | OWN_MODULES).items():
-        entry = sources.BY_NAME[name]
+        entry = handlers.BY_NAME[name]
         for path in files:
-            assert any(names(entry, t, sources.REGISTRY) for t in tokens[path]), (name, path)
+            assert any(names(entry, t, handlers.REGISTRY) for t in tokens[path]), (name, path)
 
 
 def test_the_chart_templates_name_no_source() -> None:
@@ -214,9 +220,9 @@ def test_the_chart_templates_name_no_source() -> None:
     yaml_comment = re.compile(r"^\s*#.*$", re.M)
     # A source's name anywhere; its parser's or agent's only quoted (kafka is also the
     # ledger's broker, $np.kafka).
-    words = "|".join(re.escape(e.name) for e in sources.REGISTRY)
+    words = "|".join(re.escape(e.name) for e in handlers.REGISTRY)
     quoted = "|".join(
-        re.escape(f'"{v}"') for e in sources.REGISTRY for v in (e.parser, e.agent) if v
+        re.escape(f'"{v}"') for e in handlers.REGISTRY for v in (*e.aliases, e.agent) if v
     )
     pattern = re.compile(rf"(?<![A-Za-z0-9_-])({words})(?![A-Za-z0-9_])|{quoted}")
     for template in sorted((CHART / "templates").iterdir()):
@@ -228,11 +234,11 @@ def test_the_chart_templates_name_no_source() -> None:
 def test_the_import_contracts_name_no_source() -> None:
     linter = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     text = json.dumps(linter)
-    modules = {e.module for e in sources.REGISTRY}
-    modules |= {handlers.PARSERS[e.parser].__module__ for e in sources.REGISTRY}
+    modules = {e.module for e in handlers.REGISTRY} | {e.package for e in handlers.REGISTRY}
+    modules |= {e.parse.__module__ for e in handlers.REGISTRY}
     for module in sorted(modules):
-        assert f'"{module}"' not in text, module
-    assert "reclaimd.transports.*" in text and "handlers.*" in text
+        assert f'"{module}' not in text, module
+    assert "reclaimd.handlers.*" in text and "reclaimd.handlers.*.transport" in text
 
 
 def test_the_charts_source_files_are_the_registrys() -> None:
@@ -243,41 +249,45 @@ def test_the_charts_source_files_are_the_registrys() -> None:
         )
 
 
-def test_every_handler_has_a_source_and_every_source_a_handler() -> None:
-    assert sorted(e.parser for e in sources.REGISTRY) == sorted(handlers.PARSERS)
+def test_every_folder_is_a_source_and_every_source_a_folder() -> None:
+    assert sorted(e.name for e in handlers.REGISTRY) == sorted(handlers.PARSERS)
+    folders = {p.parent.name for p in HANDLERS.glob("*/__init__.py")}
+    assert folders == set(handlers.BY_NAME)
 
 
-# --- handlers import only the model -----------------------------------------------------------
+# --- parsers import only the model ------------------------------------------------------------
+
+# The shared readers a parser may import beside the model.
+READERS = ("base", "fields", "ids", "targets")
 
 
 def reclaimd_imports(path: Path) -> set[str]:
     """The reclaimd modules a module's import statements name, lazy ones in functions too
-    (``from reclaimd import sources`` names ``reclaimd.sources``)."""
+    (``from reclaimd.handlers import ids`` names ``reclaimd.handlers.ids``)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         match node:
             case ast.Import(names=aliases):
                 found |= {alias.name for alias in aliases}
-            case ast.ImportFrom(module="reclaimd", level=0, names=aliases):
-                found |= {f"reclaimd.{alias.name}" for alias in aliases}
+            case ast.ImportFrom(module="reclaimd" | "reclaimd.handlers" as pkg, level=0):
+                found |= {f"{pkg}.{alias.name}" for alias in node.names}
             case ast.ImportFrom(module=str(module), level=0):
                 found.add(module)
     return {m for m in found if m == "reclaimd" or m.startswith("reclaimd.")}
 
 
 def beyond_the_model(path: Path) -> set[str]:
-    return {
-        m
-        for m in reclaimd_imports(path)
-        if m != "reclaimd.model" and not m.startswith("reclaimd.model.")
-    }
+    allowed = {"reclaimd.model", *(f"reclaimd.handlers.{r}" for r in READERS)}
+    return {m for m in reclaimd_imports(path) if m not in allowed}
 
 
-def test_handlers_import_no_reclaimd_module_but_the_model() -> None:
-    """The registry imports handlers; a handler importing it back (or any other reclaimd
-    module) makes a parser depend on what is built from parsers."""
-    found = {rel(p): beyond_the_model(p) for p in sorted(HANDLERS.rglob("*.py"))}
-    assert len(found) > 4  # the scan sees the package: its shared modules, one per source
+def test_parsers_import_no_reclaimd_module_but_the_model() -> None:
+    """The registry imports every folder's parser; a parser importing it back (or any other
+    reclaimd module but the shared readers) makes a parser depend on what is built from
+    parsers."""
+    paths = [*HANDLERS.glob("*/parser.py"), *(HANDLERS / f"{r}.py" for r in READERS)]
+    found = {rel(p): beyond_the_model(p) for p in sorted(paths)}
+    assert len(found) == len(handlers.REGISTRY) + len(READERS)  # the scan sees every parser
     assert {path: mods for path, mods in found.items() if mods} == {}
 
 
@@ -285,19 +295,21 @@ def test_the_import_scan_sees_a_back_import(tmp_path: Path) -> None:
     stray = tmp_path / "stray.py"
     stray.write_text(
         "from reclaimd.model import Facts\n"
-        "from reclaimd.sources import AsgLifecycleFacts\n"
-        "from . import ids\n"
+        "from reclaimd.handlers.entry import Entry\n"
+        "from reclaimd.handlers import ids, running\n"
         "def f():\n"
-        "    from reclaimd import model, sources\n"
+        "    from reclaimd import model, handlers\n"
         "    import reclaimd.config\n"
     )
-    assert beyond_the_model(stray) == {"reclaimd.sources", "reclaimd.config"}
+    assert beyond_the_model(stray) == {
+        "reclaimd.handlers.entry", "reclaimd.handlers.running", "reclaimd.handlers",
+        "reclaimd.config",
+    }
 
 
-@pytest.mark.parametrize("entry", sources.REGISTRY, ids=lambda e: e.name)
-def test_a_sources_own_facts_are_its_handlers(entry: Entry[Any]) -> None:
-    handler = handlers.PARSERS[entry.parser].__module__
-    assert {kind.__module__ for kind in entry.facts} <= {handler}
+@pytest.mark.parametrize("entry", handlers.REGISTRY, ids=lambda e: e.name)
+def test_a_sources_own_facts_are_its_parsers(entry: Entry[Any]) -> None:
+    assert {kind.__module__ for kind in entry.facts} <= {entry.parse.__module__}
 
 
 # --- a seventh source, as one entry -----------------------------------------------------------
@@ -308,22 +320,28 @@ class SeventhSettings(SourceSettings):
     node_name: str = ""
 
 
+def parse_seventh(payload: bytes, *, received_at: datetime, windows: Windows) -> ParseOutcome:
+    return Ignored("a seventh source's payload")
+
+
 SEVENTH = Entry(
     "seventh",
-    "seventh-parser",
     SeventhSettings,
     Origin("cloud7.", "cloud7", "cloud7_vm", transport="seventh"),
+    parse=parse_seventh,
     agent="seventh",
     agent_node_name=True,
+    aliases=("seventh-parser",),
+    order=99,
 )
-WITH_SEVENTH = (*sources.REGISTRY, SEVENTH)
+WITH_SEVENTH = (*handlers.REGISTRY, SEVENTH)
 
 
 def test_a_new_entry_is_a_settings_section_with_its_model() -> None:
     model = config.settings_model(WITH_SEVENTH)
     s = model.model_validate({"seventh": {"enabled": True, "url": "http://127.0.0.1:1"}})
-    assert SEVENTH.enabled(s) and SEVENTH.settings_of(s).url == "http://127.0.0.1:1"
-    assert [e.name for e in sources.REGISTRY if e.enabled(s)] == []
+    assert SEVENTH.enabled(s) and SEVENTH.section(s).url == "http://127.0.0.1:1"
+    assert [e.name for e in handlers.REGISTRY if e.enabled(s)] == []
     assert model.model_validate({}).seventh == SeventhSettings()
     assert "seventh" not in config.Settings.model_fields  # the real one has the real six
 
@@ -344,7 +362,7 @@ def test_a_new_entry_is_in_the_charts_sources_and_agent_enum() -> None:
 def test_no_two_kinds_of_facts_share_a_key() -> None:
     """A fact is one field of one kind: a source's own never reuse another's or the model's."""
     kinds: list[type[Facts]] = [Placement, Cause, TraceContext]
-    kinds += [kind for entry in sources.REGISTRY for kind in entry.facts]
+    kinds += [kind for entry in handlers.REGISTRY for kind in entry.facts]
     keys = [f.name for kind in kinds for f in dataclasses.fields(kind)]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
 

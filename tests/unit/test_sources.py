@@ -1,6 +1,6 @@
-"""The source registry (reclaimd/sources.py), the one delivery step every transport uses
-(reclaimd/transports.deliver), and the after-drain parts (reclaimd/afterdrain.py,
-reclaimd/transports/lifecycle.py's pure side). No network: payloads are the shared samples."""
+"""The source registry (handlers/__init__.py, handlers/entry.py), the one delivery step every
+transport uses (handlers/transport.py: deliver), and the after-drain parts (reclaimd/afterdrain.py,
+handlers/sqs/lifecycle.py's pure side). No network: payloads are the shared samples."""
 
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ from typing import Any
 import pytest
 from shared_fixtures import FIXTURES
 
-import handlers
-from handlers import imds as imds_handler
-from reclaimd import sources, sourcing
+from reclaimd import handlers
 from reclaimd.afterdrain import AfterDrains, NoAfterDrain
 from reclaimd.config import Settings
+from reclaimd.handlers import running
+from reclaimd.handlers.azure_scheduled.transport import AzureStartRequests
+from reclaimd.handlers.imds import parser as imds_handler
+from reclaimd.handlers.imds import transport as imds_transport
+from reclaimd.handlers.sqs.lifecycle import AsgLifecycle, LifecycleAction
+from reclaimd.handlers.transport import Counters, Read, deliver
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, utcnow
-from reclaimd.transports import Counters, Read, deliver
-from reclaimd.transports import imds as imds_transport
-from reclaimd.transports.azure_scheduled import AzureStartRequests
-from reclaimd.transports.lifecycle import AsgLifecycle, LifecycleAction
 
 AWS = FIXTURES / "aws"
+PARSE = imds_handler.parse
 INSTANCE = "i-0123456789abcdef0"
 
 
@@ -57,22 +58,22 @@ class Script:
 
 
 def test_every_entry_names_a_parser_and_a_settings_section_of_its_model() -> None:
-    names = [e.name for e in sources.REGISTRY]
+    names = [e.name for e in handlers.REGISTRY]
     assert len(set(names)) == len(names)
-    for entry in sources.REGISTRY:
-        assert entry.parser in handlers.PARSERS, entry.name
+    for entry in handlers.REGISTRY:
+        assert handlers.PARSERS[entry.name] is entry.parse, entry.name
         field = Settings.model_fields[entry.name]
         assert field.annotation is entry.model, entry.name
         assert "enabled" in entry.model.model_fields, entry.name
 
 
 def test_every_parser_has_a_source() -> None:
-    assert {e.parser for e in sources.REGISTRY} == set(handlers.PARSERS)
+    assert {e.name for e in handlers.REGISTRY} == set(handlers.PARSERS)
 
 
 def test_nothing_enabled_builds_nothing() -> None:
-    assert sourcing.build(Settings(), admit=Script().admit) == {}
-    assert isinstance(sourcing.after_drain(Settings()), NoAfterDrain)
+    assert running.build(Settings(), admit=Script().admit) == {}
+    assert isinstance(running.after_drain(Settings()), NoAfterDrain)
 
 
 def enable_all() -> Settings:
@@ -91,31 +92,31 @@ def enable_all() -> Settings:
 
 def test_each_enabled_source_is_built_with_its_entrys_parser_and_settings() -> None:
     settings = enable_all()
-    built = sourcing.build(settings, admit=Script().admit)
-    assert list(built) == [e.name for e in sources.REGISTRY]
-    for entry in sources.REGISTRY:
+    built = running.build(settings, admit=Script().admit)
+    assert list(built) == [e.name for e in handlers.REGISTRY]
+    for entry in handlers.REGISTRY:
         source: Any = built[entry.name]
-        assert source.parser == entry.parser, entry.name
-        assert source.settings is entry.settings_of(settings), entry.name
+        assert source.parser is entry.parse, entry.name
+        assert source.settings is entry.section(settings), entry.name
         assert isinstance(source.counters, Counters)
-    assert set(sourcing.counters(built)) == set(built)
+    assert set(running.counters(built)) == set(built)
 
 
 def test_only_enabled_sources_are_built() -> None:
     settings = Settings.model_validate({"imds": {"enabled": True}, "kueue": {"enabled": False}})
-    assert list(sourcing.build(settings, admit=Script().admit)) == ["imds"]
+    assert list(running.build(settings, admit=Script().admit)) == ["imds"]
 
 
 def test_the_sqs_entry_carries_the_lifecycle_after_drain_part() -> None:
     settings = Settings.model_validate({"sqs": {"enabled": True, "queue_url": "q"}})
-    assert isinstance(sourcing.after_drain(settings), AsgLifecycle)
+    assert isinstance(running.after_drain(settings), AsgLifecycle)
 
 
 def test_the_azure_entry_approves_its_events_after_the_drain() -> None:
     settings = Settings.model_validate({"azure_scheduled": {"enabled": True}})
-    part = sourcing.after_drain(settings)
+    part = running.after_drain(settings)
     assert isinstance(part, AzureStartRequests) and part.settings is settings.azure_scheduled
-    both = sourcing.after_drain(
+    both = running.after_drain(
         Settings.model_validate(
             {"azure_scheduled": {"enabled": True}, "sqs": {"enabled": True, "queue_url": "q"}}
         )
@@ -128,9 +129,9 @@ def test_an_aks_providerid_names_its_vm() -> None:
         "azure:///subscriptions/8d1a5e3c-0f1b-4c2a-9e7d-2b6f4a1c9e00/resourceGroups/mc_rg_aks_eastus"
         "/providers/Microsoft.Compute/virtualMachineScaleSets/aks-spot-123-vmss/virtualMachines/3"
     )
-    assert sources.instance_of(pid) == "aks-spot-123-vmss_3"
-    assert sources.instance_of("azure:///subscriptions/not-a-guid/x") == ""
-    assert sources.instance_of("gce://p/us-central1-a/vm-1") == "vm-1"  # not Azure's
+    assert handlers.instance_of(pid) == "aks-spot-123-vmss_3"
+    assert handlers.instance_of("azure:///subscriptions/not-a-guid/x") == ""
+    assert handlers.instance_of("gce://p/us-central1-a/vm-1") == "vm-1"  # not Azure's
 
 
 def test_imds_polls_every_path_its_parser_reads() -> None:
@@ -144,7 +145,7 @@ def test_imds_polls_every_path_its_parser_reads() -> None:
 async def test_an_unreadable_payload_is_counted_and_settled_unadmitted() -> None:
     c, intake = Counters(), Script()
     got = await deliver(
-        "imds", b"{not json", admit=intake.admit, windows=Windows(), counters=c, what="t"
+        PARSE, b"{not json", admit=intake.admit, windows=Windows(), counters=c, what="t"
     )
     assert got.read is Read.UNREADABLE and got.settled and got.reason
     assert intake.calls == []
@@ -155,7 +156,7 @@ async def test_a_payload_without_a_notice_is_counted_as_ignored() -> None:
     c = Counters()
     payload = imds_payload("autoscaling/target-lifecycle-state", "InService")
     got = await deliver(
-        "imds", payload, admit=Script().admit, windows=Windows(), counters=c, what="t"
+        PARSE, payload, admit=Script().admit, windows=Windows(), counters=c, what="t"
     )
     assert got.read is Read.IGNORED and got.settled
     assert (c.received, c.ignored, c.notices) == (1, 1, 0)
@@ -164,7 +165,7 @@ async def test_a_payload_without_a_notice_is_counted_as_ignored() -> None:
 async def test_every_notice_of_a_payload_is_admitted_and_counted() -> None:
     c, intake = Counters(), Script(Admission.CLAIMED, Admission.DUPLICATE)
     got = await deliver(
-        "imds", two_events(), admit=intake.admit, windows=Windows(), counters=c, what="t"
+        PARSE, two_events(), admit=intake.admit, windows=Windows(), counters=c, what="t"
     )
     assert got.read is Read.NOTICES and got.settled
     assert [n for n, _ in got.admitted] == intake.calls and len(intake.calls) == 2
@@ -174,7 +175,7 @@ async def test_every_notice_of_a_payload_is_admitted_and_counted() -> None:
 async def test_one_retry_keeps_the_whole_payload_unsettled() -> None:
     c, intake = Counters(), Script(Admission.CLAIMED, Admission.RETRY)
     got = await deliver(
-        "imds", two_events(), admit=intake.admit, windows=Windows(), counters=c, what="t"
+        PARSE, two_events(), admit=intake.admit, windows=Windows(), counters=c, what="t"
     )
     assert not got.settled
     assert got.unsettled == [intake.calls[1]]
@@ -185,7 +186,7 @@ async def test_an_admission_that_raises_is_a_retry_not_a_crash() -> None:
     c, intake = Counters(), Script(RuntimeError("apiserver gone"))
     payload = (AWS / "imds-spot-instance-action.json").read_text()
     got = await deliver(
-        "imds",
+        PARSE,
         imds_payload("spot/instance-action", payload),
         admit=intake.admit,
         windows=Windows(),
@@ -198,11 +199,11 @@ async def test_an_admission_that_raises_is_a_retry_not_a_crash() -> None:
 async def test_admit_only_counts_every_notice_but_admits_the_chosen() -> None:
     c, intake = Counters(), Script()
     first = await deliver(
-        "imds", two_events(), admit=intake.admit, windows=Windows(), counters=c, what="t"
+        PARSE, two_events(), admit=intake.admit, windows=Windows(), counters=c, what="t"
     )
     known = {first.admitted[0][0].id}
     again = await deliver(
-        "imds",
+        PARSE,
         two_events(),
         admit=intake.admit,
         windows=Windows(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reclaimd.config import Settings
-from reclaimd.sources import SqsSettings, sqs_region
+from reclaimd.handlers.sqs.settings import SqsSettings, sqs_region
 
 
 @pytest.mark.parametrize(

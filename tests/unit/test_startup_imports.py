@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from reclaimd import sources
+from reclaimd import handlers
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "tests" / "startup_probe.py"
@@ -111,4 +111,4 @@ def test_the_probe_can_enable_every_source() -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert set(module.SOURCES) == {e.name for e in sources.REGISTRY}
+    assert set(module.SOURCES) == {e.name for e in handlers.REGISTRY}

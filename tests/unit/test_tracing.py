@@ -17,8 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from shared_fixtures import FIXTURES
 
-import handlers
-from reclaimd import postmortem, tracing
+from reclaimd import handlers, postmortem, tracing
 from reclaimd.model import Notice, frozen_map, utcnow
 
 PRODUCER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -160,7 +160,7 @@ def test_both_wheels_side_by_side_uninstalling_either_leaves_the_other_whole(
     pip(python, "uninstall", "--yes", "reclaimd-trainer")
     assert present(python, product) == []
     assert present(python, sdk) == files_of(sdk)
-    probe = "import reclaimd.daemon, handlers.ec2_spot, reclaimd.checkpoint"
+    probe = "import reclaimd.daemon, reclaimd.handlers.sqs.parser, reclaimd.checkpoint"
     refused = subprocess.run(
         [python, "-c", probe], capture_output=True, text=True, timeout=120, check=False,
         env=env, cwd=tmp_path,

@@ -1,4 +1,4 @@
-"""Azure Scheduled Events transport (reclaimd/transports/azure_scheduled.py): incarnation
+"""Azure Scheduled Events transport (handlers/azure_scheduled/transport.py): incarnation
 tracking, the envelope, the StartRequests approval; and the poller against
 chaos/standins/azure.py, our stand-in for IMDS (no emulator of it exists), on loopback."""
 
@@ -16,14 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-import handlers
 from chaos.standins.azure import AzureMetadataServer, Compute, rfc1123
-from handlers.fields import as_gmt_time
+from reclaimd import handlers
 from reclaimd.afterdrain import AfterDrain
-from reclaimd.intake import Admission
-from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
-from reclaimd.sources import AzureScheduledSettings
-from reclaimd.transports.azure_scheduled import (
+from reclaimd.handlers.azure_scheduled.settings import AzureScheduledSettings
+from reclaimd.handlers.azure_scheduled.transport import (
     AzureScheduledSource,
     AzureStartRequests,
     DocumentState,
@@ -33,6 +30,9 @@ from reclaimd.transports.azure_scheduled import (
     envelope,
     version_of,
 )
+from reclaimd.handlers.fields import as_gmt_time
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "azure"
 COMPUTE = Compute()

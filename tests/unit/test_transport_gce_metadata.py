@@ -1,4 +1,4 @@
-"""GCE metadata transport (reclaimd/transports/gce_metadata.py): envelope building, ETag
+"""GCE metadata transport (handlers/gce_metadata/transport.py): envelope building, ETag
 handling, the Metadata-Flavor check; and the watcher against chaos/standins/gce.py,
 our stand-in for the metadata server (no emulator of it exists), on loopback."""
 
@@ -14,13 +14,11 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-import handlers
 from chaos.standins.gce import GceMetadataServer
-from reclaimd.intake import Admission
-from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
-from reclaimd.sources import GceMetadataSettings
-from reclaimd.transports import gce_metadata
-from reclaimd.transports.gce_metadata import (
+from reclaimd import handlers
+from reclaimd.handlers.gce_metadata import transport as gce_metadata
+from reclaimd.handlers.gce_metadata.settings import GceMetadataSettings
+from reclaimd.handlers.gce_metadata.transport import (
     GceMetadataSource,
     Identity,
     KeyState,
@@ -28,6 +26,8 @@ from reclaimd.transports.gce_metadata import (
     check_flavor,
     envelope,
 )
+from reclaimd.intake import Admission
+from reclaimd.model import Notice, NoticeKind, Response, Target, Windows, stable_id
 
 PROJECT, ZONE, VM = "reclaimd-local", "us-central1-a", "gke-pool-a-0001"
 IDENTITY = Identity(project=PROJECT, zone=ZONE, instance=VM)

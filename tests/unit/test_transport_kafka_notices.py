@@ -1,4 +1,4 @@
-"""Kafka notices consumer (reclaimd/transports/kafka_notices.py): how it leaves the group. The
+"""Kafka notices consumer (handlers/kafka_notices/transport.py): how it leaves the group. The
 consumer is a dynamic member (never ``group_instance_id``) with the configured session and
 heartbeat, and a cancelled source stops it (LeaveGroup), bounded. Against the broker:
 tests/e2e/test_kafka_notices.py."""
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from reclaimd.handlers.kafka_notices import transport as kafka_notices
+from reclaimd.handlers.kafka_notices.settings import KafkaNoticeSettings
+from reclaimd.handlers.kafka_notices.transport import KafkaNoticeSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import KafkaNoticeSettings
-from reclaimd.transports import kafka_notices
-from reclaimd.transports.kafka_notices import KafkaNoticeSource
 
 SETTINGS = KafkaNoticeSettings(enabled=True, bootstrap="127.0.0.1:1", topic="t", group_id="g")
 

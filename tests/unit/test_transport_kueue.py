@@ -1,4 +1,4 @@
-"""Kueue transport (reclaimd/transports/kueue.py): version choice, and what it does with the
+"""Kueue transport (handlers/kueue/transport.py): version choice, and what it does with the
 watch's events: which objects are parsed, which notices are admitted, how often, and what a
 claim that could not be stored leads to. The watch itself runs against the real apiserver in
 tests/e2e/test_kueue.py; here the events are fed in directly."""
@@ -16,16 +16,15 @@ from typing import Any, cast
 import pytest
 from shared_fixtures import FIXTURES
 
-import handlers
-from reclaimd import kueueapi
+from reclaimd import handlers, kueueapi
 from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.watch import Changed, Listed
+from reclaimd.handlers.kueue.settings import KueueSettings
+from reclaimd.handlers.kueue.transport import KueueSource, object_key, pick_version
+from reclaimd.handlers.transport import DEAF_AFTER_S
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, NoticeKind, Response, Windows, utcnow
-from reclaimd.sources import KueueSettings
-from reclaimd.transports import DEAF_AFTER_S
-from reclaimd.transports.kueue import KueueSource, object_key, pick_version
 
 KUEUE = FIXTURES / "kueue"
 T0 = "workload-v1beta2-reclaim-preempted-t0-evicted.json"  # the eviction, as first written

@@ -1,5 +1,5 @@
 """Pub/Sub transport: what it decides for a message, single flight per notice id, and the
-thread-to-loop bridge (reclaimd/transports/pubsub.py). The streaming pull itself runs
+thread-to-loop bridge (handlers/pubsub/transport.py). The streaming pull itself runs
 against the emulator in tests/e2e/test_gke.py."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 from pydantic import ValidationError
 from shared_fixtures import FIXTURES as SHARED
 
+from reclaimd.handlers.pubsub import transport as pubsub
+from reclaimd.handlers.pubsub.settings import PubSubSettings
+from reclaimd.handlers.pubsub.transport import PubSubSource, Verdict, verdict
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows, stable_id
-from reclaimd.sources import PubSubSettings
-from reclaimd.transports import pubsub
-from reclaimd.transports.pubsub import PubSubSource, Verdict, verdict
 
 FIXTURES = SHARED / "gcp"
 SETTINGS = PubSubSettings(enabled=True, project="p", subscription="s", max_messages=5)

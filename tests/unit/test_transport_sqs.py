@@ -1,4 +1,4 @@
-"""SQS transport (reclaimd/transports/sqs.py) with a stand-in client: the heartbeat that keeps an
+"""SQS transport (handlers/sqs/transport.py) with a stand-in client: the heartbeat that keeps an
 unsettled message invisible, the hand-back of what a stopping source holds, and the settings.
 Against moto: tests/e2e/test_sqs_transport.py."""
 
@@ -14,11 +14,11 @@ import pytest
 from pydantic import ValidationError
 from shared_fixtures import FIXTURES
 
+from reclaimd.handlers.sqs import transport as sqs
+from reclaimd.handlers.sqs.settings import SqsSettings
+from reclaimd.handlers.sqs.transport import SqsSource
 from reclaimd.intake import Admission
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import SqsSettings
-from reclaimd.transports import sqs
-from reclaimd.transports.sqs import SqsSource
 
 SPOT = (FIXTURES / "aws" / "eventbridge-spot-interruption-warning.json").read_text()
 

@@ -327,7 +327,7 @@ async def azure(run: FuzzRun, node: Any) -> None:
     claimed (at least three reads: one notice, then the same document again, as IMDS keeps
     serving it) or its NotBefore passes, then hostile documents again."""
     from chaos.standins.azure import MIN_NOTICE_S
-    from reclaimd.transports import azure_scheduled as transport
+    from reclaimd.handlers.azure_scheduled import transport
 
     state = run.state
     assert state is not None

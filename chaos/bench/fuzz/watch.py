@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import handlers
 from chaos.bench.fuzz.common import KUEUE, TRANSPORTS, RealNotice, progress
+from reclaimd import handlers
 from reclaimd.model import utcnow
 
 if TYPE_CHECKING:

@@ -1,9 +1,13 @@
-"""Thin transports: fetch raw payloads, hand them to a parser, ack only after intake says so.
+"""What every source's transport reads: ``deliver``, its counters, what it is built from.
 
-A transport knows its wire (SQS, IMDS, Pub/Sub, the metadata server, a Kubernetes watch, a
-Kafka topic) and nothing of the runbook. Each hands every payload to ``deliver`` (parse, count,
-admit) and settles its message as the answer says: it acks, deletes or commits only when
-every admission allows it (``Delivered.settled``).
+A transport (``handlers/<name>/transport.py``) fetches raw payloads, hands them to its parser
+and acks only after intake says so. It knows its wire (SQS, IMDS, Pub/Sub, the metadata
+server, a Kubernetes watch, a Kafka topic) and nothing of the runbook. Each hands every payload
+to ``deliver`` (parse, count, admit) and settles its message as the answer says: it acks,
+deletes or commits only when every admission allows it (``Delivered.settled``). Its
+``build(entry, supplies)`` gets ``Supplies`` and returns a ``Source``.
+
+This module imports no source (each transport passes its own parser) and no client library.
 """
 
 from __future__ import annotations
@@ -15,13 +19,17 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import handlers
 from reclaimd import logs
 from reclaimd.backoff import Backoff
+from reclaimd.handlers.base import Parser
 from reclaimd.intake import Admission
 from reclaimd.model import Ignored, Notice, ParseError, Windows, utcnow
+
+if TYPE_CHECKING:
+    from reclaimd.cluster.apiserver import ApiServer
+    from reclaimd.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +164,7 @@ async def admit_all(admit: Admit, notices: Iterable[Notice], counters: Counters)
 
 
 async def deliver(
-    parser: str,
+    parser: Parser,
     payload: bytes,
     *,
     admit: Admit,
@@ -166,7 +174,7 @@ async def deliver(
     admit_only: Callable[[Notice], bool] | None = None,
     **context: Any,
 ) -> Delivered:
-    """Parse ``payload`` with the named parser, count what it is, admit its notices.
+    """Parse ``payload`` with the source's ``parser``, count what it is, admit its notices.
 
     The one delivery step of every transport. ``what`` names the payload in logs
     ("sqs message", "kafka record"); ``context`` adds fields to those lines. ``admit_only``
@@ -175,7 +183,7 @@ async def deliver(
     """
     counters.received += 1
     try:
-        outcome = handlers.parse(parser, payload, received_at=utcnow(), windows=windows)
+        outcome = parser(payload, received_at=utcnow(), windows=windows)
     except ParseError as e:
         counters.parse_errors += 1
         logs.event(log, f"{what} unreadable", logging.WARNING, error=str(e), **context)
@@ -189,3 +197,25 @@ async def deliver(
     skipped = tuple(n for n in outcome if admit_only is not None and not admit_only(n))
     admissions = await admit_all(admit, chosen, counters)
     return Delivered(Read.NOTICES, tuple(zip(chosen, admissions, strict=True)), skipped)
+
+
+class Source(Protocol):
+    """A running transport: ``run()`` until cancelled, and what it saw."""
+
+    @property
+    def counters(self) -> Counters: ...
+
+    async def run(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Supplies:
+    """What a transport's ``build`` gets: the settings, the intake's ``admit``, the windows and
+    the clients it may use."""
+
+    settings: Settings
+    admit: Admit
+    windows: Windows
+    api: ApiServer | None = None  # the API server (Kueue watches Workloads through it)
+    limiter: Any = None  # the write budget (Pub/Sub slot Leases are written through it)
+    dead: Callable[[str], bool] | None = None  # a holder the peer probe found dead

@@ -55,11 +55,13 @@ from typing import Any, Protocol
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
+from reclaimd.handlers.base import Parser
+from reclaimd.handlers.entry import Entry
+from reclaimd.handlers.pubsub.parser import parse
+from reclaimd.handlers.pubsub.settings import PubSubSettings
+from reclaimd.handlers.transport import Admit, Counters, Supplies, deliver
 from reclaimd.intake import Admission
 from reclaimd.model import Windows
-from reclaimd.sources import Entry, PubSubSettings
-from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ class PubSubSource:
         *,
         admit: Admit,
         windows: Windows,
-        parser: str = "gke",
+        parser: Parser = parse,
         subscriber_factory: Any = None,
         counters: Counters | None = None,
     ) -> None:
@@ -314,7 +316,7 @@ class PubSubSource:
 
 
 class Slots(Protocol):
-    """Which subscription this replica may consume, and when (``cluster.slots``)."""
+    """Which subscription this replica may consume, and when (``reclaimd.cluster.slots``)."""
 
     @property
     def held(self) -> int | None: ...
@@ -338,7 +340,7 @@ class SlottedPubSubSource:
         *,
         admit: Admit,
         windows: Windows,
-        parser: str = "gke",
+        parser: Parser = parse,
         subscriber_factory: Any = None,
     ) -> None:
         if not settings.project or not settings.subscription:
@@ -407,17 +409,17 @@ async def _shutdown(subscriber: Any, future: concurrent.futures.Future[Any] | No
         raise
 
 
-# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+# --- built by the registry (reclaimd.handlers.build), for an enabled source ----------------
 
 
-def build(entry: Entry[PubSubSettings], w: Wiring) -> PubSubSource | SlottedPubSubSource:
+def build(entry: Entry[PubSubSettings], w: Supplies) -> PubSubSource | SlottedPubSubSource:
     # The client library (and grpc) loaded now, while the daemon builds: first imported in
     # run(), its import (~0.3 s, ~50 MB) would stall the loop the cache and Leases run on.
     import google.cloud.pubsub_v1  # noqa: F401
 
-    s = entry.settings_of(w.settings)
+    s = entry.section(w.settings)
     if s.slots == 1:
-        return PubSubSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+        return PubSubSource(s, admit=w.admit, windows=w.windows, parser=entry.parse)
     from reclaimd.cluster.slots import PubSubSlots
 
     if w.settings.dry_run:
@@ -434,4 +436,4 @@ def build(entry: Entry[PubSubSettings], w: Wiring) -> PubSubSource | SlottedPubS
         limiter=w.limiter,
         dead=w.dead,
     )
-    return SlottedPubSubSource(s, slots, admit=w.admit, windows=w.windows, parser=entry.parser)
+    return SlottedPubSubSource(s, slots, admit=w.admit, windows=w.windows, parser=entry.parse)

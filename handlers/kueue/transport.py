@@ -46,16 +46,17 @@ from reclaimd.cluster.watch import (
     WatchSettings,
     watch_objects,
 )
+from reclaimd.handlers.base import Parser
+from reclaimd.handlers.entry import Entry
+from reclaimd.handlers.kueue.parser import parse
+from reclaimd.handlers.kueue.settings import KueueSettings
+from reclaimd.handlers.transport import Admit, Counters, Read, Supplies, admit_all, deliver
 from reclaimd.intake import Admission
 from reclaimd.kueueapi import GROUP, PLURAL, PREFERRED_VERSIONS, pick_version
 from reclaimd.model import Notice, Windows
-from reclaimd.sources import Entry, KueueSettings
-from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, Read, admit_all, deliver
 
 log = logging.getLogger(__name__)
 
-PARSER = "kueue"
 RETRY_PAUSE_S = 1.0  # a notice whose claim failed is admitted again this soon
 REWATCH_PAUSE_S = 5.0  # after a watch failure a retry cannot fix (RBAC, no Kueue API yet)
 _DEFAULT_WATCH = WatchSettings()
@@ -104,7 +105,7 @@ class KueueSource:
         retry_pause_s: float = RETRY_PAUSE_S,
         rewatch_pause_s: float = REWATCH_PAUSE_S,
         versions: kueueapi.WorkloadVersion | None = None,
-        parser: str = PARSER,
+        parser: Parser = parse,
     ) -> None:
         self.settings, self.admit, self.windows, self.api = settings, admit, windows, api
         self._versions = versions  # default: the one shared by every user of ``api``
@@ -296,12 +297,12 @@ def _name(key: Key) -> str:
     return f"{key[0]}/{key[1]}"
 
 
-# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+# --- built by the registry (reclaimd.handlers.build), for an enabled source ----------------
 
 
-def build(entry: Entry[KueueSettings], w: Wiring) -> KueueSource:
-    s = entry.settings_of(w.settings)
+def build(entry: Entry[KueueSettings], w: Supplies) -> KueueSource:
+    s = entry.section(w.settings)
     # No API (a registry built without a cluster, as in a unit test): built all the same, as
     # before; its run() fails and is retried, counted in transport_errors.
     api = cast(ApiServer, w.api)
-    return KueueSource(s, admit=w.admit, windows=w.windows, api=api, parser=entry.parser)
+    return KueueSource(s, admit=w.admit, windows=w.windows, api=api, parser=entry.parse)

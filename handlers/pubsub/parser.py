@@ -33,20 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from reclaimd.model import (
-    Ignored,
-    Notice,
-    NoticeKind,
-    ParseError,
-    ParseOutcome,
-    Response,
-    Windows,
-    digest,
-    stable_id,
-)
-
-from . import ids
-from .fields import (
+from reclaimd.handlers import ids
+from reclaimd.handlers.fields import (
     JSONObject,
     as_object,
     attributes,
@@ -61,9 +49,19 @@ from .fields import (
     text,
     time,
 )
-from .targets import gce_instance, gce_region
+from reclaimd.handlers.targets import gce_instance, gce_region
+from reclaimd.model import (
+    Ignored,
+    Notice,
+    NoticeKind,
+    ParseError,
+    ParseOutcome,
+    Response,
+    Windows,
+    digest,
+    stable_id,
+)
 
-NAME = "gke"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
 # Its windows (``Windows.of``): GCE's, which the metadata server's parser reads too.
 WINDOWS: Mapping[str, float] = {"gce_preemption_s": 30.0, "gce_maintenance_s": 60.0}
 

@@ -26,22 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from reclaimd.model import (
-    Facts,
-    Ignored,
-    Notice,
-    NoticeKind,
-    ParseError,
-    ParseOutcome,
-    Placement,
-    Response,
-    Windows,
-    digest,
-    stable_id,
-)
-
-from . import ids
-from .fields import (
+from reclaimd.handlers import ids
+from reclaimd.handlers.fields import (
     JSONObject,
     as_gmt_time,
     as_object,
@@ -61,9 +47,21 @@ from .fields import (
     text,
     time,
 )
-from .targets import aws_instance, is_aws_zone
+from reclaimd.handlers.targets import aws_instance, is_aws_zone
+from reclaimd.model import (
+    Facts,
+    Ignored,
+    Notice,
+    NoticeKind,
+    ParseError,
+    ParseOutcome,
+    Placement,
+    Response,
+    Windows,
+    digest,
+    stable_id,
+)
 
-NAME = "ec2"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
 # Its windows (``Windows.of``): EC2's two minutes; state changes and ASG terminations have
 # none of their own and are acted on as a Spot warning.
 WINDOWS: Mapping[str, float] = {"ec2_spot_s": 120.0, "ec2_scheduled_s": 120.0}

@@ -1,12 +1,10 @@
-"""The enabled sources, built: one loop in the daemon turns ``reclaimd.sources.REGISTRY``
-into running transports.
+"""The enabled sources, built: the daemon turns the registry's enabled entries into running
+transports, the parts that act around a drain, and what metrics and readiness read of them.
 
-Each transport module (``Entry.module``) has ``build(entry, wiring)``, which imports its
+Each transport module (``Entry.module``) has ``build(entry, supplies)``, which imports its
 client library (boto3, google-cloud-pubsub, aiokafka) when called: a module is imported here,
 by name, only for an enabled source, before the daemon's tasks start; nothing on ``reclaimd
 run``'s path imports a transport or its library otherwise (tests/unit/test_startup_imports.py).
-The import contracts in pyproject.toml keep handlers and transports from knowing one another,
-and every other part from importing a transport.
 """
 
 from __future__ import annotations
@@ -15,60 +13,35 @@ import importlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from reclaimd import logs
 from reclaimd.afterdrain import AfterDrain, AfterDrains, NoAfterDrain
-from reclaimd.sources import BY_NAME, Entry, enabled
+from reclaimd.handlers import BY_NAME, Entry, enabled
+from reclaimd.handlers.transport import Admit, Counters, Source, Supplies
 
 if TYPE_CHECKING:
-    from reclaimd.cluster.apiserver import ApiServer
     from reclaimd.config import Settings
-    from reclaimd.model import Windows
-    from reclaimd.transports import Admit, Counters
 
 log = logging.getLogger(__name__)
 
 
-class Source(Protocol):
-    """A running transport: ``run()`` until cancelled, and what it saw."""
-
-    @property
-    def counters(self) -> Counters: ...
-
-    async def run(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Wiring:
-    """What a factory gets: the settings, the intake's ``admit``, and the clients it may use."""
-
-    settings: Settings
-    admit: Admit
-    windows: Windows
-    api: ApiServer | None = None  # the API server (Kueue watches Workloads through it)
-    limiter: Any = None  # the write budget (Pub/Sub slot Leases are written through it)
-    dead: Callable[[str], bool] | None = None  # a holder the peer probe found dead
-
-
-def build_one(entry: Entry[Any], wiring: Wiring) -> Source:
-    """``entry``'s transport, built by its module (imported now)."""
-    source: Source = importlib.import_module(entry.module).build(entry, wiring)
+def build_one(entry: Entry[Any], supplies: Supplies) -> Source:
+    """``entry``'s transport, built by its module (imported now, with its client library)."""
+    source: Source = importlib.import_module(entry.module).build(entry, supplies)
     return source
 
 
 def build(settings: Settings, *, admit: Admit, api: Any = None) -> dict[str, Source]:
     """Every enabled source's transport, by name; nothing runs yet."""
-    wiring = Wiring(settings, admit, settings.windows, api)
-    return {entry.name: build_one(entry, wiring) for entry in enabled(settings)}
+    supplies = Supplies(settings, admit, settings.windows, api)
+    return {entry.name: build_one(entry, supplies) for entry in enabled(settings)}
 
 
 def after_drain(settings: Settings) -> AfterDrain:
     """What the enabled sources must do around a notice's drain, as one part."""
     parts: list[AfterDrain] = [
-        importlib.import_module(f"reclaimd.transports.{e.after_drain}").after_drain(
-            e.settings_of(settings)
-        )
+        importlib.import_module(f"{e.package}.{e.after_drain}").after_drain(e.section(settings))
         for e in enabled(settings)
         if e.after_drain
     ]

@@ -32,10 +32,12 @@ from typing import Any, TypeVar
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
+from reclaimd.handlers.base import Parser
+from reclaimd.handlers.entry import Entry
+from reclaimd.handlers.sqs.parser import parse
+from reclaimd.handlers.sqs.settings import SqsSettings
+from reclaimd.handlers.transport import Admit, Counters, Supplies, deliver
 from reclaimd.model import Windows
-from reclaimd.sources import Entry, SqsSettings
-from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,7 +56,7 @@ class SqsSource:
         *,
         admit: Admit,
         windows: Windows,
-        parser: str = "ec2",
+        parser: Parser = parse,
     ) -> None:
         self.client, self.settings, self.admit, self.windows = client, settings, admit, windows
         self.parser = parser
@@ -288,16 +290,16 @@ class SqsSource:
             await self._call(self._set_visibility_now, held, self.settings.visibility_timeout_s)
 
 
-# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+# --- built by the registry (reclaimd.handlers.build), for an enabled source ----------------
 
 
-def build(entry: Entry[SqsSettings], w: Wiring) -> SqsSource:
+def build(entry: Entry[SqsSettings], w: Supplies) -> SqsSource:
     import boto3
     from botocore.config import Config
 
-    s = entry.settings_of(w.settings)
+    s = entry.section(w.settings)
     # One connection per receiver and per message being settled: botocore's default pool of
     # 10 makes every delete in a storm wait for a socket.
     pool = Config(max_pool_connections=s.receivers + s.concurrency)
     sqs = boto3.client("sqs", region_name=s.region, endpoint_url=s.endpoint_url, config=pool)
-    return SqsSource(sqs, s, admit=w.admit, windows=w.windows, parser=entry.parser)
+    return SqsSource(sqs, s, admit=w.admit, windows=w.windows, parser=entry.parse)

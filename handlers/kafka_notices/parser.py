@@ -41,23 +41,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
 
-from reclaimd.model import (
-    Ignored,
-    Notice,
-    NoticeKind,
-    ParseError,
-    ParseOutcome,
-    Response,
-    Target,
-    TraceContext,
-    Windows,
-    WorkloadRef,
-    digest,
-    stable_id,
-)
-
-from . import ids
-from .fields import (
+from reclaimd.handlers import ids
+from reclaimd.handlers.fields import (
     JSONObject,
     as_object,
     as_text,
@@ -74,8 +59,20 @@ from .fields import (
     text,
     time,
 )
-
-NAME = "kafka"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
+from reclaimd.model import (
+    Ignored,
+    Notice,
+    NoticeKind,
+    ParseError,
+    ParseOutcome,
+    Response,
+    Target,
+    TraceContext,
+    Windows,
+    WorkloadRef,
+    digest,
+    stable_id,
+)
 
 TYPES: Mapping[str, NoticeKind] = MappingProxyType(
     {f"io.reclaimd.notice.{kind.value}.v1": kind for kind in NoticeKind}

@@ -4,7 +4,7 @@ Polls ``GET /metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: 
 ``poll_interval_s`` (jittered; the docs recommend once a second, a Preempt gives 30 s). The
 document lists events for every VM of the availability set or placement group, so this VM's
 identity is read once at start from ``/metadata/instance/compute`` and sent with each document
-in the envelope the ``azure-scheduled`` parser reads (``handlers/azure_scheduled.py``).
+in the envelope the ``azure-scheduled`` parser reads (``handlers/azure_scheduled/parser.py``).
 
 A document is handed to the parser when its ``DocumentIncarnation`` changes (the docs: "documents
 with the same incarnation contain the same event information"), and again on every poll until
@@ -37,10 +37,12 @@ import aiohttp
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
+from reclaimd.handlers.azure_scheduled.parser import AzureEventFacts, parse
+from reclaimd.handlers.azure_scheduled.settings import AzureScheduledSettings
+from reclaimd.handlers.base import Parser
+from reclaimd.handlers.entry import Entry
+from reclaimd.handlers.transport import Admit, Counters, Read, Supplies, deliver, poll_forever
 from reclaimd.model import Notice, Windows, utcnow
-from reclaimd.sources import AzureEventFacts, AzureScheduledSettings, Entry
-from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, Read, deliver, poll_forever
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ HEADERS = {"Metadata": "true"}
 FIRST_TIMEOUT_S = 130.0  # the docs: "a delayed response in your first call of up to two minutes"
 TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 5.0  # a Preempt gives 30 s: never sleep through a sixth of it
-SOURCE_PREFIX = "azure.scheduled."  # the parser's notice sources (transports cannot import it)
+SOURCE_PREFIX = "azure.scheduled."  # its parser's notice sources (parser.SOURCES)
 
 
 class MetadataError(Exception):
@@ -136,7 +138,7 @@ class AzureScheduledSource:
         *,
         admit: Admit,
         windows: Windows,
-        parser: str = "azure-scheduled",
+        parser: Parser = parse,
     ) -> None:
         self.settings, self.admit, self.windows = settings, admit, windows
         self.parser = parser
@@ -311,12 +313,12 @@ class AzureStartRequests:
         return False
 
 
-# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+# --- built by the registry (reclaimd.handlers.build), for an enabled source ----------------
 
 
-def build(entry: Entry[AzureScheduledSettings], w: Wiring) -> AzureScheduledSource:
-    s = entry.settings_of(w.settings)
-    return AzureScheduledSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+def build(entry: Entry[AzureScheduledSettings], w: Supplies) -> AzureScheduledSource:
+    s = entry.section(w.settings)
+    return AzureScheduledSource(s, admit=w.admit, windows=w.windows, parser=entry.parse)
 
 
 def after_drain(s: AzureScheduledSettings) -> AzureStartRequests:

@@ -28,10 +28,12 @@ import aiohttp
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
+from reclaimd.handlers.base import Parser
+from reclaimd.handlers.entry import Entry
+from reclaimd.handlers.gce_metadata.parser import parse
+from reclaimd.handlers.gce_metadata.settings import GceMetadataSettings
+from reclaimd.handlers.transport import Admit, Counters, Read, Supplies, deliver
 from reclaimd.model import Windows, rfc3339, utcnow
-from reclaimd.sources import Entry, GceMetadataSettings
-from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, Read, deliver
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,7 @@ class GceMetadataSource:
         *,
         admit: Admit,
         windows: Windows,
-        parser: str = "gce-metadata",
+        parser: Parser = parse,
     ) -> None:
         self.settings, self.admit, self.windows = settings, admit, windows
         self.parser = parser
@@ -231,9 +233,9 @@ class GceMetadataSource:
         return delivered.settled
 
 
-# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+# --- built by the registry (reclaimd.handlers.build), for an enabled source ----------------
 
 
-def build(entry: Entry[GceMetadataSettings], w: Wiring) -> GceMetadataSource:
-    s = entry.settings_of(w.settings)
-    return GceMetadataSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+def build(entry: Entry[GceMetadataSettings], w: Supplies) -> GceMetadataSource:
+    s = entry.section(w.settings)
+    return GceMetadataSource(s, admit=w.admit, windows=w.windows, parser=entry.parse)

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from reclaimd import logs
+from reclaimd.handlers.sqs.parser import AsgLifecycleFacts
+from reclaimd.handlers.sqs.settings import SqsSettings
 from reclaimd.model import Notice, Placement
-from reclaimd.sources import AsgLifecycleFacts, SqsSettings
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ class AsgLifecycle:
             return self._clients[region]
 
 
-# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+# --- built by the registry (reclaimd.handlers.build), for an enabled source ----------------
 
 
 def after_drain(s: SqsSettings) -> AsgLifecycle:

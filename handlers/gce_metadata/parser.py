@@ -33,6 +33,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
+from reclaimd.handlers import ids
+from reclaimd.handlers.fields import (
+    JSONObject,
+    as_object,
+    attributes,
+    issued,
+    load,
+    opt_text,
+    plus,
+    show,
+    text,
+    time,
+)
+from reclaimd.handlers.targets import gce_instance, gce_region
 from reclaimd.model import (
     Ignored,
     Notice,
@@ -45,22 +59,6 @@ from reclaimd.model import (
     stable_id,
 )
 
-from . import ids
-from .fields import (
-    JSONObject,
-    as_object,
-    attributes,
-    issued,
-    load,
-    opt_text,
-    plus,
-    show,
-    text,
-    time,
-)
-from .targets import gce_instance, gce_region
-
-NAME = "gce-metadata"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
 # Its windows (``Windows.of``): GCE's, which the Cloud Logging parser reads too.
 WINDOWS: Mapping[str, float] = {"gce_preemption_s": 30.0, "gce_maintenance_s": 60.0}
 

@@ -34,21 +34,8 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from reclaimd.model import (
-    Ignored,
-    Notice,
-    NoticeKind,
-    ParseError,
-    ParseOutcome,
-    Response,
-    Windows,
-    digest,
-    rfc3339,
-    stable_id,
-)
-
-from . import ids
-from .fields import (
+from reclaimd.handlers import ids
+from reclaimd.handlers.fields import (
     as_gmt_time,
     as_list,
     as_object,
@@ -65,9 +52,20 @@ from .fields import (
     text,
     time,
 )
-from .targets import aws_instance
+from reclaimd.handlers.targets import aws_instance
+from reclaimd.model import (
+    Ignored,
+    Notice,
+    NoticeKind,
+    ParseError,
+    ParseOutcome,
+    Response,
+    Windows,
+    digest,
+    rfc3339,
+    stable_id,
+)
 
-NAME = "imds"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
 # Its windows (``Windows.of``): EC2's, which the EventBridge parser reads too.
 WINDOWS: Mapping[str, float] = {"ec2_spot_s": 120.0, "ec2_scheduled_s": 120.0}
 

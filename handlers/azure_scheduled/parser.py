@@ -50,6 +50,22 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
+from reclaimd.handlers import ids
+from reclaimd.handlers.fields import (
+    as_gmt_time,
+    as_object,
+    as_text,
+    attributes,
+    ident,
+    items,
+    load,
+    member,
+    opt_ident,
+    opt_text,
+    plus,
+    show,
+)
+from reclaimd.handlers.ids import Grammar
 from reclaimd.model import (
     Facts,
     Ignored,
@@ -65,23 +81,6 @@ from reclaimd.model import (
     rfc3339,
     stable_id,
 )
-
-from . import ids
-from .fields import (
-    as_gmt_time,
-    as_object,
-    as_text,
-    attributes,
-    ident,
-    items,
-    load,
-    member,
-    opt_ident,
-    opt_text,
-    plus,
-    show,
-)
-from .ids import Grammar
 
 # --- Azure identifiers ----------------------------------------------------------------------
 # VM and scale-set instance names, resource IDs, ``azure://`` provider IDs: this source's own
@@ -277,7 +276,6 @@ class AzureEventFacts(Facts):
 
 # --- the parser -------------------------------------------------------------------------------
 
-NAME = "azure-scheduled"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
 # Its window (``Windows.of``): a Spot eviction's documented minimum notice, for a Scheduled
 # Preempt whose NotBefore is blank (the others' are minutes, and such an event is acted on now).
 WINDOWS: Mapping[str, float] = {"azure_preempt_s": 30.0}

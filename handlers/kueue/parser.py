@@ -30,24 +30,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
 
-from reclaimd.model import (
-    Cause,
-    Ignored,
-    Notice,
-    NoticeKind,
-    ParseError,
-    ParseOutcome,
-    Response,
-    Target,
-    Windows,
-    WorkloadRef,
-    digest,
-    rfc3339,
-    stable_id,
-)
-
-from . import ids
-from .fields import (
+from reclaimd.handlers import ids
+from reclaimd.handlers.fields import (
     JSONObject,
     as_object,
     attributes,
@@ -64,8 +48,22 @@ from .fields import (
     text,
     time,
 )
+from reclaimd.model import (
+    Cause,
+    Ignored,
+    Notice,
+    NoticeKind,
+    ParseError,
+    ParseOutcome,
+    Response,
+    Target,
+    Windows,
+    WorkloadRef,
+    digest,
+    rfc3339,
+    stable_id,
+)
 
-NAME = "kueue"  # the source's parser, by name (handlers.PARSERS, reclaimd parse --source)
 WINDOWS: Mapping[str, float] = {"kueue_grace_s": 30.0}  # its window (``Windows.of``)
 
 SOURCE = "kueue.workload"

@@ -34,11 +34,13 @@ from typing import Any
 
 from reclaimd import kafkaprobe, logs
 from reclaimd.backoff import Backoff
+from reclaimd.handlers.base import Parser
+from reclaimd.handlers.entry import Entry
+from reclaimd.handlers.kafka_notices.parser import parse
+from reclaimd.handlers.kafka_notices.settings import KafkaNoticeSettings
+from reclaimd.handlers.transport import Admit, Counters, Supplies, deliver
 from reclaimd.kafkaconn import KafkaSettings, options
 from reclaimd.model import Windows
-from reclaimd.sources import Entry, KafkaNoticeSettings
-from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, deliver
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ class KafkaNoticeSource:
         admit: Admit,
         windows: Windows,
         consumer_factory: Any = None,
-        parser: str = "kafka",
+        parser: Parser = parse,
         kafka: KafkaSettings | None = None,
     ) -> None:
         if not settings.bootstrap:
@@ -210,11 +212,11 @@ def _default_consumer(settings: KafkaNoticeSettings, kafka: KafkaSettings | None
     )
 
 
-# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+# --- built by the registry (reclaimd.handlers.build), for an enabled source ----------------
 
 
-def build(entry: Entry[KafkaNoticeSettings], w: Wiring) -> KafkaNoticeSource:
-    s = entry.settings_of(w.settings)
+def build(entry: Entry[KafkaNoticeSettings], w: Supplies) -> KafkaNoticeSource:
+    s = entry.section(w.settings)
     return KafkaNoticeSource(
-        s, admit=w.admit, windows=w.windows, parser=entry.parser, kafka=w.settings.kafka
+        s, admit=w.admit, windows=w.windows, parser=entry.parse, kafka=w.settings.kafka
     )

@@ -18,14 +18,16 @@ import time
 
 import aiohttp
 
+from reclaimd.handlers.base import Parser
+from reclaimd.handlers.entry import Entry
+from reclaimd.handlers.imds.parser import parse
+from reclaimd.handlers.imds.settings import ImdsSettings
+from reclaimd.handlers.transport import Admit, Counters, Delivered, Supplies, deliver, poll_forever
 from reclaimd.model import Windows
-from reclaimd.sources import Entry, ImdsSettings
-from reclaimd.sourcing import Wiring
-from reclaimd.transports import Admit, Counters, Delivered, deliver, poll_forever
 
 log = logging.getLogger(__name__)
 
-# Every path handlers/imds.py reads (a unit test keeps the two lists equal); the deadline
+# Every path handlers/imds/parser.py reads (a unit test keeps the two lists equal); the deadline
 # carriers first, so a poll that fails part way has read those.
 PATHS = (
     "spot/instance-action",
@@ -45,7 +47,7 @@ class ImdsSource:
         admit: Admit,
         windows: Windows,
         node_name: str = "",
-        parser: str = "imds",
+        parser: Parser = parse,
     ) -> None:
         self.settings, self.admit, self.windows = settings, admit, windows
         self.parser = parser
@@ -133,9 +135,9 @@ class ImdsSource:
         raise aiohttp.ClientError("IMDS refused a fresh token")
 
 
-# --- built by reclaimd.sourcing, for an enabled source -------------------------------------
+# --- built by the registry (reclaimd.handlers.build), for an enabled source ----------------
 
 
-def build(entry: Entry[ImdsSettings], w: Wiring) -> ImdsSource:
-    s = entry.settings_of(w.settings)
-    return ImdsSource(s, admit=w.admit, windows=w.windows, parser=entry.parser)
+def build(entry: Entry[ImdsSettings], w: Supplies) -> ImdsSource:
+    s = entry.section(w.settings)
+    return ImdsSource(s, admit=w.admit, windows=w.windows, parser=entry.parse)
