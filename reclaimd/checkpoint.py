@@ -65,6 +65,7 @@ from reclaimd.model import (
     rfc3339,
     utcnow,
 )
+from reclaimd.settings.checkpoint import CheckpointSettings
 
 log = logging.getLogger(__name__)
 
@@ -564,15 +565,6 @@ def _one_line(text: str, limit: int = 240) -> str:
 
 
 # --- reclaimd's signaller: the fan-out with one span per rank --------------------------------
-
-
-@dataclass(frozen=True)
-class CheckpointSettings:
-    poll_interval_s: float = 0.5
-    """A rank that answered with a status URL is polled this often."""
-
-    concurrency: int = 64
-    """Checkpoint requests of one gang in flight at once."""
 
 
 class Signaller:

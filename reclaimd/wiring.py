@@ -44,14 +44,14 @@ from reclaimd.cluster import (
     ledgerlog,
     probe,
     ratelimit,
-    watch,
 )
 from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.config import Settings, UnknownTarget
+from reclaimd.config import Settings
 from reclaimd.intake import Admission, Admitted, Intake
 from reclaimd.model import Notice, utcnow
 from reclaimd.pipeline import Budget, Report, Runbook
 from reclaimd.scheduler import GangOwners, Scheduler
+from reclaimd.settings.policy import UnknownTarget
 
 FLUSH_SPANS_MS = 2000  # a notice's trace written out before its claim is done, at most
 
@@ -85,20 +85,18 @@ def wire(
 ) -> Parts:
     """Build every part from the settings; nothing runs yet."""
     tracer = provider.get_tracer(tracing.TRACER_NAME)
-    limiter = ratelimit.RateLimiter(
-        ratelimit.RateSettings(**s.kube.fields("kubeconfig", "connections"))
-    )
+    limiter = ratelimit.RateLimiter(s.kube)
     view = cache.ClusterCache(
         api,
         labeler=ledger.cost_labels,
-        settings=cache.CacheSettings(
-            **s.cache.fields("watch", "snapshot_path"),
-            watch=watch.WatchSettings(**s.cache.watch.fields()),
-            url_policy=s.checkpoint.url_policy(),
-            snapshot_path=None
-            if s.dry_run
-            else s.cache.snapshot_path or s.ledger.beside_outbox("pods.snapshot"),
+        settings=s.cache.model_copy(
+            update={
+                "snapshot_path": None
+                if s.dry_run
+                else s.cache.snapshot_path or s.ledger.beside_outbox("pods.snapshot")
+            }
         ),
+        url_policy=s.checkpoint.url_policy(),
     )
     pp = s.peer_probe
     listener = (
@@ -121,11 +119,8 @@ def wire(
         api,
         s.holder,
         limiter=limiter,
-        settings=claims.ClaimSettings(
-            lease_s=s.claim_stale_s,
-            max_conflicts=s.claims.max_conflicts,
-            unanswered_s=s.claims.unanswered_s,
-        ),
+        lease_s=s.claim_stale_s,
+        settings=s.claims,
         liveness=alive.renewed,
         death=alive.dead,
         group=group,
@@ -133,16 +128,7 @@ def wire(
     writer = actions.ClusterActions(
         api,
         limiter=limiter,
-        settings=actions.ActionSettings(
-            policy=s.policy.eviction,
-            force_before_s=s.policy.force_before_s,
-            drain_when_saved=s.policy.drain_when_saved,
-            delete_grace_s=s.policy.delete_grace_s,
-            retry_base_s=s.policy.retry_base_s,
-            retry_cap_s=s.policy.retry_cap_s,
-            watched_retry_s=s.policy.watched_retry_s,
-            poll_interval_s=s.policy.poll_interval_s,
-        ),
+        settings=s.policy,
         pod_exists=view.pod_exists,
         budget_changes=view.budget_changes,
         gone_at=view.pod_gone_at,
@@ -168,7 +154,7 @@ def wire(
             api,
             limiter,
             instance=s.holder,
-            settings=events.EventSettings(**s.events.fields("enabled")),
+            settings=s.events,
         )
         if s.events.enabled and not s.dry_run
         else None
@@ -219,9 +205,7 @@ def wire(
                 session,
                 tracer,
                 putbudget.TenantPutBudgets(s.max_put_object_qps_per_sa),
-                settings=checkpoint.CheckpointSettings(
-                    **s.checkpoint.fields("require_pod_ip", "allowed_hosts", "identity_token_file")
-                ),
+                settings=s.checkpoint,
             )
             if would is None
             else would.signaller

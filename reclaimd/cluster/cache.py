@@ -30,9 +30,8 @@ import zlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from reclaimd import kueueapi, logs
@@ -47,10 +46,10 @@ from reclaimd.cluster.watch import (
     KubeEndpoint,
     Listed,
     RawObject,
-    WatchSettings,
     watch_objects,
 )
 from reclaimd.model import Gang, GangKey, Target, WorkloadRef, utcnow
+from reclaimd.settings.cache import CacheSettings
 from reclaimd.sources import instance_of
 
 log = logging.getLogger(__name__)
@@ -97,38 +96,6 @@ class WorkloadApi:
     group: str = "kueue.x-k8s.io"
     version: str = "v1beta2"
     plural: str = "workloads"
-
-
-@dataclass(frozen=True)
-class CacheSettings:
-    namespaces: tuple[str, ...] = ()
-    """Namespaces whose pods and Workloads are watched; empty means the whole cluster."""
-
-    watch_workloads: bool = True
-    watch_pdbs: bool = True
-    """Watch PodDisruptionBudgets, so an eviction a PDB refused is tried again when the PDB
-    changes (``pdbs``); without, on a timer."""
-
-    workloads: WorkloadApi = field(default_factory=WorkloadApi)
-    watch: WatchSettings = field(default_factory=WatchSettings)
-
-    permanent_error_pause_s: float = 30.0
-    """After a non-retriable watch failure (RBAC, CRD missing), wait this long before trying
-    again: a fixed RBAC or a newly installed CRD is picked up without a restart."""
-
-    url_policy: UrlPolicy = field(default_factory=UrlPolicy)
-    """Where checkpoint URLs may point (the pod's own IP by default, plus an allowlist)."""
-
-    stall_after_s: float = 150.0
-    """A stream with no LIST, event or BOOKMARK for this long is stuck (the server bookmarks
-    an idle watch every minute and the watch reconnects after its own inactivity timeout):
-    the supervisor restarts it."""
-
-    supervise_interval_s: float = 2.0
-
-    snapshot_path: Path | None = None
-    """Where the pods are kept on the replica's disk for its next process (``podsnapshot``);
-    None: nowhere. Written at most every ``supervise_interval_s``, when they changed."""
 
 
 def instance_ids(node: RawObject) -> frozenset[str]:
@@ -534,9 +501,15 @@ class ClusterCache:
         *,
         settings: CacheSettings = CacheSettings(),
         labeler: Labeler | None = None,
+        url_policy: UrlPolicy = UrlPolicy(),
+        workloads: WorkloadApi = WorkloadApi(),
     ) -> None:
         self._api = api_client
         self._settings = settings
+        # Not settings: where checkpoint URLs may point is derived from the checkpoint
+        # section; the Workload API's version is the one the cluster serves (looked up).
+        self._url_policy = url_policy
+        self._workload_api = workloads
         self._labeler = labeler
         self._idx = _Indexes()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -570,7 +543,7 @@ class ClusterCache:
             )
         ]
         # The Workload version the cluster serves (one discovery, shared by the process).
-        wl = self._settings.workloads
+        wl = self._workload_api
         wl = replace(wl, version=await kueueapi.version_or(self._api, wl.version))
         for ns in self._settings.namespaces or ("",):
             # ns "": every namespace's collection (``/api/v1/pods``), named "pods".
@@ -945,7 +918,7 @@ class ClusterCache:
             [self._idx.pods[pid].decode() for pid in pids] + [p.decode() for p in gone],
             labeler=self._labeler,
             node_labels=self.node_labels,
-            url_policy=self._settings.url_policy,
+            url_policy=self._url_policy,
         )
         if not gone:
             return gang

@@ -52,6 +52,7 @@ from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import WorkloadApi
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import Notice, ParseError, frozen_map, parse_time, rfc3339, utcnow
+from reclaimd.settings.claims import ClaimSettings
 
 log = logging.getLogger(__name__)
 
@@ -326,23 +327,6 @@ class _Read:
     taints: tuple[Mapping[str, Any], ...] = ()
 
 
-@dataclass(frozen=True)
-class ClaimSettings:
-    lease_s: float = 20.0
-    """A holder silent this long is presumed dead; its claims can be taken over. Twice the
-    longest pause between phase writes a healthy holder makes (it heartbeats while waiting)."""
-
-    max_conflicts: int = 20
-    """Re-reads after 409 before giving up: each conflict means someone else made progress."""
-
-    unanswered_s: float = 10.0
-    """A claim is given up when the API server has answered nothing for this long: the
-    message goes back to its transport for a peer that can reach the server, instead of a
-    cut-off replica holding it (and extending its lease) until the notice's deadline."""
-
-    workloads: WorkloadApi = field(default_factory=WorkloadApi)
-
-
 class ClaimStore:
     def __init__(
         self,
@@ -350,7 +334,9 @@ class ClaimStore:
         holder: str,
         *,
         limiter: RateLimiter | None = None,
+        lease_s: float,
         settings: ClaimSettings = ClaimSettings(),
+        workloads: WorkloadApi = WorkloadApi(),
         clock: Callable[[], datetime] = utcnow,
         liveness: Liveness = _never_renewed,
         death: Death = never_dead,
@@ -363,6 +349,10 @@ class ClaimStore:
         self._api = api_client
         self._limiter = limiter or RateLimiter()
         self._settings = settings
+        # Not settings: the lease is the replicas' claim_stale_s, the Workload API's version
+        # is the one the cluster serves (looked up on first use).
+        self._lease_s = lease_s
+        self._workload_api = workloads
         self._clock = clock
         self._liveness = liveness
         self._death = death
@@ -387,7 +377,7 @@ class ClaimStore:
         async def change(read: _Read) -> ClaimResult:
             existing = read.claim
             now = self._clock()
-            lease_s = self._settings.lease_s
+            lease_s = self._lease_s
             renewed = self._liveness(existing.holder) if existing is not None else None
             dead = existing is not None and self._death(existing.holder)
             status = decide(existing, notice, self.holder, now, lease_s, renewed=renewed, dead=dead)
@@ -545,7 +535,7 @@ class ClaimStore:
 
     async def _workloads(self) -> WorkloadApi:
         """Where Workloads are served: the version found by the process's one discovery."""
-        wl = self._settings.workloads
+        wl = self._workload_api
         return replace(wl, version=await kueueapi.version_or(self._api, wl.version))
 
     def _parse(self, obj: ClaimTarget, annotations: Mapping[str, str] | None) -> list[Claim]:

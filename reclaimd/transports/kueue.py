@@ -43,12 +43,12 @@ from reclaimd.cluster.watch import (
     Listed,
     RawObject,
     WatchEvent,
-    WatchSettings,
     watch_objects,
 )
 from reclaimd.intake import Admission
 from reclaimd.kueueapi import GROUP, PLURAL, PREFERRED_VERSIONS, pick_version
 from reclaimd.model import Notice, Windows
+from reclaimd.settings.watch import WatchSettings
 from reclaimd.sources import Entry, KueueSettings
 from reclaimd.sourcing import Wiring
 from reclaimd.transports import Admit, Counters, Read, admit_all, deliver

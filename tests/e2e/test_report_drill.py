@@ -42,10 +42,11 @@ from chaos.harness import Harness
 from reclaimd import meter
 from reclaimd.cluster import apiserver, client
 from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.cluster.cache import CacheSettings, ClusterCache
+from reclaimd.cluster.cache import ClusterCache
 from reclaimd.cluster.client import build_api_client
 from reclaimd.ledger import LedgerWriter
 from reclaimd.model import parse_time, rfc3339, utcnow
+from reclaimd.settings.cache import CacheSettings
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"

@@ -14,7 +14,6 @@ import pytest
 from reclaimd.cluster import claims, client, gangs
 from reclaimd.cluster.cache import (
     CLAIM_ANNOTATION,
-    CacheSettings,
     ClusterCache,
     NodeView,
     TakingTurns,
@@ -23,8 +22,10 @@ from reclaimd.cluster.cache import (
     pod_record,
     slim_pod,
 )
-from reclaimd.cluster.watch import Changed, Listed, WatchSettings
+from reclaimd.cluster.watch import Changed, Listed
 from reclaimd.model import GangKey, Target, WorkloadRef, utcnow
+from reclaimd.settings.cache import CacheSettings
+from reclaimd.settings.watch import WatchSettings
 
 CLAIM = '{"holder":"reclaimd-0","notice":"n-1"}'
 
