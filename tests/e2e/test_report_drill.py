@@ -46,6 +46,7 @@ from reclaimd.cluster.cache import ClusterCache
 from reclaimd.cluster.client import build_api_client
 from reclaimd.ledger import LedgerWriter
 from reclaimd.model import parse_time, rfc3339, utcnow
+from reclaimd.settings.allocation import AllocationSettings
 from reclaimd.settings.cache import CacheSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -456,7 +457,8 @@ async def metered_drill(env: stackenv.StackEnv, tmp_path: Path) -> Run:
         writer,
         meter.LeaseHourLock(api, "default", f"known-answer-{run_id}", cluster),
         cluster=cluster,
-        interval_s=900,  # gaps up to an hour count: the two looks are ~30 min of drill apart
+        # Gaps up to an hour count: the two looks are ~30 min of drill apart.
+        settings=AllocationSettings(interval_s=900),
         clock=clock,
     )
     looks: list[datetime] = []
