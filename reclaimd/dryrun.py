@@ -7,7 +7,8 @@ per action (``would claim``, ``would evict``, ...) with the notice's id, and cou
 claim would be (``claims.decide``), so the transport acks only what it would have acked.
 
 Nothing is written: no claim or cordon, no Lease, no eviction, no checkpoint request, no
-ledger row (the daemon also skips the holder Lease, the resume scan, Events and the meter).
+ledger row. ``wiring.DryRun`` builds these parts in place of the real ones, and no holder
+Lease, resume scan, probe port, Events or meter at all.
 """
 
 from __future__ import annotations
