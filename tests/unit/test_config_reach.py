@@ -29,8 +29,6 @@ SKIPPED_PACKAGES = ("chaos", "chaos.bench")  # drills and benches: not the daemo
 # top level) and the names that differ there.
 TUNED: dict[str, tuple[str, dict[str, str]]] = {
     "reclaimd.ledger.LedgerWriter": ("ledger.writer", {}),
-    "reclaimd.scheduler.Scheduler": ("", {"horizon_s": "schedule_horizon_s"}),
-    "reclaimd.scheduler.EdfQueue": ("", {"horizon_s": "schedule_horizon_s"}),
 }
 
 
