@@ -97,7 +97,7 @@ class WouldClaimLog:
         holder: str,
         counters: DryRunCounters,
         *,
-        lease_s: float = 20.0,
+        lease_s: float,  # claim_stale_s, as the real claim store is given it
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.nodes, self.holder, self.counters = nodes, holder, counters
@@ -275,7 +275,7 @@ class WouldParts:
         holder: str,
         policy: ledger.LabelPolicy,
         *,
-        lease_s: float = 20.0,
+        lease_s: float,
         eviction_policy: str = "",
     ) -> WouldParts:
         counters = DryRunCounters()
