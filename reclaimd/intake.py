@@ -92,7 +92,7 @@ class Intake:
         resolver: TargetResolver,
         submit: Callable[[Admitted], Awaitable[object]],
         drop_unknown: bool,
-        expire_after: timedelta = timedelta(minutes=5),
+        expire_after: timedelta,  # policy.expired_after_s
         on_admission: Callable[[Notice, Admission], SpanContext | None] | None = None,
         settings: IntakeSettings = IntakeSettings(),
         held: HeldNotices | None = None,
