@@ -157,15 +157,8 @@ class Live:
         limiter: ratelimit.RateLimiter,
         alive: holders.HolderLeases,
     ) -> ledger.LedgerWriter:
-        return ledger.LedgerWriter(
-            bootstrap_servers=s.ledger.bootstrap,
-            connection=s.kafka,
-            topic=s.ledger.topic,
-            outbox_path=s.ledger.outbox_path,
-            policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
-            **s.ledger.writer.fields(),
-            **_ledger_log(s, api, s.ledger.topic, limiter, alive),
-        )
+        log = _ledger_log(s, api, s.ledger.topic, limiter, alive)
+        return _ledger_writer(s, s.ledger.bootstrap, s.ledger.outbox_path, **log)
 
     def acting(self, core: Core, session: aiohttp.ClientSession, tracer: Tracer) -> Acting:
         s, api, view, alive = core.s, core.api, core.view, core.alive
@@ -246,14 +239,7 @@ class DryRun:
         alive: holders.HolderLeases,
     ) -> ledger.LedgerWriter:
         # No outbox file and no broker: the writer stays empty (the would-recorder logs).
-        return ledger.LedgerWriter(
-            bootstrap_servers="",
-            connection=s.kafka,
-            topic=s.ledger.topic,
-            outbox_path=":memory:",
-            policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
-            **s.ledger.writer.fields(),
-        )
+        return _ledger_writer(s, "", ":memory:")
 
     def acting(self, core: Core, session: aiohttp.ClientSession, tracer: Tracer) -> Acting:
         s, view = core.s, core.view
@@ -447,6 +433,22 @@ def _resumer(core: Core, intake: Intake, scheduler: Scheduler[Admitted]) -> clai
         dead=alive.dead,
         wake=alive.deaths,
         expire_after=timedelta(seconds=s.policy.expired_after_s),
+    )
+
+
+def _ledger_writer(
+    s: Settings, bootstrap: str, outbox: Path | str, **log: Any
+) -> ledger.LedgerWriter:
+    """The restart-waste ledger's writer: its broker, its outbox and (``log``) its record in
+    the cluster for a peer to adopt."""
+    return ledger.LedgerWriter(
+        bootstrap_servers=bootstrap,
+        connection=s.kafka,
+        topic=s.ledger.topic,
+        outbox_path=outbox,
+        policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
+        **s.ledger.writer.fields(),
+        **log,
     )
 
 
