@@ -51,7 +51,7 @@ DAEMON_PARTS = (
     "opentelemetry.trace",
     "reclaimd.checkpoint",
     "reclaimd.health",
-    "reclaimd.ledger",
+    "reclaimd.ledger.writer",
     "reclaimd.logs",
     "reclaimd.metrics",
     "reclaimd.tracing",
@@ -59,7 +59,8 @@ DAEMON_PARTS = (
     "reclaimd.cluster.actions",
     "reclaimd.cluster.cache",
     "reclaimd.cluster.claims",
-    "reclaimd.cluster.client",
+    "reclaimd.cluster.connect",
+    "reclaimd.cluster.errors",
     "reclaimd.cluster.gangclaims",
     "reclaimd.cluster.ratelimit",
     "reclaimd.config",
@@ -648,12 +649,12 @@ def measure_main(kubeconfig: str) -> int:
     baseline = memory_mb()
 
     async def go() -> dict[str, Any]:
-        from reclaimd import ledger
-        from reclaimd.cluster import cache, client
+        from reclaimd.cluster import cache, connect, errors
+        from reclaimd.ledger.labels import cost_labels
 
-        api = await client.build_api_client(kubeconfig)
+        api = await connect.build_api_client(kubeconfig)
         # As ``reclaimd.wiring.wire`` builds it.
-        view = cache.ClusterCache(api, labeler=ledger.cost_labels)
+        view = cache.ClusterCache(api, labeler=cost_labels)
         start = time.monotonic()
         await view.start()
         try:

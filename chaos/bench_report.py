@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from reclaimd.report import engine
+from reclaimd.report import engine, focus, sqltext
 
 START = datetime(2026, 3, 1)
 
@@ -65,12 +65,12 @@ def generate(root: Path, *, nodes: int, hours: int, events: int) -> Files:
         con.execute(_NODES.format(nodes=nodes))
         con.execute(f"CREATE TABLE hours AS SELECT range AS h FROM range({hours})")
         con.execute(_INSTANCE_HOURS.format(start=START.isoformat(sep=" ")))
-        con.execute(f"COPY ({_FOCUS}) TO {engine._quote(files.focus)} (FORMAT parquet)")
-        con.execute(f"COPY ({_ALLOC}) TO {engine._quote(files.alloc)} (FORMAT parquet)")
+        con.execute(f"COPY ({_FOCUS}) TO {sqltext.quote(files.focus)} (FORMAT parquet)")
+        con.execute(f"COPY ({_ALLOC}) TO {sqltext.quote(files.alloc)} (FORMAT parquet)")
         waste = _WASTE.format(
             events=events, nodes=nodes, hours=hours, start=START.isoformat(sep=" ")
         )
-        con.execute(f"COPY ({waste}) TO {engine._quote(files.waste)} (FORMAT parquet)")
+        con.execute(f"COPY ({waste}) TO {sqltext.quote(files.waste)} (FORMAT parquet)")
     finally:
         con.close()
     return files
@@ -211,10 +211,10 @@ WHERE (p = 0 OR e % 2 = 0) AND n.i = (hash(e) % {nodes} + 2 * p) % {nodes}
 def _raw_scan(files: Files) -> dict[str, Any]:
     """Every column report.sql reads from the three files, aggregated in one pass each."""
     con = engine.connect()
-    q = engine._quote
-    focus_cols = ["ChargePeriodStart", "ResourceId", "SubAccountId", *engine.FOCUS_TEXT]
+    q = sqltext.quote
+    focus_cols = ["ChargePeriodStart", "ResourceId", "SubAccountId", *focus.FOCUS_TEXT]
     aggs = ", ".join(f'max("{c}")' for c in focus_cols)
-    nums = ", ".join(f'sum("{c}")' for c in engine.FOCUS_NUMERIC)
+    nums = ", ".join(f'sum("{c}")' for c in focus.FOCUS_NUMERIC)
     out = {
         "focus": con.execute(
             f"SELECT count(*), {aggs}, {nums} FROM read_parquet({q(files.focus)})"

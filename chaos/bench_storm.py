@@ -48,7 +48,7 @@ async def calibrate(
     """Node PATCHes per second at each concurrency, from one client: the daemon's own
     (``ApiServer``), so the limit is the API server's, not a client's."""
     from reclaimd.cluster import apiserver
-    from reclaimd.cluster.client import build_api_client
+    from reclaimd.cluster.connect import build_api_client
 
     run = uuid.uuid4().hex[:6]
     api = await build_api_client(stack.kubeconfig, pool_size=max(concurrencies))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from reclaimd import meter, skus
-from reclaimd.ledger import LabelPolicy, cost_labels
+from reclaimd.ledger.labels import LabelPolicy, cost_labels
 from reclaimd.model import rfc3339
 from reclaimd.report.ledger_input import WastePart
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from reclaimd import cli
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.report import ledger_input
 from reclaimd.report.ledger_input import InputError
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reclaimd import postmortem
+from reclaimd import postmortemsvg
 
 from . import report
 from .scenario import FaultKind, Plan, ScenarioError
@@ -102,7 +102,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if args.svg:
         picture = slowest(verdict)
         if picture is not None:
-            Path(args.svg).write_text(postmortem.render_svg(picture))
+            Path(args.svg).write_text(postmortemsvg.render_svg(picture))
             print(f"post-mortem picture of the slowest notice: {args.svg}")
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(verdict), indent=2) + "\n")
@@ -111,7 +111,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def cmd_gameday(args: argparse.Namespace, scenario: Any) -> int:
     """``drill run --cluster``: 0, 1 as a local drill; 2 for a refusal (nothing changed)."""
-    from reclaimd.cluster.client import ConfigError
+    from reclaimd.cluster.errors import ConfigError
 
     from .drill import Progress
     from .gameday import GameDay, Options

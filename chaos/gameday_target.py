@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from reclaimd import config as rconfig
-from reclaimd.ledger import cost_labels
+from reclaimd.ledger.labels import cost_labels
 from reclaimd.model import ParseError
 
 from .scenario import Plan, PlannedNode, Source

@@ -25,7 +25,7 @@ from kubernetes_asyncio.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 import handlers
-from reclaimd.ledger import SCHEMA as LEDGER_SCHEMA
+from reclaimd.ledger.event import SCHEMA as LEDGER_SCHEMA
 from reclaimd.model import Notice, utcnow
 
 from . import fleet, inject, kube

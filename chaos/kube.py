@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.dynamic import DynamicClient
 
-from reclaimd.cluster.client import MESSAGE_LIMIT, ConfigError
+from reclaimd.cluster.errors import MESSAGE_LIMIT, ConfigError
 
 FIELD_MANAGER = "reclaimd-local"
 

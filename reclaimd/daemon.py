@@ -33,7 +33,8 @@ from reclaimd import (
 )
 from reclaimd import sourcing as registry
 from reclaimd.cluster import (
-    client,
+    connect,
+    errors,
     peers,
     ratelimit,
 )
@@ -74,7 +75,7 @@ class Daemon:
                 "service.instance.id": s.holder,
             },
         )
-        api = await client.build_api_client(
+        api = await connect.build_api_client(
             str(s.kube.kubeconfig) if s.kube.kubeconfig else None, pool_size=s.kube.connections
         )
         session = checkpoint.session(s.checkpoint_connections, s.checkpoint.identity_token_file)
@@ -141,7 +142,7 @@ class Daemon:
         if parts.probe is not None:
             await parts.probe.start()
         if parts.lease is not None:
-            with contextlib.suppress(client.KubeError):
+            with contextlib.suppress(errors.KubeError):
                 await parts.lease.renew()
 
     def _acting(self, tg: asyncio.TaskGroup, parts: Parts) -> list[asyncio.Task[None]]:
@@ -190,7 +191,7 @@ class Daemon:
         if parts.probe is not None:
             await parts.probe.close()  # refused from now on: peers take our claims over now
         if parts.lease is not None:
-            with contextlib.suppress(client.KubeError):
+            with contextlib.suppress(errors.KubeError):
                 await parts.lease.release()
 
     def _sources(self, parts: Parts, api: ApiServer) -> dict[str, registry.Source]:

@@ -22,9 +22,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from reclaimd import ledger, logs
+from reclaimd import logs
 from reclaimd.cluster import claimlog, claims
 from reclaimd.intake import Admission, Admitted, Claimed
+from reclaimd.ledger.event import to_event
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.model import (
     Gang,
     GangKey,
@@ -249,11 +251,11 @@ class WouldRecord:
     """The runbook's ``Ledger``: the event is built as the real writer encodes it, and
     logged; no outbox row, nothing sent."""
 
-    def __init__(self, counters: DryRunCounters, policy: ledger.LabelPolicy) -> None:
+    def __init__(self, counters: DryRunCounters, policy: LabelPolicy) -> None:
         self.counters, self.policy = counters, policy
 
     async def record(self, waste: RestartWaste) -> None:
-        event = ledger.to_event(waste, self.policy)
+        event = to_event(waste, self.policy)
         _would(self.counters, "record", waste.notice.id, event=event)
 
 
@@ -273,7 +275,7 @@ class WouldParts:
         cls,
         nodes: claimlog.NodeCopies,
         holder: str,
-        policy: ledger.LabelPolicy,
+        policy: LabelPolicy,
         *,
         lease_s: float,
         eviction_policy: str = "",

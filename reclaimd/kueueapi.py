@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from reclaimd.cluster import client
+from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer
 
 GROUP = "kueue.x-k8s.io"
@@ -32,8 +32,8 @@ async def served_versions(api: ApiServer, group: str = GROUP) -> list[str]:
     """The versions the API server serves for ``group`` (discovery of ``/apis``, an
     APIGroupList; empty if none).
 
-    Raises ``client.KubeError`` (with ``retriable``) when discovery itself fails."""
-    with client.kube_errors(f"discover {group}"):
+    Raises ``errors.KubeError`` (with ``retriable``) when discovery itself fails."""
+    with errors.kube_errors(f"discover {group}"):
         groups = await api.get("/apis")
     for g in groups.get("groups") or ():
         if isinstance(g, Mapping) and g.get("name") == group:
@@ -92,5 +92,5 @@ async def version_or(api: ApiServer, fallback: str) -> str:
     the next call asks again."""
     try:
         return await shared(api).get() or fallback
-    except client.KubeError:
+    except errors.KubeError:
         return fallback

@@ -46,14 +46,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from reclaimd import skus
-from reclaimd.ledger import (
-    LabelPolicy,
-    LedgerWriter,
-    bounded,
-    cost_labels,
-    placement,
-    pricing_category,
-)
+from reclaimd.ledger.labels import LabelPolicy, bounded, cost_labels, placement, pricing_category
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import rfc3339, stable_id, utcnow
 from reclaimd.settings.allocation import AllocationSettings
 
@@ -403,7 +397,7 @@ class LeaseHourLock:
         self._limiter: RateLimiter = limiter or RateLimiter()
 
     async def acquire(self, hour: datetime) -> bool:
-        from reclaimd.cluster import apiserver, client, objects
+        from reclaimd.cluster import apiserver, errors, objects
 
         name = lease_name(self.cluster, hour)
         body = {
@@ -418,7 +412,7 @@ class LeaseHourLock:
                 lambda: self._api.post(apiserver.lease(self.namespace), body),
             )
             return True
-        except client.Conflict:
+        except errors.Conflict:
             lease = await self._limiter.read(
                 f"read lease/{name}",
                 None,
@@ -428,7 +422,7 @@ class LeaseHourLock:
 
 
 class CacheFleet:
-    """``FleetView`` over ``cluster.cache.ClusterCache``.
+    """``FleetView`` over ``cluster.cacheview.CacheView`` (``ClusterCache.view``).
 
     Everything comes through the cache's public queries (``gpu_pods``, ``node``,
     ``provider_id``).

@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 
 from reclaimd import __version__, logs
 from reclaimd.checkpoint import NOT_OPTED_IN
-from reclaimd.ledger import DEFAULT_ALLOW, LabelPolicy
+from reclaimd.ledger.labels import DEFAULT_ALLOW, LabelPolicy
 from reclaimd.model import Notice, RankAck
 from reclaimd.pipeline import Report
 from reclaimd.sources import origin_of

@@ -13,7 +13,7 @@ ever sees one thread at a time. ``depth()`` is a counter kept beside the table (
 at open, then moved by ``put`` and ``mark_sent``), so metrics can read it from any thread
 without waiting behind a commit.
 
-Two columns serve the exactly-once publisher (``ledger.LedgerWriter``): ``cluster`` says
+Two columns serve the exactly-once publisher (``ledger.writer.LedgerWriter``): ``cluster`` says
 whether the row also has a record in the cluster (``ledgerlog``: a peer may adopt and publish
 it), and ``tried_at`` says a transaction carrying it was started, so its outcome is in doubt
 until the topic is read: a crash between the broker's commit and ``mark_sent`` must not send

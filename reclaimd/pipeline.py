@@ -11,7 +11,8 @@ and the drain escalates as the deadline nears (the eviction policy decides how).
 settled concurrently and independently: a gang whose rank hangs does not hold back the drain
 of another. A gang that a notice in this process already owns is joined, not waited for
 (``scheduler.GangOwners``). Side effects sit behind the small protocols below so each step
-can be exercised alone.
+can be exercised alone. What a taken-over notice's gangs recorded, and the acks written back
+to that record, are in ``gangbook``; the spans the steps open, in ``runbookspans``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any, Protocol
 
 from opentelemetry import trace
 
-from reclaimd import checkpoint, logs, tracing
-from reclaimd.ackwrites import AckWrites
+from reclaimd import checkpoint, gangbook, logs, runbookspans, tracing
 from reclaimd.afterdrain import AfterDrain, NoAfterDrain
-from reclaimd.intake import Admission, Admitted, ClaimLost
+from reclaimd.gangbook import GangRecords
+from reclaimd.intake import Admitted, ClaimLost
 from reclaimd.model import (
     Gang,
     GangKey,
@@ -130,19 +131,6 @@ class Silent:
         return None
 
 
-class GangRecords(Protocol):
-    """The gangs' durable record in the cluster (``cluster.gangclaims``): what a replica
-    taking a notice over needs to charge its gangs as the dead owner would have."""
-
-    async def acked(self, gang: Gang, notice: Notice, acks: tuple[RankAck, ...]) -> None:
-        """Record the durable checkpoints acked (never raises)."""
-        ...
-
-    async def owned_by(self, notice: Notice) -> Mapping[GangKey, Recorded]:
-        """The gangs ``notice`` owns, as recorded when they were owned."""
-        ...
-
-
 class Progress(Protocol):
     async def done(self, admitted: Admitted, **facts: Any) -> None:
         """The notice is finished: its claim says so (the resume scan skips it)."""
@@ -226,6 +214,10 @@ class Report:
 
 
 class Runbook:
+    """A notice from its claim to its gangs charged: ``handle`` runs the steps below in order
+    (``resolve``, ``own``, then per gang ``settle``: ``checkpoint``, ``drain``, ``record``;
+    ``follow`` for a gang another notice here owns)."""
+
     def __init__(
         self,
         *,
@@ -253,14 +245,9 @@ class Runbook:
         self.flush_spans = flush_spans
         self.narrator: Narrator = narrator or Silent()
         self.ledger, self.progress, self.budget = ledger, progress, budget
-        self.owners = owners
-        self.build_waste = build_waste
-        self.tracer = tracer
-        self.cluster_name = cluster_name
-        self.evict_concurrency = evict_concurrency
-        self.on_report = on_report
-        self.ledger_topic = ledger_topic
-        self.records = records
+        self.owners, self.build_waste, self.tracer = owners, build_waste, tracer
+        self.cluster_name, self.ledger_topic = cluster_name, ledger_topic
+        self.evict_concurrency, self.on_report, self.records = evict_concurrency, on_report, records
         # What the notice's source does around the drain (an ASG lifecycle hook's heartbeats
         # while it runs, CONTINUE once it is done).
         self.after_drain: AfterDrain = after_drain or NoAfterDrain()
@@ -282,21 +269,16 @@ class Runbook:
         report.mark("received", notice.received_at)
         # A notice taken over (or resumed after a restart) starts from what its gangs' Leases
         # recorded: the gangs owned, their acked checkpoints, the earlier trace to link to.
-        recorded = await self._recorded(admitted)
+        recorded = await gangbook.recorded_gangs(self.records, admitted)
         # The trace starts when the notice was received, so the window spent in the transport
         # and in the claim shows in the post-mortem; an exception is recorded on the root.
-        with tracing.notice_span(
+        with runbookspans.notice_span(
             self.tracer,
-            notice,
+            admitted,
+            report.mark,
             cluster=self.cluster_name,
-            receipt=admitted.receipt,
             earlier=[r.traceparent for r in recorded.values()],
         ) as root:
-            if admitted.claim_times is None:
-                root.set_attribute("reclaimd.resumed", True)
-                if admitted.claim.took_over_from:
-                    root.set_attribute("reclaimd.took_over_from", admitted.claim.took_over_from)
-            self._claim_spans(admitted, report)
             try:
                 facts = await self._run(admitted, report, recorded)
             finally:
@@ -307,24 +289,12 @@ class Runbook:
             self.on_report(report)
         return report
 
-    async def _recorded(self, admitted: Admitted) -> Mapping[GangKey, Recorded]:
-        if admitted.claim.admission is Admission.CLAIMED or self.records is None:
-            return {}  # a fresh claim: nobody owned its gangs for it before
-        # Ours already or taken over, by the resume scan or by a redelivered message alike.
-        try:
-            return await self.records.owned_by(admitted.notice)
-        except Exception as e:  # without the records the notice is still worth running
-            logs.event(
-                log, "gang records unreadable", logging.WARNING, notice_id=admitted.id, error=str(e)
-            )
-            return {}
-
     async def _run(
         self, admitted: Admitted, report: Report, recorded: Mapping[GangKey, Recorded]
     ) -> dict[str, Any]:
         """The runbook; what the claim records as done (``handle`` writes it, last)."""
         notice = admitted.notice
-        plan = with_recorded(self.resolve(notice), recorded)
+        plan = gangbook.with_recorded(self.resolve(notice), recorded)
         report.plan = plan
         report.mark("resolved")
         self.narrator.claimed(notice, plan.nodes, cordoned=admitted.claim.cordoned)
@@ -354,24 +324,6 @@ class Runbook:
         drained = not KEPT_RUNNING.intersection(report.evictions.values())
         await self.after_drain.finished(notice, drained=drained)
         return {"deadline_met": report.deadline_met}
-
-    def _claim_spans(self, admitted: Admitted, report: Report) -> None:
-        """The claim (and, on a node, the cordon: the same write) as spans of this trace."""
-        if admitted.claim_times is None:
-            return  # resumed: the claim was made by an earlier process or a dead peer
-        start, end = (_ns(t) for t in admitted.claim_times)
-        self.tracer.start_span("reclaimd.claim", start_time=start).end(end_time=end)
-        report.mark("claimed", admitted.claim_times[1])
-        if admitted.claim.cordoned:
-            node = admitted.claim.node
-            attributes: dict[str, Any] = {"reclaimd.claim_write": True}
-            if node:
-                attributes["k8s.node.name"] = node
-            span = self.tracer.start_span(
-                "reclaimd.cordon", start_time=start, attributes=attributes
-            )
-            span.end(end_time=end)
-            report.mark("cordoned", admitted.claim_times[1])
 
     # --- the steps ------------------------------------------------------------------------
 
@@ -415,9 +367,8 @@ class Runbook:
         notice = admitted.notice
         # Each durable ack is recorded as it comes: killed while a slow rank still saves,
         # this process must not take the fast ranks' acks with it.
-        writes = AckWrites(
-            lambda acks: self._record_acks(admitted, flight.gang, acks),
-            recorded.acks if recorded is not None else (),
+        writes = gangbook.ack_writes(
+            self.records, admitted, flight.gang, recorded, fence=self._fence
         )
         try:
             acks = await self.checkpoint(notice, flight.gang, flight, report, on_ack=writes.add)
@@ -437,18 +388,8 @@ class Runbook:
             writes.cancel()
             flight.settled.set()
 
-    async def _record_acks(self, admitted: Admitted, gang: Gang, acks: tuple[RankAck, ...]) -> None:
-        if self.records is None:
-            return
-        await self._fence(admitted)  # a write for the notice, fenced as every step is
-        await self.records.acked(gang, admitted.notice, acks)
-
     async def _flush_spans(self) -> None:
-        if self.flush_spans is not None:
-            try:
-                await self.flush_spans()
-            except Exception as e:  # a collector down must not keep the claim open
-                logs.event(log, "spans not flushed", logging.WARNING, error=str(e)[:200])
+        await runbookspans.flush(self.flush_spans)  # never raises
 
     async def _fence(self, admitted: Admitted) -> None:
         if not await self.progress.still_ours(admitted):
@@ -514,16 +455,7 @@ class Runbook:
         limit = asyncio.Semaphore(self.evict_concurrency)
 
         async def one(member: Member) -> Stop:
-            with self.tracer.start_as_current_span(
-                "reclaimd.evict",
-                attributes={
-                    "k8s.namespace.name": member.namespace,
-                    "k8s.pod.name": member.name,
-                    "k8s.pod.uid": member.uid,
-                    "k8s.node.name": member.node,
-                    "reclaimd.gang": str(gang.key),
-                },
-            ) as span:
+            with runbookspans.evict_span(self.tracer, member, gang) as span:
                 async with limit:
                     if notice.response is Response.FULL:
                         # The drain follows the checkpoint ask: the gang is saved or never will be.
@@ -565,15 +497,7 @@ class Runbook:
         stopped: Stop,
         report: Report,
     ) -> None:
-        with self.tracer.start_as_current_span(
-            "reclaimd.ledger",
-            kind=trace.SpanKind.PRODUCER,  # it creates the event; the outbox sends it later
-            attributes={
-                **tracing.producer_attributes("kafka", self.ledger_topic, 1),
-                "reclaimd.gang": str(gang.key),
-                "reclaimd.notice.id": notice.id,
-            },
-        ) as span:
+        with runbookspans.ledger_span(self.tracer, self.ledger_topic, notice, gang) as span:
             waste = self.build_waste(
                 notice,
                 gang,
@@ -599,29 +523,3 @@ class Runbook:
             gpu_seconds_lost=round(waste.gpu_seconds_lost, 3),
             deadline_met=stopped.in_time,
         )
-
-
-def with_recorded(plan: Plan, recorded: Mapping[GangKey, Recorded]) -> Plan:
-    """A resumed notice's plan: each gang with every rank it had when owned (the dead owner
-    may have evicted some of its pods, or all: such a gang is no longer on the node, but is
-    still to charge)."""
-    if not recorded:
-        return plan
-    seen = {g.key for g in plan.gangs}
-    gangs = tuple(
-        _with_gone(g, recorded[g.key].gang) if g.key in recorded else g for g in plan.gangs
-    )
-    gangs += tuple(r.gang for key, r in sorted(recorded.items(), key=str) if key not in seen)
-    return dataclasses.replace(plan, gangs=gangs)
-
-
-def _with_gone(live: Gang, owned: Gang) -> Gang:
-    """The live gang (its ranks are asked again: they have URLs, the record has none) plus
-    the ranks the record has that are gone already (charged from their recorded acks)."""
-    here = {m.uid for m in live.members}
-    gone = tuple(m for m in owned.members if m.uid not in here)
-    return dataclasses.replace(live, members=live.members + gone) if gone else live
-
-
-def _ns(t: datetime) -> int:
-    return int(t.timestamp() * 1e9)

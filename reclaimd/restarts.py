@@ -35,16 +35,15 @@ import aiohttp
 
 from reclaimd import logs
 from reclaimd.cluster.gangclaims import Charged
-from reclaimd.ledger import (
+from reclaimd.ledger.event import gang_kafka_key, instance_part
+from reclaimd.ledger.labels import (
     LabelPolicy,
-    LedgerWriter,
     bounded,
-    gang_kafka_key,
-    instance_part,
     normalize_purchase_option,
     placement,
     pricing_category,
 )
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Gang, GangKey, Member, ParseError, parse_time, rfc3339, stable_id
 
 log = logging.getLogger(__name__)

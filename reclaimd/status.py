@@ -34,7 +34,16 @@ from typing import Any
 import aiohttp
 
 from reclaimd import kueueapi
-from reclaimd.cluster import apiserver, client, gangclaims, gangrecord, holders, objects, slots
+from reclaimd.cluster import (
+    apiserver,
+    connect,
+    errors,
+    gangclaims,
+    gangrecord,
+    holders,
+    objects,
+    slots,
+)
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import WorkloadApi
 from reclaimd.cluster.claims import CLAIM_ANNOTATION, Claim, ClaimTarget, NodeObj, WorkloadObj
@@ -178,7 +187,7 @@ async def read(
             gang_views = await _gangs(api, mine, notes)
     except TimeoutError as e:
         raise StatusError(f"the API server did not answer within {timeout_s:g} s") from e
-    except client.KubeError as e:
+    except errors.KubeError as e:
         raise StatusError(_why(e)) from e
 
     def alive(holder: str) -> bool:
@@ -255,22 +264,22 @@ def _split(
 
 async def _read_cluster(api: ApiServer, namespace: str) -> tuple[list[Claim], _Leases, list[str]]:
     notes: list[str] = []
-    with client.kube_errors("list nodes"):
+    with errors.kube_errors("list nodes"):
         nodes = await api.get(apiserver.node(), **CACHED)
     found = [_claim(NodeObj(objects.name(n)), n, notes) for n in objects.items(nodes)]
     wl = WorkloadApi()
     version = await kueueapi.version_or(api, wl.version)
     try:
-        with client.kube_errors("list workloads"):
+        with errors.kube_errors("list workloads"):
             path = apiserver.group(f"{wl.group}/{version}", wl.plural)
             workloads = await api.get(path, **CACHED)
-    except client.NotFound:
+    except errors.NotFound:
         workloads = {}  # no Kueue here: no Workload claims
     for w in objects.items(workloads):
         meta = objects.meta(w)
         target = WorkloadObj(str(meta.get("namespace") or ""), objects.name(w))
         found.append(_claim(target, w, notes))
-    with client.kube_errors(f"list leases in {namespace}"):
+    with errors.kube_errors(f"list leases in {namespace}"):
         listed = await api.get(apiserver.lease(namespace), **CACHED)
     leases = _Leases([], [], [])
     for lease in objects.items(listed):
@@ -331,7 +340,7 @@ async def _with_pods(
         for uids in listed:
             assert present is not None
             present |= uids
-    except client.Forbidden as e:
+    except errors.Forbidden as e:
         notes.append(f"pods left unknown: {_why(e)}")
         present = None
     out: dict[str, list[GangView]] = {}
@@ -353,7 +362,7 @@ async def _with_pods(
 
 
 async def _pod_uids(api: ApiServer, namespace: str) -> set[str]:
-    with client.kube_errors(f"list pods in {namespace}"):
+    with errors.kube_errors(f"list pods in {namespace}"):
         pods = await api.get(apiserver.pod(namespace), **CACHED)
     return {
         objects.uid(p)
@@ -476,12 +485,12 @@ def _finished_view(c: Claim, outcome: str) -> FinishedView:
     )
 
 
-def _why(e: client.KubeError) -> str:
+def _why(e: errors.KubeError) -> str:
     """One line: what failed, and the cause a connection failure carries."""
     cause = e.__cause__
     if e.status == 0 and cause is not None and str(cause):
         return f"{e.what}: {str(cause).splitlines()[0][:200]}"
-    if isinstance(e, client.Forbidden | client.Unauthorized):
+    if isinstance(e, errors.Forbidden | errors.Unauthorized):
         return f"{e} (is the reclaimd-viewer role bound to this identity?)"
     return str(e)
 
@@ -567,8 +576,8 @@ async def _run(args: argparse.Namespace, kubeconfig: str | None, namespace: str)
     from reclaimd import statusview
 
     try:
-        api = await client.build_api_client(kubeconfig, context=args.context, pool_size=8)
-    except client.KubeError as e:
+        api = await connect.build_api_client(kubeconfig, context=args.context, pool_size=8)
+    except errors.KubeError as e:
         raise StatusError(_why(e)) from e
     async with api:
         first = True

@@ -27,7 +27,6 @@ from reclaimd import (
     dryrun,
     health,
     heldnotices,
-    ledger,
     meter,
     metrics,
     putbudget,
@@ -41,8 +40,9 @@ from reclaimd.afterdrain import NoAfterDrain
 from reclaimd.cluster import (
     actions,
     cache,
+    cacheview,
     claimlog,
-    claims,
+    claimstore,
     events,
     gangclaims,
     holders,
@@ -54,6 +54,8 @@ from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.config import Settings
 from reclaimd.intake import Admission, Admitted, ClaimWriter, Intake
+from reclaimd.ledger.labels import LabelPolicy, cost_labels, placement
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Notice, utcnow
 from reclaimd.pipeline import Budget, ClusterWriter, Ledger, Progress, Report, Runbook, Signaller
 from reclaimd.scheduler import GangLock, GangOwners, Scheduler
@@ -69,9 +71,9 @@ class Parts:
     """A process's parts, built by ``wire`` from its settings."""
 
     view: cache.ClusterCache
-    store: claims.ClaimStore
+    store: claimstore.ClaimStore
     holders: holders.HolderLeases
-    ledger: ledger.LedgerWriter
+    ledger: LedgerWriter
     scheduler: Scheduler[Admitted]
     intake: Intake
     limiter: ratelimit.RateLimiter
@@ -95,10 +97,11 @@ class Core:
     s: Settings
     api: ApiServer
     limiter: ratelimit.RateLimiter
-    view: cache.ClusterCache
+    cache: cache.ClusterCache
+    view: cacheview.CacheView  # what every part but the daemon reads of the cache
     alive: holders.HolderLeases
-    store: claims.ClaimStore
-    ledger: ledger.LedgerWriter
+    store: claimstore.ClaimStore
+    ledger: LedgerWriter
     listener: probe.Listener | None
 
 
@@ -136,7 +139,7 @@ class Mode(Protocol):
         api: ApiServer,
         limiter: ratelimit.RateLimiter,
         alive: holders.HolderLeases,
-    ) -> ledger.LedgerWriter: ...
+    ) -> LedgerWriter: ...
     def acting(self, core: Core, session: aiohttp.ClientSession, tracer: Tracer) -> Acting: ...
 
 
@@ -156,7 +159,7 @@ class Live:
         api: ApiServer,
         limiter: ratelimit.RateLimiter,
         alive: holders.HolderLeases,
-    ) -> ledger.LedgerWriter:
+    ) -> LedgerWriter:
         log = _ledger_log(s, api, s.ledger.topic, limiter, alive)
         return _ledger_writer(s, s.ledger.bootstrap, s.ledger.outbox_path, **log)
 
@@ -202,7 +205,7 @@ class Live:
             readiness={
                 # Listed, and every watch running and connected: a frozen cache would
                 # resolve notices to pods long gone.
-                "cache": lambda: view.current,
+                "cache": lambda: core.cache.current,
                 "outbox": health.outbox_writable(s.ledger.outbox_path),
                 # The broker refuses us (credentials, certificates, ACLs): events wait in
                 # the outbox until the setting is mended; a broker merely down is no fault.
@@ -237,7 +240,7 @@ class DryRun:
         api: ApiServer,
         limiter: ratelimit.RateLimiter,
         alive: holders.HolderLeases,
-    ) -> ledger.LedgerWriter:
+    ) -> LedgerWriter:
         # No outbox file and no broker: the writer stays empty (the would-recorder logs).
         return _ledger_writer(s, "", ":memory:")
 
@@ -260,7 +263,7 @@ class DryRun:
             records=None,
             after_drain=NoAfterDrain(),  # a dry run never completes a lifecycle action
             acting_for=dryrun.acting_for,
-            readiness={"cache": lambda: view.current},  # no outbox, no Lease: only the cache
+            readiness={"cache": lambda: core.cache.current},  # no outbox or Lease: the cache
             would=would,
         )
 
@@ -276,15 +279,16 @@ def wire(
     mode: Mode = DryRun() if s.dry_run else Live()  # the one place a dry run differs
     tracer = provider.get_tracer(tracing.TRACER_NAME)
     limiter = ratelimit.RateLimiter(s.kube)
-    view = cache.ClusterCache(
+    cluster_cache = cache.ClusterCache(
         api,
-        labeler=ledger.cost_labels,
+        labeler=cost_labels,
         settings=s.cache.model_copy(update={"snapshot_path": mode.snapshot_path(s)}),
         url_policy=s.checkpoint.url_policy(),
     )
+    view = cluster_cache.view
     listener = mode.listener(s)
     alive = _holders(s, api, limiter, listener)
-    store = claims.ClaimStore(
+    store = claimstore.ClaimStore(
         api,
         s.holder,
         limiter=limiter,
@@ -295,7 +299,7 @@ def wire(
         group=alive.group,
     )
     writer = mode.ledger_writer(s, api, limiter, alive)
-    core = Core(s, api, limiter, view, alive, store, writer, listener)
+    core = Core(s, api, limiter, cluster_cache, view, alive, store, writer, listener)
     acting = mode.acting(core, session, tracer)
     observed = metrics.Metrics(label_policy=writer.policy)
     runbook = _runbook(
@@ -308,7 +312,7 @@ def wire(
     )
     intake = _intake(s, acting, view=view, scheduler=scheduler, observed=observed, tracer=tracer)
     return Parts(
-        view,
+        cluster_cache,
         store,
         alive,
         writer,
@@ -378,7 +382,7 @@ def _runbook(
         ),
         # Each rank's waste is priced where it ran: the event names each node's instance.
         build_waste=waste.with_placements(
-            lambda node: ledger.placement(view.node_labels(node), view.provider_id(node))
+            lambda node: placement(view.node_labels(node), view.provider_id(node))
         ),
         tracer=tracer,
         cluster_name=s.cluster_name,
@@ -397,7 +401,7 @@ def _intake(
     s: Settings,
     acting: Acting,
     *,
-    view: cache.ClusterCache,
+    view: cacheview.CacheView,
     scheduler: Scheduler[Admitted],
     observed: metrics.Metrics,
     tracer: Tracer,
@@ -438,15 +442,15 @@ def _resumer(core: Core, intake: Intake, scheduler: Scheduler[Admitted]) -> clai
 
 def _ledger_writer(
     s: Settings, bootstrap: str, outbox: Path | str, **log: Any
-) -> ledger.LedgerWriter:
+) -> LedgerWriter:
     """The restart-waste ledger's writer: its broker, its outbox and (``log``) its record in
     the cluster for a peer to adopt."""
-    return ledger.LedgerWriter(
+    return LedgerWriter(
         bootstrap_servers=bootstrap,
         connection=s.kafka,
         topic=s.ledger.topic,
         outbox_path=outbox,
-        policy=ledger.LabelPolicy(allowed=s.ledger.label_allowlist),
+        policy=LabelPolicy(allowed=s.ledger.label_allowlist),
         **s.ledger.writer.fields(),
         **log,
     )
@@ -473,7 +477,7 @@ def _meter(core: Core) -> meter.Meter | None:
     if not a.enabled:
         return None
     outbox = a.outbox_path or s.ledger.beside_outbox("allocation.sqlite")
-    rows = ledger.LedgerWriter(
+    rows = LedgerWriter(
         bootstrap_servers=s.ledger.bootstrap,
         connection=s.kafka,
         topic=a.topic,

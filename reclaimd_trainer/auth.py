@@ -229,6 +229,7 @@ class TokenVerifier:
     def _fetch(self) -> None:
         """Under the lock: fetch and replace the keys (a key the issuer dropped goes too)."""
         import jwt
+
         self._fetched_at = self._clock()
         self.fetches += 1
         doc = self._keys_source()

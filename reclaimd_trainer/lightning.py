@@ -33,9 +33,9 @@ from typing import Any
 import lightning.pytorch as pl
 
 from reclaimd_trainer.contract import ObjectPut
+from reclaimd_trainer.shardstore import COMMITTED
 from reclaimd_trainer.signal import Signal
 from reclaimd_trainer.torch import (
-    COMMITTED,
     Checkpointer,
     ObjectRead,
     SaveReport,

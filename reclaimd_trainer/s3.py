@@ -60,8 +60,14 @@ from reclaimd_trainer.times import utcnow
 
 # Re-exported: the guard's pure parts (reclaimd_trainer.guard), where callers import them.
 __all__ = [
-    "DEFAULT_PREFIX", "MAX_KEY_BYTES", "ObjectStoreError", "PrefixScope", "RetryBudget",
-    "ScopeRefused", "TokenBucket", "check_identity",
+    "DEFAULT_PREFIX",
+    "MAX_KEY_BYTES",
+    "ObjectStoreError",
+    "PrefixScope",
+    "RetryBudget",
+    "ScopeRefused",
+    "TokenBucket",
+    "check_identity",
 ]
 
 if TYPE_CHECKING:

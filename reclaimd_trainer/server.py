@@ -68,7 +68,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 SaveFn = Callable[[CheckpointRequest], Awaitable[CheckpointResult]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

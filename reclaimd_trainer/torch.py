@@ -34,8 +34,6 @@ Without an initialised process group (one process) it saves and loads alone.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import re
 import shutil
@@ -58,19 +56,18 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
+from reclaimd_trainer import shardstore
 from reclaimd_trainer.budget import Share
 from reclaimd_trainer.contract import (
-    CheckpointRequest,
     CheckpointResult,
     ObjectPut,
     one_line,
-    upload_parts,
 )
 from reclaimd_trainer.routine import RoutineSaves
+from reclaimd_trainer.shardstore import COMMITTED
 from reclaimd_trainer.signal import Signal
 from reclaimd_trainer.times import utcnow
 
-COMMITTED = "COMMITTED"
 METADATA = ".metadata"
 _STEP_DIR = re.compile(r"step-(\d{10})")
 _NO_DEADLINE = 1e18
@@ -201,16 +198,10 @@ class Checkpointer:
             raise ValueError("check_every must be at least 1")
         if prefix and not prefix.endswith("/"):
             raise ValueError("prefix must end with '/'")
-        self.signal = signal
-        self.run = run
-        self.stash_root = Path(stash_dir) / run
-        self.store = store
-        self.reader = reader
-        self.prefix = prefix
-        self.check_every = check_every
-        self.reply_margin_s = reply_margin_s
-        self.commit_margin_s = commit_margin_s
-        self.keep_stashes = keep_stashes
+        self.signal, self.run, self.stash_root = signal, run, Path(stash_dir) / run
+        self.store, self.reader, self.prefix = store, reader, prefix
+        self.check_every, self.keep_stashes = check_every, keep_stashes
+        self.reply_margin_s, self.commit_margin_s = reply_margin_s, commit_margin_s
         self.on_saved = on_saved  # called after the save, before the ack (a step log's line)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
@@ -343,18 +334,20 @@ class Checkpointer:
         """Collective on ``group`` (the checkpointer's by default): upload this rank's
         ``files``, then rank 0 commits once every rank stored its part. The durable URI, or
         "" (``report.error`` says why). A rank whose stash failed still takes part."""
-        t1 = time.perf_counter()
-        ok, uri = False, ""
-        if stashed:
-            ok, uri, report.error = self._upload(decision, files, report)
-        report.upload_s = time.perf_counter() - t1
-        report.uploaded_bytes = report.stash_bytes if ok else 0
-        report.parts = len(files)
-        t2 = time.perf_counter()
-        committed = self._commit(decision, ok, report, group)
-        report.commit_s = time.perf_counter() - t2
-        # a rank without files (Lightning: rank 0 writes) has no uri of its own
-        return self._from_rank0(uri, group) if committed else ""
+        assert self.store is not None
+        return shardstore.upload_and_commit(
+            self,
+            self.store,
+            self.signal,
+            decision,
+            files,
+            report=report,
+            prefix=self.step_prefix(decision.step),
+            group=group,
+            stashed=stashed,
+            margins=(self.reply_margin_s, self.commit_margin_s),
+            torch_version=torch.__version__,
+        )
 
     def step_dir(self, step: int) -> Path:
         return self.stash_root / f"step-{step:010d}"
@@ -375,80 +368,6 @@ class Checkpointer:
         if self.rank == 0:
             files.append(directory / METADATA)
         return files
-
-    def _upload(
-        self, decision: Decision, files: list[Path], report: SaveReport
-    ) -> tuple[bool, str, str]:
-        assert self.store is not None and decision.deadline is not None
-        if not files:
-            return True, "", ""  # nothing of this rank's in the stash (Lightning: rank 0 writes)
-        store = self.store
-        # The shards must leave room for the commit and the answer.
-        deadline = decision.deadline - timedelta(seconds=self.commit_margin_s)
-        request = CheckpointRequest(
-            notice_id=",".join(decision.notice_ids) or "local", deadline=deadline
-        )
-        parts = [(self.step_prefix(decision.step) + p.name, p.read_bytes()) for p in files]
-
-        async def go() -> CheckpointResult:
-            watcher = asyncio.create_task(self._follow_share(store, report))
-            try:
-                return await upload_parts(
-                    request,
-                    parts,
-                    store=store,
-                    step=decision.step,
-                    reply_margin_s=self.reply_margin_s,
-                    stash_uri="",
-                )
-            finally:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
-                _set_share(store, None)
-
-        result = asyncio.run(go())
-        if not result.durable:
-            return False, "", "upload did not finish before the deadline"
-        uri = result.uri.rsplit("/", 1)[0] + "/"
-        return True, uri, ""
-
-    async def _follow_share(self, store: ObjectPut, report: SaveReport) -> None:
-        """Hand the guard every share reclaimd sends while the upload runs, on this loop."""
-        last: Share | str | None = "unset"
-        while True:
-            share = self.signal.put_budget
-            if share != last:
-                _set_share(store, share)
-                report.shares.append(share)
-                last = share
-            await asyncio.sleep(0.05)
-
-    def _commit(self, decision: Decision, ok: bool, report: SaveReport, group: Any) -> bool:
-        everyone = self.all_ranks(ok, group=group)
-        committed = False
-        if everyone and self.rank == 0 and self.store is not None:
-            assert decision.deadline is not None
-            manifest = {
-                "step": decision.step,
-                "world_size": self.world,
-                "notices": list(decision.notice_ids),
-                "torch": torch.__version__,
-                "saved_at": utcnow().isoformat(),
-            }
-            store = self.store
-            request = CheckpointRequest(notice_id="commit", deadline=decision.deadline)
-            result = asyncio.run(
-                upload_parts(
-                    request,
-                    [(self.step_prefix(decision.step) + COMMITTED, json.dumps(manifest).encode())],
-                    store=store,
-                    reply_margin_s=self.reply_margin_s,
-                )
-            )
-            committed = result.durable
-            if not committed:
-                report.error = "commit did not finish before the deadline"
-        return self.all_ranks(committed if self.rank == 0 else True, group=group) and everyone
 
     # --- restore -----------------------------------------------------------------------------
 
@@ -515,14 +434,7 @@ class Checkpointer:
 
     def _download(self, step: int, directory: Path) -> None:
         assert self.reader is not None
-        if directory.exists():
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True)
-        prefix = self.step_prefix(step)
-        for key in self.reader.list_keys(prefix):
-            name = key[len(prefix) :]
-            if name and "/" not in name and name != COMMITTED:
-                (directory / name).write_bytes(self.reader.get(key))
+        shardstore.download(self.reader, self.step_prefix(step), directory)
 
     # --- collectives -------------------------------------------------------------------------
 
@@ -538,7 +450,7 @@ class Checkpointer:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group if group is None else group)
         return bool(t.item())
 
-    def _from_rank0(self, value: str, group: Any = None) -> str:
+    def from_rank0(self, value: str, group: Any = None) -> str:
         if not self.distributed:
             return value
         box: list[Any] = [value]
@@ -590,12 +502,6 @@ def _complete_locally(directory: Path) -> bool:
         if not path.is_file() or path.stat().st_size < size:
             return False
     return True
-
-
-def _set_share(store: ObjectPut, share: Share | None) -> None:
-    setter = getattr(store, "set_put_budget", None)
-    if callable(setter):
-        setter(share)
 
 
 def _when(ts: float) -> datetime | None:

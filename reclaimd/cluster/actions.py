@@ -30,13 +30,13 @@ import asyncio
 import contextlib
 import functools
 import logging
-import random
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 from enum import StrEnum
 
-from reclaimd.cluster import apiserver, client, objects, taints
+from reclaimd.backoff import RetryPolicy
+from reclaimd.cluster import apiserver, errors, objects, taints
 from reclaimd.cluster.apiserver import ApiServer, JsonObject
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import Member, Notice, utcnow
@@ -73,10 +73,10 @@ class ClusterActions:
         only_its_gang: Callable[[str, str], bool] | None = None,
     ) -> None:
         """``pod_exists``: the cache's view (cheap in a storm); without it, ask the API.
-        ``budget_changes``: the cache's PDB watch (``ClusterCache.budget_changes``).
-        ``gone_at``: when the cache saw a pod (by uid) leave (``ClusterCache.pod_gone_at``).
+        ``budget_changes``: the cache's PDB watch (``CacheView.budget_changes``).
+        ``gone_at``: when the cache saw a pod (by uid) leave (``CacheView.pod_gone_at``).
         ``only_its_gang``: whether every PDB covering a pod guards only its gang's pods
-        (``ClusterCache.pdbs_guard_only_its_gang``); without it, none is taken to."""
+        (``CacheView.pdbs_guard_only_its_gang``); without it, none is taken to."""
         self._api = api_client
         self._limiter = limiter
         self._settings = settings
@@ -123,7 +123,7 @@ class ClusterActions:
                 change,
                 conflicts=20,
             )
-        except client.NotFound:
+        except errors.NotFound:
             log.info("%s: node is gone, nothing to cordon", what)
 
     # --- eviction ------------------------------------------------------------------------
@@ -157,13 +157,13 @@ class ClusterActions:
                         retry_until=give_up,
                     )
                     return EvictResult.EVICTED
-                except client.NotFound:
+                except errors.NotFound:
                     return EvictResult.GONE
-                except client.Conflict:
+                except errors.Conflict:
                     # The uid precondition failed: a different pod holds the name now.
                     if not await self._still_there(member):
                         return EvictResult.GONE
-                except (client.TooManyRequests, client.ServerError) as e:
+                except (errors.TooManyRequests, errors.ServerError) as e:
                     # 429: a PDB refuses. 500: the pod is under several PDBs (the server
                     # cannot pick one). Load shedding was already retried by the budget.
                     hint_s = e.retry_after_s
@@ -175,7 +175,7 @@ class ClusterActions:
                         return await self._force_delete(
                             member, self._clock(), deadline, what, EvictResult.RELEASED
                         )
-                except client.KubeError as e:
+                except errors.KubeError as e:
                     log.warning("%s: %s", what, e)
                     return EvictResult.FAILED
                 attempt += 1
@@ -213,10 +213,13 @@ class ClusterActions:
             return self._settings.watched_retry_s
         # A PDB that stays shut (a budget no deletion can free) is asked less often the
         # further off its deadline is: a tenth of the time left, at least the cap.
-        cap = max(self._settings.retry_cap_s, remaining_s / 10)
-        ceiling = min(cap, self._settings.retry_base_s * 2**attempt)
-        delay = random.uniform(ceiling / 2, ceiling)
-        return max(delay, min(hint_s or 0.0, self._settings.retry_cap_s))
+        s = self._settings
+        policy = RetryPolicy(s.retry_base_s, s.retry_cap_s, jitter="half")
+        return policy.delay(
+            attempt,
+            cap_s=max(s.retry_cap_s, remaining_s / 10),
+            hint_s=min(hint_s or 0.0, s.retry_cap_s),
+        )
 
     async def _force_delete(
         self, member: Member, due: datetime, deadline: datetime, what: str, outcome: EvictResult
@@ -237,9 +240,9 @@ class ClusterActions:
                 ),
                 retry_until=deadline,
             )
-        except (client.NotFound, client.Conflict):
+        except (errors.NotFound, errors.Conflict):
             return EvictResult.GONE
-        except client.KubeError as e:
+        except errors.KubeError as e:
             log.warning("%s: forced delete failed: %s", what, e)
             return EvictResult.FAILED
         if outcome is EvictResult.FORCED:
@@ -273,7 +276,7 @@ class ClusterActions:
                 None,
                 lambda: self._api.get(apiserver.pod(member.namespace, member.name)),
             )
-        except client.NotFound:
+        except errors.NotFound:
             return False
         return not member.uid or objects.uid(pod) == member.uid
 

@@ -4,7 +4,7 @@ reclaimd makes about twenty kinds of call (Nodes, Pods, Evictions, Leases, Event
 Workloads) and reads every answer as JSON already; the generated ``kubernetes_asyncio`` client
 would import some 1,200 model modules (60 MB of every replica) to make them. Paths are built
 by the small functions below; every patch is a JSON merge patch; a status other than 2xx is
-raised as ``ApiStatus`` and becomes a ``KubeError`` in ``client.kube_errors``, the one place
+raised as ``ApiStatus`` and becomes a ``KubeError`` in ``errors.kube_errors``, the one place
 errors become ours.
 """
 

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from reclaimd import logs
-from reclaimd.cluster import claims
+from reclaimd.cluster import claims, claimstore
 from reclaimd.intake import Admission, Admitted, Claimed, ClaimLost
 from reclaimd.model import Notice, ParseError, Response, utcnow
 
@@ -29,9 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class NodeCopies(Protocol):
-    """The cluster cache's nodes (``cache.ClusterCache`` fits)."""
+    """The cluster cache's nodes (``cacheview.CacheView`` fits)."""
 
-    def node(self, name: str) -> claims.NodeSnapshot | None: ...
+    def node(self, name: str) -> claimstore.NodeSnapshot | None: ...
     def node_claims(self) -> Iterable[tuple[str, str]]: ...
 
 
@@ -57,7 +57,7 @@ def object_for(notice: Notice, node: str | None) -> claims.ClaimTarget:
 class ClaimLog:
     def __init__(
         self,
-        store: claims.ClaimStore,
+        store: claimstore.ClaimStore,
         nodes: NodeCopies,
         *,
         unbroken_since: Callable[[datetime], bool] = lambda _: True,
@@ -110,7 +110,7 @@ class Resumer:
     """The resume scan: every open claim this holder may finish (ours from before a
     restart, or a dead peer's) goes back to the intake (``resume``)."""
 
-    store: claims.ClaimStore
+    store: claimstore.ClaimStore
     nodes: NodeCopies
     resume: Callable[[Notice, str | None], Awaitable[Admission]]
     in_flight: Callable[[str], bool]

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from reclaimd.cluster import apiserver, client
+from reclaimd.cluster import apiserver, errors
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.model import Gang, Member, Notice, RankAck, RestartWaste
 from reclaimd.settings.events import EventSettings
@@ -345,7 +345,7 @@ class EventRecorder:
         if not entry.created:
             body = self._body(entry)
             what = f"create event/{entry.reason} on {entry.regarding.name}"
-            with contextlib.suppress(client.Conflict):  # a name collision: it is there already
+            with contextlib.suppress(errors.Conflict):  # a name collision: it is there already
                 await self._budget.call(
                     what,
                     None,
@@ -364,7 +364,7 @@ class EventRecorder:
                     lambda: self._sink.patch(ns, entry.name, patch),
                     retry_until=once,
                 )
-            except client.NotFound:
+            except errors.NotFound:
                 # Expired (events live an hour by default): the repeat starts a new object.
                 self._entries.pop(entry.key, None)
                 raise

@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reclaimd import checkpoint, logs, tracing
-from reclaimd.cluster import apiserver, client, gangrecord, leases, objects
+from reclaimd.cluster import apiserver, errors, gangrecord, leases, objects
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.claims import claim_order
 from reclaimd.cluster.ratelimit import RateLimiter
@@ -157,7 +157,7 @@ class GangClaims:
                 retry_until=notice.deadline,
             )
             return True
-        except client.Conflict:
+        except errors.Conflict:
             pass
 
         async def change(lease: objects.Obj) -> bool:
@@ -210,7 +210,7 @@ class GangClaims:
                 lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=utcnow() + timedelta(seconds=ACKS_WRITE_S),
             )
-        except client.KubeError as e:
+        except errors.KubeError as e:
             logs.event(
                 log, "acks not recorded", logging.WARNING, gang=str(gang.key), error=str(e)[:200]
             )
@@ -289,7 +289,7 @@ class GangClaims:
                 gone = await self.sweep()
                 if gone:
                     logs.event(log, "gang leases swept", deleted=gone)
-            except client.KubeError as e:
+            except errors.KubeError as e:
                 logs.event(log, "gang lease sweep failed", logging.WARNING, error=str(e)[:200])
             await asyncio.sleep(every_s)
 
@@ -345,7 +345,7 @@ class GangClaims:
                 None,
                 lambda: self._api.patch(apiserver.lease(self.namespace, c.lease), body),
             )
-        except (client.Conflict, client.NotFound):
+        except (errors.Conflict, errors.NotFound):
             return False
         return True
 

@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from reclaimd import logs
-from reclaimd.cluster import apiserver, client, leases, objects, probe
+from reclaimd.cluster import apiserver, errors, leases, objects, probe
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import rfc3339, utcnow
@@ -198,14 +198,14 @@ class HolderLeases:
     async def renew_or_log(self) -> None:
         try:
             await self.renew()
-        except client.KubeError as e:
+        except errors.KubeError as e:
             # Keep trying: our claims survive a missed renewal (cut_after_s = 1.8 periods).
             log.warning("holder lease: %s", e)
 
     async def _refresh_or_log(self) -> None:
         try:
             await self.refresh()
-        except client.KubeError as e:
+        except errors.KubeError as e:
             log.warning("holder leases: %s", e)
 
     async def renew(self) -> None:
@@ -240,7 +240,7 @@ class HolderLeases:
                 lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=until,
             )
-        except client.NotFound:
+        except errors.NotFound:
             await self._limiter.call(
                 f"create lease/{name}",
                 FIRST,
@@ -272,7 +272,7 @@ class HolderLeases:
                 lambda: self._api.get(apiserver.lease(self.namespace, name)),
                 retry_until=utcnow() + timedelta(seconds=self.lease_s / 2),
             )
-        except client.NotFound:
+        except errors.NotFound:
             return False
         at = objects.time(objects.spec(lease).get("renewTime"))
         if at is None:
@@ -385,7 +385,7 @@ class HolderLeases:
         not alive); the version read is a precondition, so a holder back since keeps it."""
         try:
             await leases.delete_unchanged(self._api, self._limiter, self.namespace, lease)
-        except client.KubeError as e:
+        except errors.KubeError as e:
             log.info("holder lease %s not deleted: %s", objects.name(lease), e)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from reclaimd.cluster import apiserver, client, objects
+from reclaimd.cluster import apiserver, errors, objects
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 
@@ -23,6 +23,6 @@ async def delete_unchanged(
             None,
             functools.partial(api.delete, apiserver.lease(namespace, name), unchanged),
         )
-    except (client.NotFound, client.Conflict):
+    except (errors.NotFound, errors.Conflict):
         return False
     return True

@@ -10,7 +10,7 @@ again finds the tombstone when it records, and publishes nothing. So the record 
 id's lock, before and after publication. A replica whose holder Lease goes stale leaves its
 records behind, and a
 peer adopts them (a resourceVersion-preconditioned patch naming itself, so two peers cannot
-both adopt) and publishes them (``ledger.LedgerWriter``, which also makes that exactly once).
+both adopt) and publishes them (``ledger.writer.LedgerWriter``, which also makes that exactly once).
 
 Every holder a record ever had is kept on it (``reclaimd.io/ledger-holders``): an adopter fences
 each of their Kafka transactions before it looks at the topic, so a paused replica that wakes
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from reclaimd.cluster import apiserver, client, leases, objects
+from reclaimd.cluster import apiserver, errors, leases, objects
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import parse_time, rfc3339, utcnow
@@ -224,7 +224,7 @@ class LedgerLog:
     ) -> bool:
         """Record the event, held by us; a record already there (a replay, or a peer's copy)
         is left as it is. True if this call created it. Raises ``TooLarge`` or
-        ``client.KubeError`` (the event then lives in the outbox only)."""
+        ``errors.KubeError`` (the event then lives in the outbox only)."""
         now = utcnow()
         name = record_name(self.topic, event_id)
         body = self._body(
@@ -245,7 +245,7 @@ class LedgerLog:
                 lambda: self._api.post(apiserver.lease(self.namespace), body),
                 retry_until=now + timedelta(seconds=self._write_s),
             )
-        except client.Conflict:
+        except errors.Conflict:
             return False
         return True
 
@@ -301,7 +301,7 @@ class LedgerLog:
                 lambda: self._api.patch(apiserver.lease(self.namespace, ev.name), body),
                 retry_until=now + timedelta(seconds=self._write_s),
             )
-        except (client.Conflict, client.NotFound):
+        except (errors.Conflict, errors.NotFound):
             return None
         return PendingEvent(
             name=ev.name,
@@ -322,7 +322,7 @@ class LedgerLog:
         now = utcnow()
         stone = json.dumps({"topic": self.topic, "id": event_id, "at": rfc3339(now)})
         body = {"metadata": {"annotations": {PUBLISHED_ANNOTATION: stone, EVENT_ANNOTATION: None}}}
-        with contextlib.suppress(client.NotFound):
+        with contextlib.suppress(errors.NotFound):
             await self._limiter.call(
                 f"publish lease/{name}",
                 now + LAST,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reclaimd import logs
-from reclaimd.cluster import apiserver, client
+from reclaimd.cluster import apiserver, errors
 from reclaimd.cluster.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
@@ -164,14 +164,14 @@ def nth_metadata_mode(place: Place, obj: Mapping[str, Any]) -> str:
 async def _get(api: ApiServer, place: Place) -> Mapping[str, Any] | None:
     path = apiserver.group("apps/v1", place.resource, place.name, place.namespace)
     try:
-        with client.kube_errors(f"get {place}"):
+        with errors.kube_errors(f"get {place}"):
             return await api.get(path)
-    except client.NotFound:
+    except errors.NotFound:
         return None
 
 
 async def _has_karpenter_nodes(api: ApiServer) -> bool:
-    with client.kube_errors("list nodes"):
+    with errors.kube_errors("list nodes"):
         answer = await api.get(apiserver.node(), labelSelector=KARPENTER_NODE_LABEL, limit=1)
     return bool(answer.get("items"))
 
@@ -185,7 +185,7 @@ async def find(
     for place in places:
         try:
             obj = await _get(api, place)
-        except client.KubeError as e:
+        except errors.KubeError as e:
             unread.append(f"{place}: {e}")
             continue
         if obj is None:
@@ -193,7 +193,7 @@ async def find(
         if place.name == KARPENTER:
             try:
                 its_nodes = await _has_karpenter_nodes(api)
-            except client.KubeError:
+            except errors.KubeError:
                 its_nodes = True
             line = karpenter(place, obj, our_queue, its_nodes)
         elif place.resource == "deployments":

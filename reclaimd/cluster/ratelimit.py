@@ -13,7 +13,7 @@ while the server accepts, halves when the server pushes back (429 from priority 
 
 ``call`` is the one place that makes a Kubernetes call and retries it: a write takes the
 token, a read (``read``) does not; both turn failures into ``KubeError``
-(``client.kube_errors``), bound each attempt by a timeout (a half-open connection must not
+(``errors.kube_errors``), bound each attempt by a timeout (a half-open connection must not
 outlive the deadline), feed the outcome back into the rate, and retry transient failures (429
 from priority and fairness, 5xx, timeouts, resets) with full jitter, never sooner than
 ``Retry-After`` and never past the deadline. Logic-level answers (404, a PDB's refusal) go
@@ -31,14 +31,14 @@ import contextlib
 import heapq
 import itertools
 import math
-import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
 
-from reclaimd.cluster import client
+from reclaimd.backoff import RetryPolicy
+from reclaimd.cluster import errors
 from reclaimd.settings.kube import KubeSettings
 
 T = TypeVar("T")
@@ -138,7 +138,7 @@ class RateLimiter:
             self._hold_until = max(self._hold_until, now + min(retry_after_s, 30.0))
 
     async def while_answered(self, silent_s: float, call: Awaitable[T]) -> T:
-        """``call``, given up (``client.ServerError``, status 0) once the server has answered
+        """``call``, given up (``errors.ServerError``, status 0) once the server has answered
         nothing of ours for ``silent_s`` since the call began: a call queued behind a storm
         goes on (a loaded server still answers every second), one whose server is out of reach
         (a partition, a black-holed connection) does not hold what waits on it, such as a
@@ -151,14 +151,14 @@ class RateLimiter:
                 heard = max(started, self._answered_at or started)
                 left = heard + silent_s - loop.time()
                 if left <= 0:
-                    raise client.ServerError("api server", 0, f"no answer for {silent_s:g}s")
+                    raise errors.ServerError("api server", 0, f"no answer for {silent_s:g}s")
                 done, _ = await asyncio.wait({task}, timeout=min(1.0, left))
                 if done:
                     return task.result()
         finally:
             if not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, client.KubeError):
+                with contextlib.suppress(asyncio.CancelledError, errors.KubeError):
                     await task
 
     # --- the one retry point ----------------------------------------------------------------
@@ -173,7 +173,7 @@ class RateLimiter:
     ) -> T:
         """Make one Kubernetes write under the budget; retry what the server asked us to retry.
 
-        Retried: 429 from priority and fairness (``client.Throttled``), 5xx, timeouts and
+        Retried: 429 from priority and fairness (``errors.Throttled``), 5xx, timeouts and
         transport failures, with full-jitter backoff (at least ``Retry-After``), until
         ``retry_until`` (default: ``deadline``, which also orders the queue) or, without
         either, ``max_attempts``; a 403 for ``forbidden_grace_s`` (a restarted API server's
@@ -207,7 +207,7 @@ class RateLimiter:
         """The one read-modify-write loop: ``change(current)`` makes a conditional write (it
         sends the resourceVersion it read); a 409 means someone wrote in between, so the object
         is read again (``fetch``) and ``change`` decides again. ``first``: a copy to try before
-        any read (the cache's). ``change`` may raise ``client.Conflict`` itself to ask for a
+        any read (the cache's). ``change`` may raise ``errors.Conflict`` itself to ask for a
         fresh read; anything ``change`` returns ends the loop."""
         current = first
         tries = conflicts or self.settings.max_conflicts
@@ -216,9 +216,9 @@ class RateLimiter:
                 current = await self.read(f"read {what}", deadline, fetch, retry_until=retry_until)
             try:
                 return await change(current)
-            except client.Conflict:
+            except errors.Conflict:
                 current = None
-        raise client.Conflict(what, 409, f"still conflicting after {tries} re-reads")
+        raise errors.Conflict(what, 409, f"still conflicting after {tries} re-reads")
 
     async def _attempts(
         self,
@@ -240,7 +240,7 @@ class RateLimiter:
             else:
                 self.reads += 1
             try:
-                with client.kube_errors(what):
+                with errors.kube_errors(what):
                     # Against a connection that never answers, not against a slow server: a
                     # loaded API server answers in seconds, and a write cut short is only
                     # sent again (a renewal cut at its deadline never lands at all).
@@ -250,31 +250,29 @@ class RateLimiter:
                         finally:
                             if budgeted:
                                 self.release()
-            except client.KubeError as e:
+            except errors.KubeError as e:
                 if e.status:
                     self._answered_at = asyncio.get_running_loop().time()
-                if not isinstance(e, client.Throttled | client.ServerError | client.Forbidden):
+                if not (e.transient or e.retried_in_grace):
                     if budgeted:
                         self.accepted()  # an answer about the object, not about the load
                     raise
-                if isinstance(e, client.Forbidden):
+                if e.retried_in_grace:
                     if forbidden_until is None:
                         forbidden_until = time.time() + s.forbidden_grace_s
                     if time.time() >= forbidden_until:
                         raise
                 # Overload slows everyone down; a 403 in the grace says nothing of the load.
-                overload = isinstance(e, client.Throttled) or (
-                    budgeted and isinstance(e, client.ServerError)
+                overload = isinstance(e, errors.Throttled) or (
+                    budgeted and isinstance(e, errors.ServerError)
                 )
                 if overload:
-                    self.pushed(e.retry_after_s if isinstance(e, client.Throttled) else None)
-                ceiling = min(s.retry_cap_s, s.retry_base_s * 2**attempt)
-                delay = max(random.uniform(0, ceiling), e.retry_after_s or 0.0)
-                if until is not None:
-                    left = until.timestamp() - time.time()
-                    if left <= delay:
-                        raise
-                elif attempt >= s.max_attempts:
+                    self.pushed(e.retry_after_s if isinstance(e, errors.Throttled) else None)
+                # Full jitter, never sooner than the server's Retry-After.
+                policy = RetryPolicy(s.retry_base_s, s.retry_cap_s)
+                delay = policy.delay(attempt, hint_s=e.retry_after_s)
+                left = None if until is None else until.timestamp() - time.time()
+                if not policy.allows(delay, attempt, left_s=left, max_attempts=s.max_attempts):
                     raise
                 self.retried += 1
                 await asyncio.sleep(delay)

@@ -51,7 +51,7 @@ from typing import Any, cast
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import apiserver, client, objects
+from reclaimd.cluster import apiserver, errors, objects
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import utcnow
@@ -216,7 +216,7 @@ class PubSubSlots:
                         )
                         self._backoff.reset()
                         return index
-            except client.KubeError as e:
+            except errors.KubeError as e:
                 logs.event(log, "pubsub slot not taken", logging.WARNING, error=str(e)[:200])
             await self._backoff.sleep()
 
@@ -229,7 +229,7 @@ class PubSubSlots:
             try:
                 if not await self._renew(index):
                     return  # a peer holds it now
-            except client.KubeError as e:
+            except errors.KubeError as e:
                 logs.event(log, "pubsub slot renewal failed", logging.WARNING, error=str(e)[:200])
                 last = self._renewed_at
                 if last is None or utcnow() - last > timedelta(seconds=self.lease_s):
@@ -247,7 +247,7 @@ class PubSubSlots:
             while True:
                 try:
                     leases = await self._read_all()
-                except client.KubeError as e:
+                except errors.KubeError as e:
                     logs.event(log, "pubsub slots not read", logging.WARNING, error=str(e)[:200])
                     leases = None
                 if leases is not None:
@@ -313,7 +313,7 @@ class PubSubSlots:
                 lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=utcnow() + timedelta(seconds=RELEASE_S),
             )
-        except client.KubeError as e:
+        except errors.KubeError as e:
             # A Conflict: a peer holds it already. Else it expires.
             logs.event(
                 log, "pubsub slot not released", logging.WARNING, slot=index, error=str(e)[:200]
@@ -384,7 +384,7 @@ class PubSubSlots:
                     lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                     retry_until=until,
                 )
-        except (client.Conflict, client.NotFound):
+        except (errors.Conflict, errors.NotFound):
             return False  # created, taken or deleted since we read it
         self.held, self._version, self._renewed_at = index, objects.version(written) or None, now
         return True
@@ -400,9 +400,9 @@ class PubSubSlots:
                 lambda: self._api.patch(apiserver.lease(self.namespace, name), body),
                 retry_until=now + timedelta(seconds=self.lease_s / 3),
             )
-        except client.NotFound:
+        except errors.NotFound:
             return False
-        except client.Conflict:
+        except errors.Conflict:
             # Written since: by a peer that took it, or by our own renewal whose answer was
             # lost on the way back. The Lease says which.
             try:
@@ -412,7 +412,7 @@ class PubSubSlots:
                     lambda: self._api.get(apiserver.lease(self.namespace, name)),
                     retry_until=now + timedelta(seconds=self.lease_s / 3),
                 )
-            except client.NotFound:
+            except errors.NotFound:
                 return False
             current = SlotLease.of(lease)
             if current.holder != self.holder or (current.renewed or RELEASED) <= RELEASED:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import client
+from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.settings.watch import WatchSettings
 
@@ -122,7 +122,7 @@ async def watch_objects(
     while True:
         try:
             objects, resource_version = await endpoint.list()
-        except client.KubeError as e:
+        except errors.KubeError as e:
             if not e.retriable:
                 told.failed(str(e))
                 raise
@@ -153,7 +153,7 @@ async def watch_objects(
             except _Relist:
                 log.info("%s: resourceVersion %s expired, relisting", label, resource_version)
                 break
-            except client.Gone:
+            except errors.Gone:
                 log.info("%s: resourceVersion %s gone, relisting", label, resource_version)
                 break
             except _Inactive:
@@ -163,7 +163,7 @@ async def watch_objects(
                     settings.inactivity_timeout_s,
                 )
                 continue
-            except client.KubeError as e:
+            except errors.KubeError as e:
                 told.failed(str(e))
                 if not e.retriable:
                     raise
@@ -188,7 +188,7 @@ async def _one_session(
             except TimeoutError as e:
                 if scope.expired():
                     raise _Inactive from e
-                raise client.ServerError("watch", 0, "read timed out") from e
+                raise errors.ServerError("watch", 0, "read timed out") from e
             kind = str(raw.get("type", ""))
             obj = raw.get("object")
             if not isinstance(obj, Mapping):
@@ -198,7 +198,7 @@ async def _one_session(
                 code = int(obj.get("code") or 0)
                 if code == 410:
                     raise _Relist
-                raise client.error_for("watch", code or 500, obj)
+                raise errors.error_for("watch", code or 500, obj)
             if kind == "BOOKMARK":
                 version = _version_of(obj)
                 if version:
@@ -262,7 +262,7 @@ class KubeEndpoint:
             page: dict[str, Any] = {**self._params, "limit": self._page_size}
             if token:
                 page["continue"] = token
-            with client.kube_errors(f"list {self._what}"):
+            with errors.kube_errors(f"list {self._what}"):
                 body = await self._api.get(self._path, **page)
             items = body.get("items") or []
             if self._project is None:
@@ -281,7 +281,7 @@ class KubeEndpoint:
         self, resource_version: str, timeout_s: int
     ) -> AsyncIterator[AsyncIterator[RawObject]]:
         what = f"watch {self._what}"
-        with client.kube_errors(what):
+        with errors.kube_errors(what):
             response = await self._api.stream(
                 self._path,
                 **self._params,
@@ -298,7 +298,7 @@ class KubeEndpoint:
 
 async def _lines(response: Any, what: str) -> AsyncIterator[RawObject]:
     while True:
-        with client.kube_errors(what):
+        with errors.kube_errors(what):
             line = await response.content.readline()
         if not line:
             return
@@ -307,6 +307,6 @@ async def _lines(response: Any, what: str) -> AsyncIterator[RawObject]:
         try:
             event = json.loads(line)
         except ValueError as e:
-            raise client.ServerError(what, 0, "undecodable watch event") from e
+            raise errors.ServerError(what, 0, "undecodable watch event") from e
         if isinstance(event, Mapping):
             yield event

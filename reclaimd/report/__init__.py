@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reclaimd.kafkaconn import KafkaSettings
-from reclaimd.ledger import DEFAULT_ALLOW, LabelPolicy
+from reclaimd.ledger.labels import DEFAULT_ALLOW, LabelPolicy
 from reclaimd.model import ParseError, parse_time
 from reclaimd.report import engine, ledger_input, render
 from reclaimd.report.engine import Group, Idle, Window

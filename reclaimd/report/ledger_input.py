@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final, TypedDict
 
 from reclaimd.kafkaconn import KafkaConfigError, KafkaSettings, options
-from reclaimd.ledger import LabelPolicy, normalize_purchase_option
+from reclaimd.ledger.labels import LabelPolicy, normalize_purchase_option
 from reclaimd.model import ParseError, parse_time
 
 WASTE_V1 = "reclaimd.restart-waste/v1"

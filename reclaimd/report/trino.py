@@ -3,7 +3,7 @@
 A single-node Trino on 127.0.0.1 is started by ``deploy/local/trino.sh`` (trino-server from
 Maven Central, cached under ``~/.cache/reclaimd/``); its ``hive`` catalog reads local files
 through a file metastore. ``run_report`` makes external tables over the files, the six
-relations as views (``focus`` from ``engine.focus_view``, the same definition DuckDB uses),
+relations as views (``focus`` from ``focus.focus_view``, the same definition DuckDB uses),
 and runs ``report.sql``'s text unchanged. The client is Trino's HTTP protocol, standard
 library only.
 """
@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from reclaimd import skus
-from reclaimd.report import engine
+from reclaimd.report import engine, sqltext
 from reclaimd.report.engine import Group, Window
+from reclaimd.report.focus import check_columns, focus_view, kind_of
 
 SCRIPT: Final = Path(__file__).resolve().parents[2] / "deploy" / "local" / "trino.sh"
 USER: Final = "reclaimd"
@@ -118,7 +119,7 @@ def parquet_columns(path: Path) -> list[tuple[str, str]]:
     out: the report reads none, and a table maps Parquet columns by name."""
     con = engine.connect()
     try:
-        rows = con.execute(f"DESCRIBE SELECT * FROM read_parquet({engine._quote(path)})").fetchall()
+        rows = con.execute(f"DESCRIBE SELECT * FROM read_parquet({sqltext.quote(path)})").fetchall()
     finally:
         con.close()
     return [(str(r[0]), _sql_type(str(r[1]))) for r in rows if not _nested(str(r[1]))]
@@ -133,7 +134,7 @@ def _table(c: Client, name: str, path: Path) -> dict[str, str]:
         f"CREATE TABLE {name} ({spec}) WITH"
         f" (external_location = 'local://{path.resolve().parent}', format = 'PARQUET')"
     )
-    return {n: engine.kind_of(t) for n, t in cols}
+    return {n: kind_of(t) for n, t in cols}
 
 
 def _values(rows: Iterable[Sequence[Any]], types: Sequence[str]) -> str:
@@ -198,8 +199,8 @@ def _relations(
         where = engine.hours_within(window)
         c.query(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {view}_raw{where}")
     kinds = _table(c, "focus_raw", focus)
-    engine.check_columns(focus, kinds)
-    view = engine.focus_view("focus_raw", kinds, window)
+    check_columns(focus, kinds)
+    view = focus_view("focus_raw", kinds, window)
     c.query(f"CREATE OR REPLACE VIEW focus AS {view}")
     rate_rows = list(rates)
     rates_sql = (

@@ -35,7 +35,7 @@ from typing import cast
 
 from reclaimd import kueueapi, logs
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import apiserver, client
+from reclaimd.cluster import apiserver, errors
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.watch import (
     Changed,
@@ -163,12 +163,12 @@ class KueueSource:
                         lasting.reset()
                         self.counters.heard()
                         self.apply(event, namespace)
-            except client.KubeError as e:
+            except errors.KubeError as e:
                 # The watch retries transient failures itself; what lands here is discovery
                 # failing (soon retried), RBAC or the CRD going away (looked at again later).
                 self.counters.transport_errors += 1
                 self.counters.failed(f"{type(e).__name__}: {e}")
-                if isinstance(e, client.NotFound) and versions is not None:
+                if isinstance(e, errors.NotFound) and versions is not None:
                     versions.forget()  # the Workload API changed: discover it again
                 logs.event(log, "kueue watch failed", logging.WARNING, what=where, error=str(e))
                 await (transient if e.retriable else lasting).sleep()

@@ -18,7 +18,7 @@ from kubernetes_asyncio import client, config
 from stack import REPO_DIR, Stack, StackEnvError, client_env, load_stack
 
 from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.cluster.client import build_api_client
+from reclaimd.cluster.connect import build_api_client
 
 E2E_DIR = Path(__file__).resolve().parent
 STACK_SH = REPO_DIR / "deploy" / "local" / "stack.sh"

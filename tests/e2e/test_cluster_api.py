@@ -21,18 +21,18 @@ import yaml
 from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR, Stack
 
-from reclaimd.cluster import apiserver, client, gangclaims
+from reclaimd.cluster import apiserver, connect, errors, gangclaims
 from reclaimd.cluster.actions import ClusterActions, EvictResult
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import ClusterCache, NodeView
 from reclaimd.cluster.claims import (
     AdvanceStatus,
     ClaimStatus,
-    ClaimStore,
     NodeObj,
     Phase,
     WorkloadObj,
 )
+from reclaimd.cluster.claimstore import ClaimStore
 from reclaimd.cluster.gangclaims import GangClaims, lease_name
 from reclaimd.cluster.gangs import JOB_NAME
 from reclaimd.cluster.holders import HolderLeases
@@ -203,7 +203,7 @@ async def admin(kube: k8s.ApiClient) -> AsyncIterator[k8s.ApiClient]:
 
 @pytest.fixture(scope="module")
 async def as_reclaimd(admin: k8s.ApiClient, stack: Stack) -> AsyncIterator[ApiServer]:
-    api = await client.build_api_client(str(stack.reclaimd_kubeconfig))
+    api = await connect.build_api_client(str(stack.reclaimd_kubeconfig))
     async with api:
         yield api
 
@@ -235,9 +235,9 @@ def job_labels(job: str, index: int, **extra: str) -> dict[str, str]:
 async def test_reclaimd_identity_has_exactly_its_rights(as_reclaimd: ApiServer) -> None:
     await as_reclaimd.get(apiserver.node(), limit=1)
     await as_reclaimd.get(apiserver.pod(""), limit=1)
-    with pytest.raises(client.Forbidden), client.kube_errors("list secrets"):
+    with pytest.raises(errors.Forbidden), errors.kube_errors("list secrets"):
         await as_reclaimd.get(apiserver.core("secrets"), limit=1)
-    with pytest.raises(client.Forbidden), client.kube_errors("create pod"):
+    with pytest.raises(errors.Forbidden), errors.kube_errors("create pod"):
         await as_reclaimd.post(apiserver.pod(NS), pod_body("not-allowed", "nowhere"))
 
 

@@ -25,7 +25,7 @@ from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR, Stack
 from test_cluster_api import RBAC_DOCS, apply_rbac, eventually, node_body
 
-from reclaimd.cluster import client
+from reclaimd.cluster import connect
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import ClusterCache
 from reclaimd.model import CheckpointScope, GangKey
@@ -129,7 +129,7 @@ async def admin(kube: k8s.ApiClient) -> AsyncIterator[k8s.ApiClient]:
 
 @pytest.fixture(scope="module")
 async def as_reclaimd(admin: k8s.ApiClient, stack: Stack) -> AsyncIterator[ApiServer]:
-    async with await client.build_api_client(str(stack.reclaimd_kubeconfig)) as api:
+    async with await connect.build_api_client(str(stack.reclaimd_kubeconfig)) as api:
         yield api
 
 

@@ -31,7 +31,7 @@ from chaos.harness import Harness, readyz
 from chaos.ports import free_port
 from reclaimd.intake import Admission
 from reclaimd.kafkaconn import KafkaSettings
-from reclaimd.ledger import LedgerWriter
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Notice, Windows
 from reclaimd.sources import KafkaNoticeSettings
 from reclaimd.transports.kafka_notices import KafkaNoticeSource

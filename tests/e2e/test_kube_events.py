@@ -18,7 +18,7 @@ from stack import Stack
 from chaos import fleet, kube
 from chaos.harness import RBAC
 from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.cluster.client import build_api_client
+from reclaimd.cluster.connect import build_api_client
 from reclaimd.cluster.events import EventRecorder, Reason, Regarding, notice_note
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.settings.events import EventSettings

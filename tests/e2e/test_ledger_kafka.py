@@ -11,7 +11,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from reclaimd.ledger import SCHEMA, LabelPolicy, LedgerWriter, to_event
+from reclaimd.ledger.event import SCHEMA, to_event
+from reclaimd.ledger.labels import LabelPolicy
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import (
     CheckpointScope,
     Gang,

@@ -20,12 +20,12 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from test_ledger_kafka import dead_port, new_topic, read_all, waste
 
-from reclaimd.cluster import client
+from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.ledgerlog import LedgerLog, PendingEvent
 from reclaimd.cluster.ratelimit import RateLimiter
-from reclaimd.ledger import LedgerWriter
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import RestartWaste
 
 WAIT_S = 90.0  # a bound on waiting for the writers, not a timing assertion
@@ -443,7 +443,7 @@ class Refusing(LedgerLog):
     async def put(self, *args: Any, **kwargs: Any) -> bool:
         if not self.allow.is_set():
             self.refused += 1
-            raise client.Forbidden("create lease", 403, "leases.coordination.k8s.io is forbidden")
+            raise errors.Forbidden("create lease", 403, "leases.coordination.k8s.io is forbidden")
         return await super().put(*args, **kwargs)
 
 

@@ -23,7 +23,7 @@ from test_dry_run import log_lines, wait_for
 
 from chaos import stack as stackenv
 from chaos.harness import Harness
-from reclaimd.cluster import apiserver, client, peers
+from reclaimd.cluster import apiserver, connect, errors, peers
 from reclaimd.cluster.apiserver import ApiServer
 
 RUN = secrets.token_hex(3)
@@ -72,7 +72,7 @@ async def admin(kube: k8s.ApiClient) -> AsyncIterator[k8s.ApiClient]:
 
 @pytest.fixture
 async def as_reclaimd(admin: k8s.ApiClient, stack: Stack) -> AsyncIterator[ApiServer]:
-    async with await client.build_api_client(str(stack.reclaimd_kubeconfig)) as api:
+    async with await connect.build_api_client(str(stack.reclaimd_kubeconfig)) as api:
         yield api
 
 
@@ -177,9 +177,9 @@ async def test_reclaimd_reads_no_other_deployment(
     await k8s.AppsV1Api(admin).create_namespaced_deployment(
         "kube-system", workload("Deployment", name, {"INTERRUPTION_QUEUE": "q"})
     )
-    with pytest.raises(client.Forbidden), client.kube_errors("get"):
+    with pytest.raises(errors.Forbidden), errors.kube_errors("get"):
         await as_reclaimd.get(apiserver.group("apps/v1", "deployments", name, "kube-system"))
-    with pytest.raises(client.Forbidden), client.kube_errors("list"):
+    with pytest.raises(errors.Forbidden), errors.kube_errors("list"):
         await as_reclaimd.get(apiserver.group("apps/v1", "deployments", "", "kube-system"))
     # Asked about a place the chart grants nothing on: one INFO line, no warning, no raise.
     place = peers.Place("deployments", "kube-system", name)

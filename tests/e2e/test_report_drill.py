@@ -40,11 +40,11 @@ from chaos import drill, report, scenario
 from chaos import stack as stackenv
 from chaos.harness import Harness
 from reclaimd import meter
-from reclaimd.cluster import apiserver, client
+from reclaimd.cluster import apiserver, errors
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.cache import ClusterCache
-from reclaimd.cluster.client import build_api_client
-from reclaimd.ledger import LedgerWriter
+from reclaimd.cluster.connect import build_api_client
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import parse_time, rfc3339, utcnow
 from reclaimd.settings.allocation import AllocationSettings
 from reclaimd.settings.cache import CacheSettings
@@ -258,7 +258,7 @@ async def create_topic(bootstrap: str, topic: str) -> None:
 
 async def delete_leases(api: ApiServer, cluster: str, hours: Sequence[datetime]) -> None:
     for hour in hours:
-        with contextlib.suppress(client.NotFound), client.kube_errors("delete lease"):
+        with contextlib.suppress(errors.NotFound), errors.kube_errors("delete lease"):
             await api.delete(apiserver.lease("default", meter.lease_name(cluster, hour)))
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from reclaimd.cluster import apiserver, client, kubeconfig
+from reclaimd.cluster import apiserver, connect, errors, kubeconfig
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.kubeconfig import Connection, KubeconfigError, Token
 
@@ -124,8 +124,8 @@ def test_bad_kubeconfigs_are_one_line_errors(tmp_path: Path) -> None:
 
 
 async def test_build_api_client_turns_a_bad_kubeconfig_into_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(client.ConfigError, match="no kubeconfig"):
-        await client.build_api_client(str(tmp_path / "absent"))
+    with pytest.raises(errors.ConfigError, match="no kubeconfig"):
+        await connect.build_api_client(str(tmp_path / "absent"))
 
 
 def test_in_cluster_reads_the_service_account(
@@ -254,9 +254,9 @@ async def test_a_status_becomes_our_error_with_its_message_and_retry_after(
 ) -> None:
     api, _ = served
     missing = 'read node: failed 404: nodes "missing"'
-    with pytest.raises(client.NotFound, match=missing), client.kube_errors("read node"):
+    with pytest.raises(errors.NotFound, match=missing), errors.kube_errors("read node"):
         await api.get(apiserver.node("missing"))
-    with pytest.raises(client.Throttled) as caught, client.kube_errors("patch node"):
+    with pytest.raises(errors.Throttled) as caught, errors.kube_errors("patch node"):
         await api.patch(apiserver.node("busy"), {})
     assert caught.value.retry_after_s == 2.0
 
@@ -265,7 +265,7 @@ async def test_a_garbled_answer_is_a_retriable_server_error(
     served: tuple[ApiServer, Recorded],
 ) -> None:
     api, _ = served
-    with pytest.raises(client.ServerError) as caught, client.kube_errors("read node"):
+    with pytest.raises(errors.ServerError) as caught, errors.kube_errors("read node"):
         await api.get(apiserver.node("garbled"))
     assert caught.value.retriable
     assert "not a JSON object" in str(caught.value)
@@ -274,7 +274,7 @@ async def test_a_garbled_answer_is_a_retriable_server_error(
 async def test_a_refused_connection_is_a_retriable_server_error() -> None:
     api = ApiServer.open(Connection("http://127.0.0.1:9", False))
     try:
-        with pytest.raises(client.ServerError) as caught, client.kube_errors("read node"):
+        with pytest.raises(errors.ServerError) as caught, errors.kube_errors("read node"):
             await api.get(apiserver.node("n"))
         assert caught.value.retriable
     finally:

@@ -11,13 +11,11 @@ from typing import Any, cast
 
 import pytest
 
-from reclaimd.cluster import claims, client, gangs
-from reclaimd.cluster.cache import (
+from reclaimd.cluster import claims, errors, gangs
+from reclaimd.cluster.cache import ClusterCache, TakingTurns, _Stream
+from reclaimd.cluster.indexes import (
     CLAIM_ANNOTATION,
-    ClusterCache,
     NodeView,
-    TakingTurns,
-    _Stream,
     node_record,
     pod_record,
     slim_pod,
@@ -75,7 +73,7 @@ def test_claim_annotation_name_matches_the_claim_log() -> None:
 def test_node_view_of_a_plain_node() -> None:
     cache = new_cache()
     cache._on_node(Listed((node("a", "41"),), "50"))
-    assert cache.node("a") == NodeView(
+    assert cache.view.node("a") == NodeView(
         name="a",
         resource_version="41",
         unschedulable=False,
@@ -83,7 +81,7 @@ def test_node_view_of_a_plain_node() -> None:
         claim_text=None,
         labels={"sku": "h100"},
     )
-    assert cache.node("missing") is None
+    assert cache.view.node("missing") is None
 
 
 def test_node_view_carries_taints_cordon_and_the_raw_claim() -> None:
@@ -92,7 +90,7 @@ def test_node_view_carries_taints_cordon_and_the_raw_claim() -> None:
     cache._on_node(
         Listed((node("a", "41", unschedulable=True, taints=[SPOT_TAINT, odd], claim=CLAIM),), "50")
     )
-    view = cache.node("a")
+    view = cache.view.node("a")
     assert view is not None
     assert view.resource_version == "41"
     assert view.unschedulable is True
@@ -104,24 +102,24 @@ def test_watch_events_update_and_delete_the_view() -> None:
     cache = new_cache()
     cache._on_node(Listed((node("a", "41"),), "50"))
     cache._on_node(Changed("MODIFIED", node("a", "52", unschedulable=True, claim=CLAIM)))
-    view = cache.node("a")
+    view = cache.view.node("a")
     assert view is not None
     assert (view.resource_version, view.unschedulable, view.claim_text) == ("52", True, CLAIM)
     cache._on_node(Changed("MODIFIED", node("a", "53", unschedulable=False)))
-    view = cache.node("a")
+    view = cache.view.node("a")
     assert view is not None
     assert (view.resource_version, view.unschedulable, view.claim_text) == ("53", False, None)
     cache._on_node(Changed("DELETED", node("a", "54")))
-    assert cache.node("a") is None
-    assert cache.resolve_node(Target(instance_id="i-a")) is None
+    assert cache.view.node("a") is None
+    assert cache.view.resolve_node(Target(instance_id="i-a")) is None
 
 
 def test_a_relist_replaces_the_views() -> None:
     cache = new_cache()
     cache._on_node(Listed((node("a", "41"), node("b", "42")), "50"))
     cache._on_node(Listed((node("b", "60", claim=CLAIM),), "61"))
-    assert cache.node("a") is None
-    view = cache.node("b")
+    assert cache.view.node("a") is None
+    view = cache.view.node("b")
     assert view is not None
     assert (view.resource_version, view.claim_text) == ("60", CLAIM)
 
@@ -129,12 +127,12 @@ def test_a_relist_replaces_the_views() -> None:
 def test_node_view_is_frozen_and_editing_its_taints_leaves_the_cache_alone() -> None:
     cache = new_cache()
     cache._on_node(Listed((node("a", "41", taints=[SPOT_TAINT]),), "50"))
-    view = cache.node("a")
+    view = cache.view.node("a")
     assert view is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
         view.unschedulable = True  # type: ignore[misc]
     view.taints[0]["value"] = "edited"
-    again = cache.node("a")
+    again = cache.view.node("a")
     assert again is not None
     assert again.taints == (SPOT_TAINT,)
 
@@ -246,25 +244,25 @@ def test_gpu_pods_are_indexed_from_raw_or_projected_lists(
     cache = new_cache()
     cache._pod_applier("")(listed(fleet()))
     assert cache.sizes()["pods"] == 3
-    assert not cache.pod_exists(NS, "web-0")
-    assert not cache.pod_exists(NS, "done-0")
-    assert cache.pod_exists(NS, "train-0", "uid-train-0")
-    assert not cache.pod_exists(NS, "train-0", "uid-someone-else")
+    assert not cache.view.pod_exists(NS, "web-0")
+    assert not cache.view.pod_exists(NS, "done-0")
+    assert cache.view.pod_exists(NS, "train-0", "uid-train-0")
+    assert not cache.view.pod_exists(NS, "train-0", "uid-someone-else")
 
-    (train,) = cache.gangs_on_nodes(["n1"])
+    (train,) = cache.view.gangs_on_nodes(["n1"])
     assert train.key == GangKey("job", NS, "train")
     assert [(m.name, m.node, m.rank, m.gpus) for m in train.members] == [
         ("train-0", "n1", 0, 9),
         ("train-1", "n2", 1, 9),
     ]
     assert train.members[0].checkpoint_url == "http://10.0.0.1:8080/ckpt"
-    assert [g.key.name for g in cache.gangs_on_nodes(["n2"])] == ["other", "train"]
+    assert [g.key.name for g in cache.view.gangs_on_nodes(["n2"])] == ["other", "train"]
 
 
 def test_gpu_pods_lists_every_cached_gpu_pod_in_slim_form() -> None:
     cache = new_cache()
     cache._pod_applier("")(listed_projected(fleet()))
-    pods = sorted(cache.gpu_pods(), key=gangs.name_of)
+    pods = sorted(cache.view.gpu_pods(), key=gangs.name_of)
     assert [gangs.name_of(p) for p in pods] == ["other-0", "train-0", "train-1"]
     assert pods[1] == slim_pod(gpu_pod("train-0", "n1"))
 
@@ -273,7 +271,7 @@ def test_projected_and_raw_lists_build_the_same_gangs() -> None:
     raw, projected = new_cache(), new_cache()
     raw._pod_applier("")(listed_raw(fleet()))
     projected._pod_applier("")(listed_projected(fleet()))
-    assert raw.gangs_on_nodes(["n1", "n2"]) == projected.gangs_on_nodes(["n1", "n2"])
+    assert raw.view.gangs_on_nodes(["n1", "n2"]) == projected.view.gangs_on_nodes(["n1", "n2"])
 
 
 def test_the_record_keeps_what_the_gang_logic_reads_and_nothing_bulky() -> None:
@@ -306,13 +304,13 @@ def test_watch_events_move_finish_and_delete_pods() -> None:
     apply = cache._pod_applier("")
     apply(listed_projected(fleet()))
     apply(Changed("MODIFIED", gpu_pod("train-1", "n3", rank=1)))  # rescheduled elsewhere
-    assert [g.key.name for g in cache.gangs_on_nodes(["n2"])] == ["other"]
-    assert [m.node for m in cache.gangs_on_nodes(["n3"])[0].members] == ["n1", "n3"]
+    assert [g.key.name for g in cache.view.gangs_on_nodes(["n2"])] == ["other"]
+    assert [m.node for m in cache.view.gangs_on_nodes(["n3"])[0].members] == ["n1", "n3"]
     apply(Changed("MODIFIED", gpu_pod("train-0", "n1", phase="Failed")))  # finished: dropped
-    assert not cache.pod_exists(NS, "train-0")
-    assert cache.gangs_on_nodes(["n1"]) == ()
+    assert not cache.view.pod_exists(NS, "train-0")
+    assert cache.view.gangs_on_nodes(["n1"]) == ()
     apply(Changed("DELETED", gpu_pod("train-1", "n3", rank=1)))
-    assert cache.gang(GangKey("job", NS, "train")) is None
+    assert cache.view.gang(GangKey("job", NS, "train")) is None
     assert cache._idx.by_node.keys() == {"n2"}
     assert cache._idx.by_owner_uid.keys() == {(NS, "uid-other")}
 
@@ -326,8 +324,8 @@ def test_a_relist_of_one_namespace_replaces_only_its_pods() -> None:
     cache._pod_applier("team-c")(listed_projected([elsewhere]))
     apply(listed_projected([gpu_pod("other-0", "n2", job="other")]))
     assert cache.sizes()["pods"] == 2
-    assert cache.pod_exists("team-c", "far-0")
-    assert not cache.pod_exists(NS, "train-0")
+    assert cache.view.pod_exists("team-c", "far-0")
+    assert not cache.view.pod_exists(NS, "train-0")
 
 
 def test_pods_reach_their_kueue_workload_through_the_job_uid() -> None:
@@ -348,7 +346,7 @@ def test_pods_reach_their_kueue_workload_through_the_job_uid() -> None:
             "5",
         )
     )
-    (gang,) = cache.gangs_of_workload(WorkloadRef(NS, "job-train-abc"))
+    (gang,) = cache.view.gangs_of_workload(WorkloadRef(NS, "job-train-abc"))
     assert gang.key == GangKey("job", NS, "train")
 
 
@@ -419,7 +417,7 @@ class StuckOnce:
 class Unreachable(StuckOnce):
     async def list(self) -> tuple[list[Any], str]:
         self.lists += 1
-        raise client.ServerError("list nodes", 0, "ClientConnectorError")
+        raise errors.ServerError("list nodes", 0, "ClientConnectorError")
 
 
 def supervised(endpoint: Any) -> ClusterCache:
@@ -460,16 +458,16 @@ def test_the_cache_remembers_when_each_pod_left() -> None:
     apply = cache._pod_applier("")
     apply(listed_projected(fleet()))
     uid = next(p.uid for p in cache._idx.pods.values() if p.pid == (NS, "train-1"))
-    assert uid and cache.pod_gone_at(uid) is None
+    assert uid and cache.view.pod_gone_at(uid) is None
     apply(Changed("MODIFIED", gpu_pod("train-1", "n3", rank=1)))  # still there: not gone
-    assert cache.pod_gone_at(uid) is None
+    assert cache.view.pod_gone_at(uid) is None
     before = utcnow()
     apply(Changed("DELETED", gpu_pod("train-1", "n3", rank=1)))
-    gone = cache.pod_gone_at(uid)
+    gone = cache.view.pod_gone_at(uid)
     assert gone is not None and before <= gone <= utcnow()
     apply(listed_projected(fleet()))  # a relist that has it again: back
-    assert cache.pod_gone_at(uid) is None
-    assert cache.pod_gone_at("") is None
+    assert cache.view.pod_gone_at(uid) is None
+    assert cache.view.pod_gone_at("") is None
 
 
 def test_a_gang_whose_pods_left_after_the_notice_is_still_found() -> None:
@@ -484,17 +482,17 @@ def test_a_gang_whose_pods_left_after_the_notice_is_still_found() -> None:
     issued = utcnow()
     apply(Changed("DELETED", gpu_pod("train-0", "n1", rank=0)))
     apply(Changed("DELETED", gpu_pod("train-1", "n2", rank=1)))
-    assert cache.gangs_of_workload(ref) == ()  # today's pods only: none left
-    (gang,) = cache.gangs_of_workload(ref, since=issued)
+    assert cache.view.gangs_of_workload(ref) == ()  # today's pods only: none left
+    (gang,) = cache.view.gangs_of_workload(ref, since=issued)
     assert gang.key == GangKey("job", NS, "train")
     assert sorted(m.name for m in gang.members) == ["train-0", "train-1"]
     assert all(not m.checkpoint_url for m in gang.members)  # charged, never asked
-    assert cache.gangs_of_workload(WorkloadRef(NS, "wl-other"), since=issued) == ()
+    assert cache.view.gangs_of_workload(WorkloadRef(NS, "wl-other"), since=issued) == ()
     # a node notice: the rank that was on n1, and its whole gang (train-1 ran on n2)
-    (on_n1,) = cache.gangs_on_nodes(["n1"], since=issued)
+    (on_n1,) = cache.view.gangs_on_nodes(["n1"], since=issued)
     assert sorted(m.name for m in on_n1.members) == ["train-0", "train-1"]
-    assert [g.key.name for g in cache.gangs_on_nodes(["n2"], since=issued)] == ["train"]
-    assert cache.gangs_on_nodes(["n1"], since=utcnow()) == ()
+    assert [g.key.name for g in cache.view.gangs_on_nodes(["n2"], since=issued)] == ["train"]
+    assert cache.view.gangs_on_nodes(["n1"], since=utcnow()) == ()
 
 
 def test_a_gang_half_gone_has_its_live_and_its_gone_ranks_once() -> None:
@@ -503,7 +501,7 @@ def test_a_gang_half_gone_has_its_live_and_its_gone_ranks_once() -> None:
     apply(listed_projected(fleet()))
     issued = utcnow()
     apply(Changed("DELETED", gpu_pod("train-0", "n1", rank=0)))
-    found = {g.key.name: g for g in cache.gangs_on_nodes(["n2"], since=issued)}
+    found = {g.key.name: g for g in cache.view.gangs_on_nodes(["n2"], since=issued)}
     assert sorted(found) == ["other", "train"]
     urls = {m.name: m.checkpoint_url for m in found["train"].members}
     assert sorted(urls) == ["train-0", "train-1"]
@@ -541,27 +539,27 @@ async def test_a_restarted_process_finds_the_gang_whose_pods_left_while_it_was_d
 
     issued = utcnow()  # the reclaim; then Kueue deletes train-0 and train-1, nobody watching
     second = ClusterCache(cast(Any, None), settings=CacheSettings(snapshot_path=path))
-    second._restore()
+    second._snapshot.restore()
     started = utcnow()
     ref = _kueue_workload(second)
     second._pod_applier("")(
         listed_projected([p for p in fleet() if p["metadata"]["name"] in ("web-0", "done-0")])
     )
-    (gang,) = second.gangs_of_workload(ref, since=issued)
+    (gang,) = second.view.gangs_of_workload(ref, since=issued)
     assert sorted(m.name for m in gang.members) == ["train-0", "train-1"]
     assert all(not m.checkpoint_url for m in gang.members)  # charged, never asked
     for m in gang.members:
-        gone = second.pod_gone_at(m.uid)
+        gone = second.view.pod_gone_at(m.uid)
         assert gone is not None and issued <= gone <= started
     # left before the notice, by the snapshot's record: not the notice's
-    assert [g.key.name for g in second.gangs_on_nodes(["n2"], since=issued)] == ["train"]
+    assert [g.key.name for g in second.view.gangs_on_nodes(["n2"], since=issued)] == ["train"]
 
     # Without the snapshot (a fresh disk) nothing is known of them.
     fresh = ClusterCache(cast(Any, None), settings=CacheSettings(snapshot_path=tmp_path / "x"))
-    fresh._restore()
+    fresh._snapshot.restore()
     ref = _kueue_workload(fresh)
     fresh._pod_applier("")(listed_projected([]))
-    assert fresh.gangs_of_workload(ref, since=issued) == ()
+    assert fresh.view.gangs_of_workload(ref, since=issued) == ()
 
 
 def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path: Any) -> None:
@@ -569,7 +567,7 @@ def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path: Any) -> None:
     for text in ("", "not json\n", '{"format": 99}\n', '{"format": 1}\n{"gone": 5}\n'):
         path.write_text(text)
         cache = ClusterCache(cast(Any, None), settings=CacheSettings(snapshot_path=path))
-        cache._restore()
+        cache._snapshot.restore()
         assert cache._idx.gone == {}
 
 

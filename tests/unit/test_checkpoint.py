@@ -24,10 +24,10 @@ from reclaimd.checkpoint import (
     durable_since,
     leader_of,
     outcome_of,
-    request_body,
     reserve_for,
     signal_gang,
 )
+from reclaimd.checkpointcall import request_body
 from reclaimd.model import (
     CheckpointOutcome,
     CheckpointScope,

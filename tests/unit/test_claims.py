@@ -16,13 +16,13 @@ from reclaimd.cluster.claims import (
     HANDLED_KEPT,
     Claim,
     ClaimStatus,
-    ClaimStore,
     NodeObj,
     Phase,
     WorkloadObj,
     decide,
     handled_after,
 )
+from reclaimd.cluster.claimstore import ClaimStore
 from reclaimd.model import Notice, NoticeKind, ParseError, Target, frozen_map
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -31,18 +31,34 @@ NODE = NodeObj("gpu-1")
 
 
 def notice(nid: str, deadline_s: float | None) -> Notice:
-    return Notice(id=nid, source="t", kind=NoticeKind.SPOT_INTERRUPTION,
-                  target=Target(node_name="gpu-1"), issued_at=NOW,
-                  deadline=NOW + timedelta(seconds=deadline_s) if deadline_s is not None
-                  else None, received_at=NOW)
+    return Notice(
+        id=nid,
+        source="t",
+        kind=NoticeKind.SPOT_INTERRUPTION,
+        target=Target(node_name="gpu-1"),
+        issued_at=NOW,
+        deadline=NOW + timedelta(seconds=deadline_s) if deadline_s is not None else None,
+        received_at=NOW,
+    )
 
 
-def claim(nid: str, *, holder: str = "b", deadline_s: float | None = 120,
-          phase: Phase = Phase.CLAIMED, heartbeat_age_s: float = 0) -> Claim:
-    return Claim(target=NODE, notice_id=nid,
-                 deadline=NOW + timedelta(seconds=deadline_s) if deadline_s is not None
-                 else None, holder=holder, phase=phase, claimed_at=NOW - timedelta(minutes=1),
-                 heartbeat_at=NOW - timedelta(seconds=heartbeat_age_s))
+def claim(
+    nid: str,
+    *,
+    holder: str = "b",
+    deadline_s: float | None = 120,
+    phase: Phase = Phase.CLAIMED,
+    heartbeat_age_s: float = 0,
+) -> Claim:
+    return Claim(
+        target=NODE,
+        notice_id=nid,
+        deadline=NOW + timedelta(seconds=deadline_s) if deadline_s is not None else None,
+        holder=holder,
+        phase=phase,
+        claimed_at=NOW - timedelta(minutes=1),
+        heartbeat_at=NOW - timedelta(seconds=heartbeat_age_s),
+    )
 
 
 @pytest.mark.parametrize(
@@ -61,8 +77,11 @@ def claim(nid: str, *, holder: str = "b", deadline_s: float | None = 120,
         (claim("n1", deadline_s=60), notice("n2", None), ClaimStatus.SUPERSEDED),
         (claim("n1", phase=Phase.DONE), notice("n2", 120), ClaimStatus.CLAIMED),
         # Past its deadline with a dead holder: abandoned, the new notice takes the node.
-        (claim("n1", deadline_s=-5, heartbeat_age_s=LEASE_S + 1), notice("n2", 120),
-         ClaimStatus.CLAIMED),
+        (
+            claim("n1", deadline_s=-5, heartbeat_age_s=LEASE_S + 1),
+            notice("n2", 120),
+            ClaimStatus.CLAIMED,
+        ),
         # Past its deadline but its holder is still finishing (ledger): leave it be.
         (claim("n1", deadline_s=-5), notice("n2", 120), ClaimStatus.SUPERSEDED),
     ],
@@ -75,8 +94,7 @@ def test_a_late_copy_of_a_notice_an_earlier_claim_handled_is_a_duplicate() -> No
     """n1 finished on the node, then n2's claim replaced it: a copy of n1 arriving after
     n2 finished too (a redelivery, a slot's seek back) does not claim the node again."""
     first = claim("n1", phase=Phase.DONE, deadline_s=30)
-    second = replace(claim("n2", phase=Phase.DONE),
-                     handled=frozen_map(handled_after(first, NOW)))
+    second = replace(claim("n2", phase=Phase.DONE), handled=frozen_map(handled_after(first, NOW)))
     assert decide(second, notice("n1", 30), "a", NOW, LEASE_S) is ClaimStatus.DUPLICATE
     assert decide(second, notice("n3", 120), "a", NOW, LEASE_S) is ClaimStatus.CLAIMED
     # a third claim keeps both earlier notices; one long past its deadline is let go (the
@@ -86,8 +104,9 @@ def test_a_late_copy_of_a_notice_an_earlier_claim_handled_is_a_duplicate() -> No
     assert list(handled_after(second, NOW + timedelta(minutes=16))) == ["n2"]
     many = claim("n0", phase=Phase.DONE)
     for i in range(1, 40):
-        many = replace(claim(f"n{i}", phase=Phase.DONE),
-                       handled=frozen_map(handled_after(many, NOW)))
+        many = replace(
+            claim(f"n{i}", phase=Phase.DONE), handled=frozen_map(handled_after(many, NOW))
+        )
     assert len(many.handled) == HANDLED_KEPT and "n38" in many.handled
     assert Claim.from_json(NODE, json.dumps(many.to_json())) == many
 
@@ -98,9 +117,15 @@ def test_claim_round_trips_through_the_annotation() -> None:
     assert Claim.from_json(NODE, text) == original
 
 
-@pytest.mark.parametrize("text", ["not json", "[]", '{"notice_id": "x"}',
-                                  '{"notice_id":"x","holder":"h","phase":"nope",'
-                                  '"claimed_at":"2026-05-01T12:00:00Z"}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        '{"notice_id": "x"}',
+        '{"notice_id":"x","holder":"h","phase":"nope","claimed_at":"2026-05-01T12:00:00Z"}',
+    ],
+)
 def test_unreadable_claims_are_one_line_parse_errors(text: str) -> None:
     with pytest.raises(ParseError) as e:
         Claim.from_json(NODE, text)
@@ -124,8 +149,8 @@ def test_a_claim_lives_as_long_as_its_holders_lease(
 
 
 def test_the_cache_copy_seeds_the_first_write() -> None:
-    from reclaimd.cluster.cache import NodeView
-    from reclaimd.cluster.claims import _seeded
+    from reclaimd.cluster.claimstore import _seeded
+    from reclaimd.cluster.indexes import NodeView
 
     text = json.dumps(claim("n1").to_json())
     view = NodeView("gpu-1", "42", False, ({"key": "k", "effect": "NoSchedule"},), text, {})

@@ -28,7 +28,7 @@ SKIPPED_PACKAGES = ("chaos", "chaos.bench")  # drills and benches: not the daemo
 # Constructors tuned by keyword arguments, the section their values come from (``""``: the
 # top level) and the names that differ there.
 TUNED: dict[str, tuple[str, dict[str, str]]] = {
-    "reclaimd.ledger.LedgerWriter": ("ledger.writer", {}),
+    "reclaimd.ledger.writer.LedgerWriter": ("ledger.writer", {}),
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from chaos import demo_report, scenario
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.model import rfc3339
 from reclaimd.report import ledger_input, render, spotpays
 

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from reclaimd import dryrun, ledger, waste
+from reclaimd import dryrun, waste
 from reclaimd.cluster import claims
 from reclaimd.intake import Admission, Admitted, Claimed, Intake
+from reclaimd.ledger.event import encode
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.logs import JsonFormatter
 from reclaimd.model import (
     Gang,
@@ -227,7 +229,10 @@ async def test_the_intake_acks_what_the_would_claim_decides() -> None:
     # The notices' times are fixed at import (NOW): keep the intake from calling them expired
     # however late in the session this runs; expiry is not what this test is about.
     intake = Intake(
-        claims=log, resolver=nodes, submit=submit, drop_unknown=True,
+        claims=log,
+        resolver=nodes,
+        submit=submit,
+        drop_unknown=True,
         expire_after=timedelta(days=1),
     )
     first = await intake.admit(notice("held-over", node="n1"))
@@ -289,13 +294,13 @@ async def test_the_signaller_asks_nobody(lines: Lines) -> None:
 
 async def test_the_ledger_logs_the_event_the_writer_would_encode(lines: Lines) -> None:
     counters = dryrun.DryRunCounters()
-    policy = ledger.LabelPolicy()
+    policy = LabelPolicy()
     n = notice("a")
     w = waste.build_restart_waste(n, GANG, (), NOW, deadline_met=True, cluster="c")
     await dryrun.WouldRecord(counters, policy).record(w)
     [line] = lines.of("would record")
     assert line["notice_id"] == "a"
-    _, _, value, _ = ledger.encode(w, policy)
+    _, _, value, _ = encode(w, policy)
     assert line["event"] == json.loads(value)
     assert counters.as_dict() == {"record": 1}
 
@@ -306,7 +311,7 @@ async def test_the_ledger_logs_the_event_the_writer_would_encode(lines: Lines) -
 async def test_a_runbook_on_would_parts_logs_every_step_of_its_notice(lines: Lines) -> None:
     nodes = Nodes(n1=Snapshot(), n2=Snapshot())
     parts = dryrun.WouldParts.build(
-        nodes, HOLDER, ledger.LabelPolicy(), lease_s=20.0, eviction_policy="p"
+        nodes, HOLDER, LabelPolicy(), lease_s=20.0, eviction_policy="p"
     )
     runbook = Runbook(
         view=nodes,

@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 from fake_apiserver import FakeApiServer
 
-from reclaimd.cluster import client
+from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.events import (
     NOTE_LIMIT,
@@ -46,7 +46,7 @@ class Sink:
     def __init__(self) -> None:
         self.created: list[tuple[str, dict[str, Any]]] = []
         self.patched: list[tuple[str, str, dict[str, Any]]] = []
-        self.fail: client.KubeError | None = None
+        self.fail: errors.KubeError | None = None
         self.gate: asyncio.Event | None = None
 
     async def create(self, namespace: str, body: dict[str, Any]) -> None:
@@ -269,7 +269,7 @@ async def test_stale_events_are_dropped_not_written() -> None:
 
 async def test_failures_are_counted_and_never_raised() -> None:
     sink = Sink()
-    sink.fail = client.Forbidden("create event", 403, "no RBAC")
+    sink.fail = errors.Forbidden("create event", 403, "no RBAC")
     rec = recorder(sink)
     rec.start()
     assert rec.record(NODE, Reason.CORDONED, "c")
@@ -281,7 +281,7 @@ async def test_failures_are_counted_and_never_raised() -> None:
 
 async def test_a_throttled_event_is_not_retried_but_slows_the_budget() -> None:
     sink = Sink()
-    sink.fail = client.Throttled("create event", 429, "slow down", retry_after_s=None)
+    sink.fail = errors.Throttled("create event", 429, "slow down", retry_after_s=None)
     budget = RateLimiter(KubeSettings(qps=100.0, burst=10))
     rec = recorder(sink, budget)
     rec.start()

@@ -73,19 +73,20 @@ def test_deny_and_a_namespace_selector_of_ones_own(tmp_path: Path) -> None:
 
 
 def test_the_defaults_are_what_reclaimd_reads(tmp_path: Path) -> None:
-    """The cost labels are the pod label keys reclaimd/ledger.py maps to tenant and queue; the
-    spot labels are reclaimable.nodeLabels; the user-data keys are the ledger's refused ones."""
-    from reclaimd import ledger
+    """The cost labels are the pod label keys reclaimd/ledger/labels.py maps to tenant and
+    queue; the spot labels are reclaimable.nodeLabels; the user-data keys are the ledger's
+    refused ones."""
+    from reclaimd.ledger import labels
 
     p = _policies(render(tmp_path, _on()))
     cost = _variables(p["cost-labels"])
     assert json.loads(cost["names"]) == ["tenant", "queue"]
     keys = json.loads(cost["keys"])
     assert keys == {
-        "tenant": list(ledger._POD_SOURCES["tenant"]),
-        "queue": list(ledger._POD_SOURCES["queue"]),
+        "tenant": list(labels._POD_SOURCES["tenant"]),
+        "queue": list(labels._POD_SOURCES["queue"]),
     }
-    assert set(json.loads(_variables(p["user-data-labels"])["refused"])) == ledger.ALWAYS_REFUSED
+    assert set(json.loads(_variables(p["user-data-labels"])["refused"])) == labels.ALWAYS_REFUSED
     spot = _variables(p["spot-checkpoint"])
     assert json.loads(spot["reclaimable"])["karpenter.sh/capacity-type"] == ["spot"]
     assert json.loads(spot["reclaimable"])["cloud.google.com/gke-spot"] == ["true"]

@@ -5,22 +5,24 @@ from pathlib import Path
 import pytest
 
 from reclaimd.cluster.ledgerlog import PendingEvent
-from reclaimd.ledger import (
+from reclaimd.ledger.event import (
     SCHEMA,
-    LabelPolicy,
-    LedgerWriter,
-    cost_labels,
     encode,
     instance_part,
     kafka_key,
+    record_event_id,
+    to_event,
+)
+from reclaimd.ledger.fencing import transactional_id
+from reclaimd.ledger.labels import (
+    LabelPolicy,
+    cost_labels,
     normalize_purchase_option,
     placement,
     pricing_category,
-    record_event_id,
-    settle,
-    to_event,
-    transactional_id,
 )
+from reclaimd.ledger.records import settle
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import (
     CheckpointScope,
     Gang,
@@ -600,15 +602,15 @@ async def test_writer_and_cluster_log_must_share_the_holder(tmp_path: Path) -> N
 
 
 def test_only_a_record_that_can_never_be_written_lets_an_event_go_unlocked() -> None:
-    from reclaimd.cluster import client
+    from reclaimd.cluster import errors
     from reclaimd.cluster.ledgerlog import TooLarge
-    from reclaimd.ledger import refused_for_good
+    from reclaimd.ledger.records import refused_for_good
 
     assert refused_for_good(TooLarge("over the limit"))
-    assert refused_for_good(client.Invalid("create lease", 422))
-    assert refused_for_good(client.NotFound("create lease", 404))  # no such namespace
+    assert refused_for_good(errors.Invalid("create lease", 422))
+    assert refused_for_good(errors.NotFound("create lease", 404))  # no such namespace
     # an API server just restarted answers 403 (and 401) before its caches fill
-    assert not refused_for_good(client.Forbidden("create lease", 403))
-    assert not refused_for_good(client.Unauthorized("create lease", 401))
-    assert not refused_for_good(client.ServerError("create lease", 503))
+    assert not refused_for_good(errors.Forbidden("create lease", 403))
+    assert not refused_for_good(errors.Unauthorized("create lease", 401))
+    assert not refused_for_good(errors.ServerError("create lease", 503))
     assert not refused_for_good(RuntimeError("anything else"))

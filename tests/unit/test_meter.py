@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from reclaimd import meter
-from reclaimd.ledger import LedgerWriter
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.outbox import Outbox
 from reclaimd.report import Window, build
 from reclaimd.settings.allocation import AllocationSettings
@@ -260,7 +260,7 @@ def test_cache_fleet_reads_the_cluster_cache() -> None:
         }
     )
     cache._idx.put_pod({**FLEET[0], "metadata": {**FLEET[0]["metadata"], "uid": "u1"}})
-    fleet = meter.CacheFleet(cache)
+    fleet = meter.CacheFleet(cache.view)
     held = meter.holdings(fleet, meter.LabelPolicy())
     assert [(h.node, h.gpus, dict(h.labels)["tenant"]) for h in held] == [("n-spot", 8, "team-a")]
     facts = fleet.node("n-spot")

@@ -19,7 +19,7 @@ from chaos.ports import free_port
 from reclaimd import health, metrics
 from reclaimd.checkpoint import NOT_OPTED_IN
 from reclaimd.intake import Admission
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.model import (
     CheckpointOutcome,
     Gang,

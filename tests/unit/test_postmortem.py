@@ -18,7 +18,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from reclaimd import postmortem
+from reclaimd import postmortem, postmortemsvg
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 NOTICE = "aws.ec2.spot-0123456789abcdef01234567"
@@ -296,18 +296,18 @@ def bars(svg: str) -> list[ElementTree.Element]:
 
 def test_svg_has_the_deadline_line_and_red_misses(missed: Path) -> None:
     t = postmortem.load(missed, NOTICE)
-    svg = postmortem.render_svg(t)
+    svg = postmortemsvg.render_svg(t)
     root = ElementTree.fromstring(svg)
     deadlines = [e for e in root.iter(f"{SVG}line") if e.get("class") == "deadline"]
     assert len(deadlines) == 2  # on the window overview and on the zoomed timeline
-    assert all(e.get("stroke") == postmortem.DEADLINE_RED for e in deadlines)
-    red = [b for b in bars(svg) if b.get("fill") == postmortem.MISS_RED]
+    assert all(e.get("stroke") == postmortemsvg.DEADLINE_RED for e in deadlines)
+    red = [b for b in bars(svg) if b.get("fill") == postmortemsvg.MISS_RED]
     assert {(b.get("data-step"), "miss" in (b.get("class") or "")) for b in red} == {
         ("evict", True),
         ("drain", True),
         ("ledger", True),
     }
-    amber = [b for b in bars(svg) if b.get("fill") == postmortem.FAIL_AMBER]
+    amber = [b for b in bars(svg) if b.get("fill") == postmortemsvg.FAIL_AMBER]
     assert [b.get("data-step") for b in amber] == ["checkpoint.rank"]  # rank 1, in time
     assert len(bars(svg)) == len(t.rows)
     # the zoomed deadline line stands left of the late bars' ends
@@ -317,15 +317,17 @@ def test_svg_has_the_deadline_line_and_red_misses(missed: Path) -> None:
 
 
 def test_svg_of_a_quick_notice_names_the_off_scale_deadline(tmp_path: Path) -> None:
-    svg = postmortem.render_svg(postmortem.load(write(tmp_path / "s.jsonl", quick_trace()), NOTICE))
+    svg = postmortemsvg.render_svg(
+        postmortem.load(write(tmp_path / "s.jsonl", quick_trace()), NOTICE)
+    )
     root = ElementTree.fromstring(svg)
     off = [e for e in root.iter(f"{SVG}text") if e.get("class") == "deadline-off-scale"]
     assert len(off) == 1 and "119" in "".join(off[0].itertext())
-    assert not [b for b in bars(svg) if b.get("fill") == postmortem.MISS_RED]
+    assert not [b for b in bars(svg) if b.get("fill") == postmortemsvg.MISS_RED]
 
 
 def test_html_is_self_contained(missed: Path) -> None:
-    page = postmortem.render_html(postmortem.load(missed, NOTICE))
+    page = postmortemsvg.render_html(postmortem.load(missed, NOTICE))
     assert page.startswith("<!doctype html>") and "<svg" in page
     for needle in ("src=", "href=", "<script", "@import", "url("):
         assert needle not in page
@@ -498,7 +500,7 @@ def screenshot(page: Path, out: Path) -> bytes:
 
 def test_chromium_draws_the_miss_in_red(missed: Path, tmp_path: Path) -> None:
     page = tmp_path / "postmortem.html"
-    page.write_text(postmortem.render_html(postmortem.load(missed, NOTICE)))
+    page.write_text(postmortemsvg.render_html(postmortem.load(missed, NOTICE)))
     pixels = list(png_pixels(screenshot(page, tmp_path / "postmortem.png")))
     assert len(pixels) == 1400 * 900
 
@@ -506,8 +508,8 @@ def test_chromium_draws_the_miss_in_red(missed: Path, tmp_path: Path) -> None:
         want = bytes.fromhex(hex_colour.removeprefix("#"))
         return all(abs(a - b) <= 6 for a, b in zip(rgb, want, strict=True))
 
-    red = sum(1 for p in pixels if near(p, postmortem.MISS_RED))
-    amber = sum(1 for p in pixels if near(p, postmortem.FAIL_AMBER))
+    red = sum(1 for p in pixels if near(p, postmortemsvg.MISS_RED))
+    amber = sum(1 for p in pixels if near(p, postmortemsvg.FAIL_AMBER))
     white = sum(1 for p in pixels if p == (255, 255, 255))
     assert red > 500  # three late bars and the legend swatch, not a stray pixel
     assert amber > 100

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from reclaimd.cluster import client
+from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiStatus
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.settings.kube import KubeSettings
@@ -90,16 +90,16 @@ def api_error(status: int, headers: dict[str, str] | None = None, message: str =
 
 
 def test_a_429_is_load_shedding_unless_a_pdb_says_no() -> None:
-    apf = client.error_for("w", 429, None, {"X-Kubernetes-PF-FlowSchema-UID": "abc"})
-    retry = client.error_for("w", 429, None, {"Retry-After": "2"})
-    pdb = client.error_for(
+    apf = errors.error_for("w", 429, None, {"X-Kubernetes-PF-FlowSchema-UID": "abc"})
+    retry = errors.error_for("w", 429, None, {"Retry-After": "2"})
+    pdb = errors.error_for(
         "evict",
         429,
         {"message": "Cannot evict pod as it would violate the pod's disruption budget."},
     )
-    assert isinstance(apf, client.Throttled) and isinstance(retry, client.Throttled)
+    assert isinstance(apf, errors.Throttled) and isinstance(retry, errors.Throttled)
     assert retry.retry_after_s == 2.0
-    assert isinstance(pdb, client.TooManyRequests) and not isinstance(pdb, client.Throttled)
+    assert isinstance(pdb, errors.TooManyRequests) and not isinstance(pdb, errors.Throttled)
 
 
 async def test_push_back_halves_the_rate_once_a_second_and_holds_for_retry_after() -> None:
@@ -145,7 +145,7 @@ async def test_call_retries_what_the_server_asked_and_raises_the_rest() -> None:
     async def conflict() -> str:
         raise api_error(409)
 
-    with pytest.raises(client.Conflict):
+    with pytest.raises(errors.Conflict):
         await limiter.call("patch node/x", later, conflict)
 
 
@@ -160,7 +160,7 @@ async def test_call_gives_up_at_its_deadline() -> None:
         raise api_error(503)
 
     soon = datetime.now(UTC) + timedelta(seconds=0.05)
-    with pytest.raises(client.ServerError):
+    with pytest.raises(errors.ServerError):
         await limiter.call("patch node/x", soon, down)
     assert calls == 1  # the deadline has passed: no second try (a jittered delay may be ~0)
 
@@ -187,7 +187,7 @@ async def test_a_holder_renewal_is_served_before_writes_whose_deadlines_have_pas
 async def test_a_read_is_retried_outside_the_write_budget() -> None:
     limiter = RateLimiter(KubeSettings(qps=1.0, burst=1, retry_base_s=0.001, retry_cap_s=0.002))
     await limiter.acquire()  # the write bucket is empty: a read must not wait for it
-    answers: list[Exception | str] = [client.ServerError("read x", 503), "ok"]
+    answers: list[Exception | str] = [errors.ServerError("read x", 503), "ok"]
 
     async def fetch() -> str:
         answer = answers.pop(0)
@@ -227,7 +227,7 @@ async def test_update_reads_again_after_a_conflict_and_decides_again() -> None:
     async def change(version: str) -> str:
         seen.append(version)
         if version != "3":
-            raise client.Conflict("patch lease/x", 409)
+            raise errors.Conflict("patch lease/x", 409)
         return f"wrote over {version}"
 
     result = await limiter.update("lease/x", None, fetch, change, first="1")
@@ -244,9 +244,9 @@ async def test_update_gives_up_after_its_conflicts() -> None:
         return reads
 
     async def change(_: int) -> None:
-        raise client.Conflict("patch lease/x", 409)
+        raise errors.Conflict("patch lease/x", 409)
 
-    with pytest.raises(client.Conflict, match="after 3 re-reads"):
+    with pytest.raises(errors.Conflict, match="after 3 re-reads"):
         await limiter.update("lease/x", None, fetch, change)
     assert reads == 3
 
@@ -255,7 +255,7 @@ async def test_a_403_is_retried_briefly_then_taken_as_rbacs_answer() -> None:
     limiter = RateLimiter(
         KubeSettings(retry_base_s=0.001, retry_cap_s=0.002, forbidden_grace_s=0.5)
     )
-    answers: list[Exception | str] = [client.Forbidden("patch node/n", 403), "ok"]
+    answers: list[Exception | str] = [errors.Forbidden("patch node/n", 403), "ok"]
 
     async def syncing() -> str:  # an API server whose authorizer syncs after one refusal
         answer = answers.pop(0)
@@ -267,9 +267,9 @@ async def test_a_403_is_retried_briefly_then_taken_as_rbacs_answer() -> None:
     assert limiter.pushed_back == 0  # a 403 says nothing of the load
 
     async def denied() -> str:
-        raise client.Forbidden("patch node/n", 403)
+        raise errors.Forbidden("patch node/n", 403)
 
-    with pytest.raises(client.Forbidden):
+    with pytest.raises(errors.Forbidden):
         await asyncio.wait_for(limiter.call("patch node/n", None, denied), 5.0)
 
 
@@ -304,7 +304,7 @@ async def test_a_call_to_a_server_that_answers_nothing_is_given_up() -> None:
 
     loop = asyncio.get_running_loop()
     started = loop.time()
-    with pytest.raises(client.ServerError, match=r"no answer for 0\.5s"):
+    with pytest.raises(errors.ServerError, match=r"no answer for 0\.5s"):
         await limiter.while_answered(0.5, limiter.call("claim node/n1", None, hang))
     assert loop.time() - started < 5.0  # given up on silence, not at the attempt's 30 s
 
@@ -335,12 +335,12 @@ async def test_a_refused_connection_is_not_an_answer() -> None:
     limiter = RateLimiter(KubeSettings(retry_cap_s=0.05))
 
     async def refused() -> None:
-        raise client.ServerError("claim node/n1", 0, "ClientConnectorError")
+        raise errors.ServerError("claim node/n1", 0, "ClientConnectorError")
 
     until = datetime.now(UTC) + timedelta(days=1)  # retried all day, were it not for silence
     loop = asyncio.get_running_loop()
     started = loop.time()
-    with pytest.raises(client.ServerError, match="no answer"):
+    with pytest.raises(errors.ServerError, match="no answer"):
         await limiter.while_answered(
             0.4, limiter.call("claim node/n1", None, refused, retry_until=until)
         )

@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from reclaimd import cli
-from reclaimd.report import Window, build, engine, render
+from reclaimd.report import Window, build, engine, focus, render
 
 H12 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -82,7 +82,7 @@ def part(instance: str | None, node: str, po: str, gpu_s: float) -> dict[str, An
     }
 
 
-# A small export: the columns a price needs (engine.FOCUS_REQUIRED), an end and ListCost.
+# A small export: the columns a price needs (focus.FOCUS_REQUIRED), an end and ListCost.
 FOCUS_HEADER = (
     "ProviderName,ChargePeriodStart,ChargePeriodEnd,ResourceId,SkuId,PricingCategory,"
     "ServiceCategory,ChargeCategory,EffectiveCost,ListCost,ConsumedQuantity,ConsumedUnit\n"
@@ -291,9 +291,9 @@ def test_focus_ids_name_each_clouds_instance_as_the_ledger_does() -> None:
         ) AS t(ProviderName, SubAccountId, ResourceId)"""
     )
     kinds = {"ResourceId": "text", "ProviderName": "text", "SubAccountId": "text"}
-    ids = engine.focus_ids("f", kinds)
+    ids = focus.focus_ids("f", kinds)
     rows = con.execute(
-        f"SELECT {engine._instance_id(kinds)} FROM f JOIN ({ids}) m ON m.raw = f.ResourceId"
+        f"SELECT {focus._instance_id(kinds)} FROM f JOIN ({ids}) m ON m.raw = f.ResourceId"
     ).fetchall()
     assert sorted(r[0] for r in rows) == [
         "aks-spotgpu-12345678-vmss_3",

@@ -34,7 +34,7 @@ from test_report_bill import (
 )
 
 from reclaimd import cli
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.report import Window, build, engine, ledger_input, render
 
 RESTARTED = H12 + timedelta(minutes=45)

@@ -2,7 +2,7 @@
 
 Trino is started on 127.0.0.1 by ``deploy/local/trino.sh`` (trino-server from Maven Central,
 cached under ~/.cache/reclaimd; about 30 s to start). The SQL is the one file the report runs;
-the ``focus`` view comes from ``engine.focus_view`` for both engines. The hand-built bill's
+the ``focus`` view comes from ``focus.focus_view`` for both engines. The hand-built bill's
 figures are compared as the report shows them (money to the cent); the generated fleet's
 unrounded, to a hundredth of a cent (its sums can fall on half a cent, and the engines add
 in another order).
@@ -24,7 +24,7 @@ from test_report_spotpays import bill_rows as spot_bill_rows
 from test_report_spotpays import ledger_rows as spot_ledger_rows
 
 from chaos import bench_report as report_bench
-from reclaimd.ledger import LabelPolicy
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.report import Group, Window, engine, ledger_input, spotpays, trino
 from reclaimd.report.render import _round
 

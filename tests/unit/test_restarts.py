@@ -10,11 +10,13 @@ from typing import Any, cast
 
 import pytest
 
-from reclaimd import ledger, restarts
+from reclaimd import restarts
 from reclaimd.cluster import gangs
-from reclaimd.cluster.cache import slim_pod
 from reclaimd.cluster.gangclaims import Charged
-from reclaimd.ledger import LabelPolicy, LedgerWriter
+from reclaimd.cluster.indexes import slim_pod
+from reclaimd.ledger.event import encode
+from reclaimd.ledger.labels import LabelPolicy
+from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import (
     CheckpointOutcome,
     Gang,
@@ -181,7 +183,7 @@ def test_the_overhead_event_has_its_gang_waste_events_kafka_key(name: str) -> No
     r = restarts.Restart(c, back, T0 + timedelta(seconds=60), restarts.PODS_READY)
     ev = restarts.to_event(r, cluster="c1", policy=LabelPolicy(), place=placement)
     _, overhead_key, _, _ = restarts.encode(ev)
-    _, waste_key, _, _ = ledger.encode(waste, LabelPolicy())
+    _, waste_key, _, _ = encode(waste, LabelPolicy())
     raw = f"team-a|job:ml/{name}".encode()
     tail = b"~" + hashlib.sha256(raw).hexdigest()[:16].encode()
     want = raw if len(raw) <= 200 else raw[:183] + tail
@@ -252,7 +254,7 @@ async def test_the_charging_replica_records_once_and_marks_the_lease() -> None:
     assert await w.tick() == 1
     assert await w.tick() == 0  # marked: never measured again
     assert (w.looks, w.recorded) == (2, 1)
-    (eid, value), = writer.rows
+    ((eid, value),) = writer.rows
     assert leases.marked == [("gang-x", eid)]
     assert json.loads(value)["x_RestartOverheadSeconds"] == 70
 

@@ -18,7 +18,7 @@ from shared_fixtures import FIXTURES
 
 import handlers
 from reclaimd import kueueapi
-from reclaimd.cluster import client
+from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.watch import Changed, Listed
 from reclaimd.intake import Admission
@@ -144,7 +144,7 @@ async def test_no_kueue_or_no_answer_falls_back() -> None:
     assert await kueueapi.WorkloadVersion(absent).get() is None
     assert await kueueapi.version_or(absent, "v1beta1") == "v1beta1"
     failing = cast(ApiServer, Discovery([], status=504))
-    with pytest.raises(client.ServerError, match=r"discover kueue\.x-k8s\.io"):
+    with pytest.raises(errors.ServerError, match=r"discover kueue\.x-k8s\.io"):
         await kueueapi.served_versions(failing)
     assert await kueueapi.version_or(failing, "v1beta1") == "v1beta1"
 

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chaos import report
-from reclaimd.ledger import LabelPolicy, to_event
+from reclaimd.ledger.event import to_event
+from reclaimd.ledger.labels import LabelPolicy
 from reclaimd.model import (
     CheckpointScope,
     Gang,

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from reclaimd.cluster import client
+from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.watch import (
     Changed,
@@ -132,7 +132,7 @@ EXPIRED_IN_STREAM = dict(
 )
 GONE_ON_CONNECT = dict(
     lists=[([pod("a", "9")], "10"), ([pod("a", "9")], "40")],
-    streams=[client.Gone("watch pods", 410)],
+    streams=[errors.Gone("watch pods", 410)],
 )
 SILENT_STREAM = dict(
     lists=[([], "10")],
@@ -140,8 +140,8 @@ SILENT_STREAM = dict(
 )
 LIST_FAILS_THEN_WORKS = dict(
     lists=[
-        client.ServerError("list pods", 503),
-        client.ServerError("list pods", 0),
+        errors.ServerError("list pods", 503),
+        errors.ServerError("list pods", 0),
         ([pod("a", "9")], "10"),
     ],
     streams=[],
@@ -149,12 +149,12 @@ LIST_FAILS_THEN_WORKS = dict(
 STREAM_BREAKS_MIDWAY = dict(
     lists=[([], "10")],
     streams=[
-        [event("ADDED", pod("a", "11")), client.ServerError("watch pods", 0)],
+        [event("ADDED", pod("a", "11")), errors.ServerError("watch pods", 0)],
         [event("ADDED", pod("b", "12"))],
     ],
 )
 LIST_FORBIDDEN = dict(
-    lists=[client.Forbidden("list pods", 403)],
+    lists=[errors.Forbidden("list pods", 403)],
     streams=[],
 )
 ERROR_EVENT_INTERNAL = dict(
@@ -245,7 +245,7 @@ async def test_broken_stream_resumes_without_relisting() -> None:
 
 async def test_permanent_list_error_is_raised() -> None:
     ep = endpoint(LIST_FORBIDDEN)
-    with pytest.raises(client.Forbidden):
+    with pytest.raises(errors.Forbidden):
         async for _ in watch_objects(ep, settings=FAST):
             pass
 
@@ -259,7 +259,7 @@ async def test_internal_error_event_reconnects_from_the_version() -> None:
 
 async def test_forbidden_error_event_is_raised() -> None:
     ep = endpoint(ERROR_EVENT_FORBIDDEN)
-    with pytest.raises(client.Forbidden):
+    with pytest.raises(errors.Forbidden):
         async for _ in watch_objects(ep, settings=FAST):
             pass
 
@@ -310,7 +310,7 @@ class FlakyList:
     async def list(self) -> tuple[list[Any], str]:
         self.calls += 1
         if self.calls == 1:
-            raise client.ServerError("list nodes", 503, retry_after_s=0.01)
+            raise errors.ServerError("list nodes", 503, retry_after_s=0.01)
         return [], "7"
 
     @asynccontextmanager
@@ -437,8 +437,8 @@ async def test_a_watch_asks_from_the_version_with_bookmarks_and_is_released() ->
 
 async def test_a_refused_list_or_watch_is_a_kube_error_of_its_status() -> None:
     api = Api(status=403)
-    with pytest.raises(client.Forbidden, match="list pods"):
+    with pytest.raises(errors.Forbidden, match="list pods"):
         await pods_of(api).list()
-    with pytest.raises(client.Forbidden, match="watch pods"):
+    with pytest.raises(errors.Forbidden, match="watch pods"):
         async with pods_of(api).watch("1", 30):
             pass

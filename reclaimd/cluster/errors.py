@@ -1,12 +1,14 @@
-"""The Kubernetes client: how one is built, and the one place API errors become ours.
+"""The Kubernetes API error hierarchy: the one place API errors become ours.
 
-Every module under ``reclaimd.cluster`` talks to the API server through the ``ApiServer``
-built here, and turns every failure into a ``KubeError`` through ``kube_errors()``. The
-classes carry the retry policy (``retriable``), so callers decide on the class, never on a
-status code or a message string. A message holds the operation, the status and at most the
-first line of the server's ``message`` field, cut to a bounded length: a response body can
-echo a request body (tokens in a Secret, a kubeconfig in an annotation) and never reaches a
-log whole.
+Every module under ``reclaimd.cluster`` talks to the API server through an ``ApiServer``
+(built by ``connect.build_api_client``) and turns every failure into a ``KubeError`` through
+``kube_errors()``. The classes carry the retry policy (``retriable``: the same call may work
+later; ``transient``: the same request, unchanged, may pass after a pause, which the write
+budget retries itself; ``retried_in_grace``: retried for a while only), so callers decide on
+the class, never on a status code or a message string; the pauses come from
+``reclaimd.backoff``. A message holds the operation, the status and at most the first line of
+the server's ``message`` field, cut to a bounded length: a response body can echo a request
+body (tokens in a Secret, a kubeconfig in an annotation) and never reaches a log whole.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from reclaimd.cluster import kubeconfig
-from reclaimd.cluster.apiserver import ApiServer, ApiStatus
+from reclaimd.cluster.apiserver import ApiStatus
 
 MESSAGE_LIMIT = 160
 
@@ -28,6 +29,10 @@ class KubeError(Exception):
     """An API call that failed. ``retriable`` says whether the same call may work later."""
 
     retriable = False
+    # About the server's load or health, not the object: the write budget retries it.
+    transient = False
+    # Retried for the write budget's grace only (``kube.forbidden_grace_s``).
+    retried_in_grace = False
 
     def __init__(
         self, what: str, status: int = 0, message: str = "", retry_after_s: float | None = None
@@ -64,9 +69,13 @@ class Throttled(TooManyRequests):
     """429 for load, not for the object: API Priority and Fairness or max-in-flight. Retried
     by the write budget, which also slows down (``ratelimit.RateLimiter.call``)."""
 
+    transient = True
+
 
 class Forbidden(KubeError):
-    pass
+    """403. A restarted API server answers it until its RBAC caches fill: retried for a grace."""
+
+    retried_in_grace = True
 
 
 class Unauthorized(KubeError):
@@ -81,6 +90,7 @@ class ServerError(KubeError):
     """5xx, or a transport failure (connection refused, reset, timed out)."""
 
     retriable = True
+    transient = True
 
 
 class ConfigError(KubeError):
@@ -162,18 +172,3 @@ def kube_errors(what: str) -> Iterator[None]:
     except (aiohttp.ClientError, TimeoutError) as e:
         # Connection-level failures carry no status; they are worth another try.
         raise ServerError(what, 0, type(e).__name__) from e
-
-
-async def build_api_client(
-    kubeconfig_path: str | None = None, *, context: str | None = None, pool_size: int = 64
-) -> ApiServer:
-    """An ``ApiServer`` from ``kubeconfig_path``, else in-cluster config, else ``$KUBECONFIG``.
-
-    In a pod (``KUBERNETES_SERVICE_HOST`` set, no path given) the service account is used, so
-    the RBAC in ``deploy/kubernetes/rbac.yaml`` is what the daemon can do.
-    """
-    try:
-        connection = kubeconfig.load(kubeconfig_path, context)
-    except kubeconfig.KubeconfigError as e:
-        raise ConfigError("load Kubernetes config", 0, str(e)[:MESSAGE_LIMIT]) from e
-    return ApiServer.open(connection, pool_size)
