@@ -24,7 +24,7 @@ from stack import REPO_DIR, Stack
 from reclaimd.cluster import apiserver, connect, errors, gangclaims
 from reclaimd.cluster.actions import ClusterActions, EvictResult
 from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.cluster.cache import ClusterCache, NodeView
+from reclaimd.cluster.cache import ClusterCache
 from reclaimd.cluster.claims import (
     AdvanceStatus,
     ClaimStatus,
@@ -37,6 +37,7 @@ from reclaimd.cluster.gangclaims import GangClaims, lease_name
 from reclaimd.cluster.gangs import JOB_NAME
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.holders import lease_name as holder_lease_name
+from reclaimd.cluster.indexes import NodeView
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.taints import TAINT_KEY, taint_json
 from reclaimd.cluster.watch import Changed, KubeEndpoint, Listed, watch_objects
