@@ -62,7 +62,7 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "kafka_notices": {
         # Its parser is named for the wire; so is the ledger's topic and the client's logger.
         "reclaimd/logs.py": "the kafka client's logger",
-        "reclaimd/pipeline.py": "the ledger's messaging.system",
+        "reclaimd/runbookspans.py": "the ledger's messaging.system",
         "reclaimd/report/ledger_input.py": "kafka://, where a report reads the ledger topic",
         # The kafka settings section: how every Kafka client connects (TLS, SASL), the
         # ledger's broker as much as the notices'.
