@@ -28,10 +28,12 @@ def transactional_id(holder: str, topic: str) -> str:
     return "reclaimd-ledger-" + digest[:32]
 
 
-@dataclass(frozen=True)
+@dataclass
 class LedgerTopic:
     """The ledger's topic as exactly-once sees it: who may write (producers under derived
-    transactional ids) and what is committed."""
+    transactional ids) and what is committed. Not frozen: the writer's ``bootstrap_servers``
+    and ``connection`` are this object's, and a writer given a broker later (its way to Kafka
+    healed) publishes from the next client on."""
 
     bootstrap_servers: str
     topic: str

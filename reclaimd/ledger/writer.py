@@ -74,8 +74,6 @@ class LedgerWriter:
         scan_margin_s: float = 600.0,
         scan_timeout_s: float = 120.0,
     ) -> None:
-        self.bootstrap_servers = bootstrap_servers
-        self.connection = connection  # TLS, SASL: reclaimd.kafkaconn
         self.topic = topic
         self.policy = policy or LabelPolicy()
         self.holder = holder or (cluster.holder if cluster is not None else socket.gethostname())
@@ -86,7 +84,7 @@ class LedgerWriter:
         self._alive = alive
         self._signals = Signals()
         self._counts = LedgerCounts()
-        ledger_topic = LedgerTopic(
+        self._ledger_topic = ledger_topic = LedgerTopic(
             bootstrap_servers,
             topic,
             connection,
@@ -123,6 +121,22 @@ class LedgerWriter:
             recover_every_s=recover_every_s,
         )
         self._task: asyncio.Task[None] | None = None
+
+    # --- where it publishes --------------------------------------------------------------
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The brokers; empty: events stay in the outbox. Settable: the loops read it anew."""
+        return self._ledger_topic.bootstrap_servers
+
+    @bootstrap_servers.setter
+    def bootstrap_servers(self, value: str) -> None:
+        self._ledger_topic.bootstrap_servers = value
+
+    @property
+    def connection(self) -> KafkaSettings | None:
+        """TLS, SASL: reclaimd.kafkaconn."""
+        return self._ledger_topic.connection
 
     # --- what it counts ------------------------------------------------------------------
 

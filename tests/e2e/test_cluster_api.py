@@ -268,13 +268,13 @@ async def test_cache_indexes_nodes_and_resolves_a_gang_from_one_node(
         assert await cache.wait_synced(SYNC_S)
         assert cache.synced
         iid = instance_id(nodes[1])
-        assert cache.resolve_node(Target(instance_id=iid)) == nodes[1]
-        assert cache.resolve_node(Target(provider_id=f"aws:///us-east-2a/{iid}")) == nodes[1]
-        assert cache.resolve_node(Target(node_name=nodes[2])) == nodes[2]
-        assert cache.resolve_node(Target(instance_id="i-0doesnotexist")) is None
-        assert cache.node_labels(nodes[0])["sku"] == "h100"
+        assert cache.view.resolve_node(Target(instance_id=iid)) == nodes[1]
+        assert cache.view.resolve_node(Target(provider_id=f"aws:///us-east-2a/{iid}")) == nodes[1]
+        assert cache.view.resolve_node(Target(node_name=nodes[2])) == nodes[2]
+        assert cache.view.resolve_node(Target(instance_id="i-0doesnotexist")) is None
+        assert cache.view.node_labels(nodes[0])["sku"] == "h100"
 
-        gangs = cache.gangs_on_nodes([nodes[0]])
+        gangs = cache.view.gangs_on_nodes([nodes[0]])
         assert [g.key for g in gangs] == [GangKey("job", NS, "train")]
         gang = gangs[0]
         assert [(m.name, m.node, m.rank, m.gpus) for m in gang.members] == [
@@ -282,27 +282,27 @@ async def test_cache_indexes_nodes_and_resolves_a_gang_from_one_node(
         ]
         assert gang.gpus == 24
         assert dict(gang.labels) == {"tenant": "t-blue", "sku": "h100"}
-        assert not cache.pod_exists(NS, "sidecar-cpu")
+        assert not cache.view.pod_exists(NS, "sidecar-cpu")
         # kwok runs the pods and gives them IPs; the contract URL follows.
         await eventually(
-            lambda: all(m.pod_ip for m in cache.gangs_on_nodes([nodes[0]])[0].members),
+            lambda: all(m.pod_ip for m in cache.view.gangs_on_nodes([nodes[0]])[0].members),
             "kwok assigns pod IPs",
         )
-        member = cache.gangs_on_nodes([nodes[0]])[0].members[0]
+        member = cache.view.gangs_on_nodes([nodes[0]])[0].members[0]
         assert member.checkpoint_url == f"http://{member.pod_ip}:8080/ckpt"
 
         # The watch: a new rank joins, then leaves.
         await make_pod(admin, "train-3", nodes[2], labels=job_labels("train", 3))
         await eventually(
-            lambda: len(cache.gangs_on_nodes([nodes[0]])[0].members) == 4, "watch adds train-3"
+            lambda: len(cache.view.gangs_on_nodes([nodes[0]])[0].members) == 4, "watch adds train-3"
         )
-        assert cache.gangs_on_nodes([nodes[2]])[0].key == GangKey("job", NS, "train")
-        uid = cache.gangs_on_nodes([nodes[0]])[0].members[3].uid
-        assert cache.pod_exists(NS, "train-3", uid)
-        assert not cache.pod_exists(NS, "train-3", "some-other-uid")
+        assert cache.view.gangs_on_nodes([nodes[2]])[0].key == GangKey("job", NS, "train")
+        uid = cache.view.gangs_on_nodes([nodes[0]])[0].members[3].uid
+        assert cache.view.pod_exists(NS, "train-3", uid)
+        assert not cache.view.pod_exists(NS, "train-3", "some-other-uid")
         await k8s.CoreV1Api(admin).delete_namespaced_pod("train-3", NS, grace_period_seconds=0)
-        await eventually(lambda: not cache.pod_exists(NS, "train-3"), "watch drops train-3")
-        assert len(cache.gangs_on_nodes([nodes[2]])[0].members) == 3
+        await eventually(lambda: not cache.view.pod_exists(NS, "train-3"), "watch drops train-3")
+        assert len(cache.view.gangs_on_nodes([nodes[2]])[0].members) == 3
     finally:
         await cache.stop()
 
@@ -350,14 +350,14 @@ async def test_cache_maps_kueue_workloads_to_their_gangs(
     try:
         assert await cache.wait_synced(SYNC_S)
         assert cache.workloads_available
-        by_job = cache.gangs_of_workload(WorkloadRef(NS, f"job-wl-{RUN}"))
+        by_job = cache.view.gangs_of_workload(WorkloadRef(NS, f"job-wl-{RUN}"))
         assert [(g.key, len(g.members)) for g in by_job] == [(GangKey("job", NS, "wl-job"), 2)]
-        by_group = cache.gangs_of_workload(WorkloadRef(NS, f"pg-{RUN}"))
+        by_group = cache.view.gangs_of_workload(WorkloadRef(NS, f"pg-{RUN}"))
         assert [(g.key, len(g.members)) for g in by_group] == [
             (GangKey("kueue", NS, f"pg-{RUN}"), 2)
         ]
-        assert cache.gangs_of_workload(WorkloadRef(NS, "no-such-workload")) == ()
-        assert cache.gangs_of_workload(WorkloadRef(NS, f"job-wl-{RUN}", uid="stale-uid")) == ()
+        assert cache.view.gangs_of_workload(WorkloadRef(NS, "no-such-workload")) == ()
+        assert cache.view.gangs_of_workload(WorkloadRef(NS, f"job-wl-{RUN}", uid="stale-uid")) == ()
     finally:
         await cache.stop()
 
@@ -687,8 +687,8 @@ async def test_a_refused_eviction_is_asked_again_when_the_cache_sees_its_pdb_cha
             as_reclaimd,
             limiter=limiter,
             settings=PolicySettings(watched_retry_s=60.0),
-            pod_exists=cache.pod_exists,
-            budget_changes=cache.budget_changes,
+            pod_exists=cache.view.pod_exists,
+            budget_changes=cache.view.budget_changes,
         )
         task = asyncio.create_task(actions.evict(pod, deadline=utcnow() + timedelta(seconds=120)))
         await eventually(lambda: limiter.by_kind["evict pod"] >= 1, "the first eviction request")
@@ -732,16 +732,16 @@ async def test_a_saved_gangs_own_pdb_releases_it_and_a_shared_one_holds(
     try:
         assert await cache.wait_synced(SYNC_S)
         await eventually(
-            lambda: cache.pdbs_guard_only_its_gang(NS, "own-rank"), "the cache sees both PDBs"
+            lambda: cache.view.pdbs_guard_only_its_gang(NS, "own-rank"), "the cache sees both PDBs"
         )
-        assert not cache.pdbs_guard_only_its_gang(NS, "team-rank")
+        assert not cache.view.pdbs_guard_only_its_gang(NS, "team-rank")
         actions = ClusterActions(
             as_reclaimd,
             limiter=RateLimiter(),
             settings=PolicySettings(force_before_s=3.0, delete_grace_s=1, retry_base_s=0.2),
-            pod_exists=cache.pod_exists,
-            budget_changes=cache.budget_changes,
-            only_its_gang=cache.pdbs_guard_only_its_gang,
+            pod_exists=cache.view.pod_exists,
+            budget_changes=cache.view.budget_changes,
+            only_its_gang=cache.view.pdbs_guard_only_its_gang,
         )
         deadline = utcnow() + timedelta(seconds=60)
         # Not saved: its own PDB holds it like any other (the checkpoint may still be going).

@@ -151,10 +151,10 @@ async def resolve(as_reclaimd: ApiServer, node: str, size: int) -> Any:
     try:
         assert await cache.wait_synced(SYNC_S)
         await eventually(
-            lambda: all(m.pod_ip for g in cache.gangs_on_nodes([node]) for m in g.members),
+            lambda: all(m.pod_ip for g in cache.view.gangs_on_nodes([node]) for m in g.members),
             "kwok assigns pod IPs",
         )
-        gangs = cache.gangs_on_nodes([node])
+        gangs = cache.view.gangs_on_nodes([node])
         assert len(gangs) == 1 and len(gangs[0].members) == size, gangs
         return gangs[0]
     finally:

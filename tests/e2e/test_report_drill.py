@@ -451,7 +451,7 @@ async def metered_drill(env: stackenv.StackEnv, tmp_path: Path) -> Run:
         bootstrap_servers=env.kafka, topic=alloc_topic, outbox_path=tmp_path / "alloc.sqlite"
     )
     clock = Clock()
-    fleet = meter.CacheFleet(cache)
+    fleet = meter.CacheFleet(cache.view)
     m = meter.Meter(
         fleet,
         writer,
