@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ from reclaimd.model import (
     RankAck,
     utcnow,
 )
+from reclaimd.settings.checkpoint import CheckpointSettings
 
 log = logging.getLogger(__name__)
 
@@ -272,15 +273,6 @@ def _covered(member: Member, said: RankAck, leader: str) -> RankAck:
 
 
 # --- reclaimd's signaller: the fan-out with one span per rank --------------------------------
-
-
-@dataclass(frozen=True)
-class CheckpointSettings:
-    poll_interval_s: float = 0.5
-    """A rank that answered with a status URL is polled this often."""
-
-    concurrency: int = 64
-    """Checkpoint requests of one gang in flight at once."""
 
 
 class Signaller:

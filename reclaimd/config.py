@@ -4,6 +4,9 @@ An override names a path with double underscores: ``RECLAIMD_LEDGER__TOPIC=x`` s
 ``ledger.topic``. Every field has a safe default, so an empty file is a valid (if idle)
 configuration; a bad file fails with one line per error, every error at once, naming the
 file and key or the variable (``reclaimd.configcheck``), never a traceback.
+
+The sections are the parts' own models (``reclaimd.settings``, one module per concern): this
+module composes them, with the sources' sections and the top-level fields, into ``Settings``.
 """
 
 from __future__ import annotations
@@ -11,10 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
@@ -23,15 +23,25 @@ from pydantic import (
     GetPydanticSchema,
     ValidationError,
     create_model,
-    field_validator,
     model_validator,
 )
 from pydantic_core import core_schema
 
 from reclaimd import configcheck, handlers
-from reclaimd.annotations import UrlPolicy
 from reclaimd.kafkaconn import KafkaSettings
 from reclaimd.model import Windows
+from reclaimd.settings.allocation import AllocationSettings
+from reclaimd.settings.cache import CacheSettings
+from reclaimd.settings.checkpoint import CheckpointSettings
+from reclaimd.settings.claims import ClaimSettings
+from reclaimd.settings.events import EventSettings
+from reclaimd.settings.intake import IntakeSettings
+from reclaimd.settings.kube import KubeSettings
+from reclaimd.settings.ledger import LedgerSettings
+from reclaimd.settings.peers import PeerProbeSettings
+from reclaimd.settings.policy import PolicySettings
+from reclaimd.settings.restarts import RestartSettings
+from reclaimd.settings.tracing import TracingSettings
 from reclaimd.strict import Strict
 
 ENV_PREFIX = "RECLAIMD_"
@@ -39,223 +49,6 @@ ENV_PREFIX = "RECLAIMD_"
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message is one line per error."""
-
-
-_Strict = Strict
-
-
-class EvictionPolicy(StrEnum):
-    RESPECT_PDB = "respect-pdb"  # never break a PDB; report the gang as blocked
-    FORCE_NEAR_DEADLINE = "force-near-deadline"  # delete with grace once the deadline is close
-
-
-class UnknownTarget(StrEnum):
-    DROP = "drop"  # count it and ack the message: the instance is not in this cluster
-    RETRY = "retry"  # leave the message for redelivery (a node may still be registering)
-
-
-class PolicySettings(_Strict):
-    eviction: EvictionPolicy = EvictionPolicy.FORCE_NEAR_DEADLINE
-    # With force-near-deadline: stop honouring a PDB this many seconds before the deadline.
-    force_before_s: float = Field(15.0, ge=0)
-    # A saved gang's pod refused by PDBs that guard only its own gang is deleted at once.
-    drain_when_saved: bool = True
-    delete_grace_s: int = Field(5, ge=0)
-    # Time kept back from the checkpoint budget for the drain: min(s, fraction x window).
-    drain_reserve_s: float = Field(30.0, ge=0)
-    drain_reserve_fraction: float = Field(0.34, ge=0, le=0.9)
-    unknown_target: UnknownTarget = UnknownTarget.DROP
-    # A notice whose deadline passed longer ago than this is acked and not acted on.
-    expired_after_s: float = Field(300.0, ge=0)
-    # Drain concurrency per notice; the client-side rate limiter bounds the total.
-    evict_concurrency: int = Field(32, ge=1)
-    # Backoff between evictions a PDB refused, and how often a drain looks for its pods again.
-    retry_base_s: float = Field(0.5, gt=0)
-    retry_cap_s: float = Field(5.0, gt=0)
-    # With the PDB watched, a refused eviction is asked again when its PDB changes, and at
-    # least this often (in case the watch missed a change).
-    watched_retry_s: float = Field(30.0, gt=0)
-    poll_interval_s: float = Field(0.5, gt=0)
-
-
-class LedgerWriterSettings(_Strict):
-    """The ledger writer's tuning (``LedgerWriter(**s.ledger.writer.fields())``)."""
-
-    batch_size: int = Field(100, ge=1, le=10_000)  # events per Kafka transaction
-    backoff_initial_s: float = Field(0.5, gt=0)  # after a failed publish, doubling to
-    backoff_max_s: float = Field(30.0, gt=0)
-    request_timeout_ms: int = Field(30_000, ge=1000)
-    client_id: str = Field("reclaimd-ledger", min_length=1, max_length=200)
-    retention_s: float = Field(7 * 86_400, gt=0)  # published rows kept in the outbox
-    recover_every_s: float = Field(10.0, gt=0)  # dead peers' events looked for this often
-    scan_margin_s: float = Field(600.0, ge=0)  # topic scan for an unknown outcome: back this far
-    scan_timeout_s: float = Field(120.0, gt=0)
-
-
-class LedgerSettings(_Strict):
-    bootstrap: str = ""  # empty: events stay in the outbox until a broker is configured
-    topic: str = "reclaimd.restart-waste"
-    outbox_path: Path = Path("/var/lib/reclaimd/outbox.sqlite")
-    label_allowlist: tuple[str, ...] = ("tenant", "queue", "sku", "cell", "purchase_option")
-    writer: LedgerWriterSettings = LedgerWriterSettings()
-
-    def beside_outbox(self, suffix: str) -> Path:
-        """A file of this replica's state next to the outbox (same volume, same lifetime):
-        ``outbox.sqlite`` -> ``outbox-<suffix>``."""
-        return self.outbox_path.with_name(f"{self.outbox_path.stem}-{suffix}")
-
-
-class AllocationSettings(_Strict):
-    """The allocation meter: GPU-, MIG- and HBM-hours per hour and instance, by cost label,
-    for ``reclaimd report``. One replica meters each hour (an hourly Lease)."""
-
-    enabled: bool = False
-    topic: str = "reclaimd.allocation"  # a sibling of the ledger topic, same broker
-    # None: next to the ledger's outbox (``<outbox>-allocation.sqlite``).
-    outbox_path: Path | None = None
-    interval_s: float = Field(30.0, gt=0)
-    # The open hour's running total is written this often (replaced when the hour closes).
-    open_every_s: float = Field(300.0, gt=0)
-
-
-class RestartSettings(_Strict):
-    """Restart overhead (docs/ledger.md): from a notice's receipt until the gang it charged
-    trains again, on the ledger topic as ``reclaimd.restart-overhead/v1``."""
-
-    enabled: bool = True
-    interval_s: float = Field(15.0, gt=0)  # the charged gangs' Leases are read this often
-    # A rank that speaks the SDK's /incarnation but has not stepped this long after all pods
-    # were Ready: the restart is measured to Ready.
-    sdk_wait_s: float = Field(600.0, ge=0)
-
-
-class EventsSettings(_Strict):
-    """Kubernetes Events on nodes and pods (``kubectl get events --field-selector
-    reason=Interrupted``): best effort, last in the write budget, dropped rather than late."""
-
-    enabled: bool = True
-    queue_size: int = Field(1024, ge=1, le=1_000_000)
-    max_age_s: float = Field(60.0, gt=0)  # an event that waited this long is dropped
-    series_window_s: float = Field(360.0, gt=0)  # a repeat within this joins the series
-    series_flush_s: float = Field(30.0, gt=0)  # a series is patched at most this often
-    series_cache: int = Field(4096, ge=1, le=1_000_000)  # distinct events remembered
-    writers: int = Field(2, ge=1, le=64)  # events written at once
-
-
-class WatchConfig(_Strict):
-    """The cluster cache's LIST+WATCH loops (``WatchSettings(**s.cache.watch.fields())``)."""
-
-    inactivity_timeout_s: float = Field(70.0, gt=0)  # silence that means a dead connection
-    server_timeout_s: int = Field(300, ge=1, le=3600)  # timeoutSeconds asked of the server
-    page_size: int = Field(250, ge=1, le=10_000)  # LIST page size
-    backoff_base_s: float = Field(0.5, gt=0)
-    backoff_cap_s: float = Field(30.0, gt=0)
-
-
-class CacheConfig(_Strict):
-    """What the cluster cache watches and how (``CacheSettings``)."""
-
-    namespaces: tuple[str, ...] = ()  # pods and Workloads watched; empty: the whole cluster
-    watch_workloads: bool = True
-    watch_pdbs: bool = True  # a refused eviction is retried when its PDB changes
-    permanent_error_pause_s: float = Field(30.0, gt=0)  # after RBAC/CRD-missing failures
-    # A watch with no LIST, event or BOOKMARK for this long is restarted by its supervisor,
-    # which looks this often.
-    stall_after_s: float = Field(150.0, gt=0)
-    supervise_interval_s: float = Field(2.0, gt=0)
-    # The pods, kept on the replica's disk for its next process (a pod deleted while no
-    # replica ran is still charged). None: next to the ledger's outbox, ``pods.snapshot``.
-    snapshot_path: Path | None = None
-    watch: WatchConfig = WatchConfig()
-
-
-class ClaimsConfig(_Strict):
-    """The claim store (``ClaimSettings``; its lease is ``claim_stale_s``)."""
-
-    max_conflicts: int = Field(20, ge=1, le=1000)  # re-reads after 409 before giving up
-    # A claim is given up (its message back to the transport, for a peer) once the API server
-    # has answered nothing of ours for this long: a replica cut off must not hold it.
-    unanswered_s: float = Field(10.0, gt=0, le=300)
-
-
-class CheckpointConfig(_Strict):
-    """The checkpoint requests reclaimd sends to the ranks (docs/checkpoint-contract.md)."""
-
-    # On: a checkpoint URL must name the pod's own IP or an allowed host; off: any host.
-    require_pod_ip: bool = True
-    # Exceptions: host names (matched exactly), IP addresses and CIDRs, e.g. 127.0.0.1 for
-    # trainers on loopback in a drill, or a checkpoint sidecar's Service name.
-    allowed_hosts: tuple[str, ...] = ()
-    poll_interval_s: float = Field(0.5, gt=0, le=60)  # a status URL is polled this often
-    concurrency: int = Field(64, ge=1, le=65_536)  # requests in flight per gang
-    # reclaimd's projected ServiceAccount token (audience reclaimd.io/checkpoint), sent with
-    # every request to a rank so that ranks can verify who asks (reclaimd/identity.py); the
-    # chart mounts it here. None: requests carry no token (a rank that verifies refuses them).
-    identity_token_file: Path | None = None
-
-    @field_validator("allowed_hosts")
-    @classmethod
-    def _hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        UrlPolicy.parse(value)  # a ValueError becomes one line naming the field
-        return value
-
-    def url_policy(self) -> UrlPolicy:
-        return UrlPolicy.parse(self.allowed_hosts, require_pod_ip=self.require_pod_ip)
-
-
-class PeerProbeConfig(_Strict):
-    """The peers' death detector (``cluster.probe``): each replica listens on ``host:port``
-    and names that address in its holder Lease; the others connect to it every ``every_s``.
-    Refused = dead now (its claims are taken over at once); anything else waits for
-    ``claim_stale_s``. A replica taking a notice over also asks its holder there for the
-    acks it could not record, for up to ``ask_s``. The chart opens the port to the other
-    replicas only."""
-
-    enabled: bool = True
-    host: str = ""  # where to listen; empty: every interface
-    port: int = Field(0, ge=0, le=65535)  # 0: any free one (the chart fixes 9465)
-    # The address peers dial; empty: $POD_IP (the chart sets it), else 127.0.0.1.
-    advertise: str = ""
-    every_s: float = Field(0.5, gt=0, le=60)
-    timeout_s: float = Field(0.5, gt=0, le=60)
-    ask_s: float = Field(1.0, gt=0, le=60)
-
-
-class IntakeConfig(_Strict):
-    memory: int = Field(50_000, ge=100, le=10_000_000)  # notice ids remembered as seen
-
-
-class KubeSettings(_Strict):
-    # None: in-cluster service account. A kubeconfig may give a client certificate, a token or
-    # tokenFile, or an exec plugin (EKS, GKE, AKS); auth-provider is refused (kubeconfig.py).
-    kubeconfig: Path | None = None
-    # The write budget adapts between these: it starts at start_qps, grows while the API
-    # server accepts, halves on 429 / Retry-After / priority-and-fairness rejections, and
-    # never exceeds qps (the operator's cap). Every write (claims, evictions, Leases) shares
-    # it, earliest deadline first.
-    qps: float = Field(1000.0, gt=0)
-    start_qps: float = Field(300.0, gt=0)
-    min_qps: float = Field(5.0, gt=0)
-    burst: int = Field(100, ge=1)
-    # Connections to the API server: a storm's writes in flight at once.
-    connections: int = Field(64, ge=1, le=1024)
-    # While the server accepts, the write rate grows by this fraction of itself per second.
-    growth_per_s: float = Field(0.25, gt=0, le=10)
-    # A retried write backs off with full jitter between these, never past its deadline.
-    retry_base_s: float = Field(0.2, gt=0)
-    retry_cap_s: float = Field(5.0, gt=0)
-    max_attempts: int = Field(8, ge=1, le=100)  # of one write that has no deadline to bound it
-    attempt_timeout_s: float = Field(10.0, gt=0)  # one request the server never answers
-    max_conflicts: int = Field(8, ge=1, le=1000)  # re-reads of one object after 409s
-    # A 403 is retried this long (a restarted API server's authorizer is still syncing).
-    forbidden_grace_s: float = Field(3.0, ge=0)
-    # Writes sent and not yet answered: beyond what the server works on at once they queue
-    # there in its order, not ours (earliest deadline first).
-    max_in_flight: int = Field(32, ge=1, le=1024)
-
-
-class TracingSettings(_Strict):
-    span_file: Path | None = Path("/var/lib/reclaimd/spans.jsonl")
 
 
 # ``windows``: every window a parser reads (``handlers.WINDOWS``, with its default) and
@@ -283,7 +76,7 @@ def _windows_schema(_: Any, handler: Any) -> core_schema.CoreSchema:
 WindowsSection = Annotated[Windows, GetPydanticSchema(_windows_schema)]
 
 
-class _Settings(_Strict):
+class _Settings(Strict):
     cluster_name: str = "default"
     holder: str = Field(default_factory=socket.gethostname)
     # A replica silent this long (its holder Lease not renewed) is presumed dead and its claims
@@ -304,13 +97,13 @@ class _Settings(_Strict):
     ledger: LedgerSettings = LedgerSettings()
     allocation: AllocationSettings = AllocationSettings()
     restarts: RestartSettings = RestartSettings()
-    events: EventsSettings = EventsSettings()
+    events: EventSettings = EventSettings()
     tracing: TracingSettings = TracingSettings()
-    cache: CacheConfig = CacheConfig()
-    claims: ClaimsConfig = ClaimsConfig()
-    peer_probe: PeerProbeConfig = PeerProbeConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    intake: IntakeConfig = IntakeConfig()
+    cache: CacheSettings = CacheSettings()
+    claims: ClaimSettings = ClaimSettings()
+    peer_probe: PeerProbeSettings = PeerProbeSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    intake: IntakeSettings = IntakeSettings()
     metrics_port: int = Field(9464, ge=0, le=65535)
     # The first LIST of every node and GPU pod must finish within this, or the process exits
     # (and is restarted). 50,000 pods take tens of seconds from a busy API server.
@@ -356,61 +149,6 @@ if TYPE_CHECKING:
     Settings = _Settings
 else:
     Settings = settings_model(handlers.REGISTRY)
-
-
-@dataclass(frozen=True)
-class CodePart:
-    """Where one part's settings come from in this file.
-
-    ``section``: the dotted path of the section whose fields share the part's field names
-    (``""``: the top level). ``elsewhere``: the part's fields set another way, each naming
-    the config path it is set from, or why it is no setting (``"discovered: ..."``).
-    ``defaults_differ``: fields whose config default is deliberately not the code's.
-    """
-
-    section: str
-    elsewhere: Mapping[str, str] = field(default_factory=dict)
-    defaults_differ: frozenset[str] = frozenset()
-
-
-_DISCOVERED_KUEUE = "discovered: the Kueue API version the cluster serves"
-# Every settings dataclass (and tunable constructor) in the code, and where its fields are
-# set from. tests/unit/test_config_reach.py walks the code: a new setting without an entry
-# here fails it.
-CODE_SETTINGS: Mapping[str, CodePart] = MappingProxyType(
-    {
-        "reclaimd.cluster.watch.WatchSettings": CodePart("cache.watch"),
-        "reclaimd.cluster.cache.CacheSettings": CodePart(
-            "cache",
-            {
-                "watch": "cache.watch",
-                "workloads": _DISCOVERED_KUEUE,
-                "url_policy": "checkpoint.allowed_hosts",
-            },
-        ),
-        "reclaimd.cluster.claims.ClaimSettings": CodePart(
-            "claims", {"lease_s": "claim_stale_s", "workloads": _DISCOVERED_KUEUE}
-        ),
-        # The adaptive rate starts below the cap in a deployment (the code's None: at the cap).
-        "reclaimd.cluster.ratelimit.RateSettings": CodePart(
-            "kube", defaults_differ=frozenset({"start_qps"})
-        ),
-        "reclaimd.cluster.actions.ActionSettings": CodePart(
-            "policy", {"policy": "policy.eviction"}
-        ),
-        "reclaimd.cluster.events.EventSettings": CodePart("events"),
-        "reclaimd.checkpoint.CheckpointSettings": CodePart("checkpoint"),
-        "reclaimd.ledger.writer.LedgerWriter": CodePart(
-            "ledger.writer", {"holder": "holder", "policy": "ledger.label_allowlist"}
-        ),
-        "reclaimd.intake.Intake": CodePart("intake", {"expire_after": "policy.expired_after_s"}),
-        "reclaimd.scheduler.Scheduler": CodePart(
-            "", {"max_in_flight": "max_in_flight", "horizon_s": "schedule_horizon_s"}
-        ),
-        "reclaimd.scheduler.EdfQueue": CodePart("", {"horizon_s": "schedule_horizon_s"}),
-        "reclaimd.meter.Meter": CodePart("allocation"),
-    }
-)
 
 
 def overlay(

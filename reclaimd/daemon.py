@@ -6,7 +6,8 @@ ledger publisher, scheduler, holder Lease, resume scan, one task per source) run
 TaskGroup: if one dies the others are cancelled and the process exits non-zero, so the
 orchestrator restarts it and it resumes from the claims in the cluster (crash-only). SIGTERM
 stops the sources first, gives notices in flight a grace period, then flushes the ledger
-outbox.
+outbox. The daemon never asks whether it dry-runs: it runs the parts ``wire`` built, and a
+dry run's have no holder Lease, resume scan, probe port, meter or Events to run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from reclaimd import (
@@ -32,7 +32,6 @@ from reclaimd import (
     tracing,
 )
 from reclaimd.cluster import (
-    claimlog,
     connect,
     errors,
     peers,
@@ -90,21 +89,7 @@ class Daemon:
         try:
             sources_by_name = self._sources(parts, api)
             observed = self.metrics = _bind_gauges(parts, sources_by_name)
-            readiness = health.Readiness(
-                {"cache": lambda: view.current}
-                if s.dry_run  # no outbox file, no Lease: only the cache matters
-                else {
-                    # Listed, and every watch running and connected: a frozen cache would
-                    # resolve notices to pods long gone.
-                    "cache": lambda: view.current,
-                    "outbox": health.outbox_writable(s.ledger.outbox_path),
-                    # The broker refuses us (credentials, certificates, ACLs): events wait in
-                    # the outbox until the setting is mended; a broker merely down is no fault.
-                    "kafka": lambda: ledger_writer.kafka_problem is None,
-                    # Our claims are live only while our holder Lease is renewed.
-                    "holder_lease": parts.holders.fresh,
-                }
-            )
+            readiness = health.Readiness(parts.readiness)
             # Each central source, by its name: not ready while it cannot hear (its receives
             # failed for longer than a few rounds: a deleted queue, a refused subscription).
             readiness.checks.update(running_sources.hearing(sources_by_name))
@@ -117,25 +102,7 @@ class Daemon:
                 )
             async with asyncio.TaskGroup() as tg:
                 await self._announce(parts)
-                background = [
-                    tg.create_task(view.run(), name="cache"),  # restarts a dead or stuck watch
-                    tg.create_task(ledger_writer.run(), name="ledger"),
-                    *(
-                        [
-                            tg.create_task(parts.meter.writer.run(), name="allocation-ledger"),
-                            tg.create_task(parts.meter.run(), name="allocation-meter"),
-                        ]
-                        if parts.meter is not None
-                        else []
-                    ),
-                    *(
-                        [tg.create_task(parts.events.run(), name="events")]
-                        if parts.events is not None
-                        else []
-                    ),
-                    # Karpenter or NTH draining on the same Spot warnings: one line each.
-                    tg.create_task(peers.warn(api, _our_queue(s)), name="peers"),
-                ]
+                background = _background(tg, parts, api, s)
                 acting = self._acting(tg, parts)
                 sources = _receiving(tg, parts, sources_by_name)
                 logs.event(
@@ -175,37 +142,28 @@ class Daemon:
         is retried by its task and shows in /readyz); it names our probe port, open by then."""
         if parts.probe is not None:
             await parts.probe.start()
-        if not self.settings.dry_run:
+        if parts.lease is not None:
             with contextlib.suppress(errors.KubeError):
-                await parts.holders.renew()
+                await parts.lease.renew()
 
     def _acting(self, tg: asyncio.TaskGroup, parts: Parts) -> list[asyncio.Task[None]]:
         """What acts on claims: stopped first on SIGTERM, before the claims are handed over
         (a peer must never act beside us on the same claim)."""
-        s, tasks = self.settings, [tg.create_task(parts.scheduler.run(), name="scheduler")]
-        if s.dry_run:
-            return tasks  # a dry run holds no Lease and resumes nothing: it claimed nothing
-        tasks.append(tg.create_task(parts.holders.run(), name="holder-lease"))
+        tasks = [tg.create_task(parts.scheduler.run(), name="scheduler")]
+        # A dry run holds no Lease and resumes nothing (it claimed nothing): the parts below
+        # are absent from its wiring.
+        if parts.lease is not None:
+            tasks.append(tg.create_task(parts.lease.run(), name="holder-lease"))
         if parts.probe is not None:
             tasks.append(tg.create_task(parts.holders.run_probes(), name="peer-probe"))
         if parts.gang_leases is not None:
             tasks.append(tg.create_task(parts.gang_leases.run_sweeps(), name="gang-sweep"))
         if parts.restarts is not None:
             tasks.append(tg.create_task(parts.restarts.run(), name="restart-overhead"))
-        resumer = claimlog.Resumer(
-            parts.store,
-            parts.view.view,
-            resume=parts.intake.resume,
-            in_flight=parts.scheduler.running,
-            renewed=parts.holders.renewed,
-            lease_s=s.claim_stale_s,
-            dead=parts.holders.dead,
-            wake=parts.holders.deaths,
-            expire_after=timedelta(seconds=s.policy.expired_after_s),
-        )
-        # First to stop on SIGTERM: a stopping replica takes no claim over.
-        self._resume_task = tg.create_task(resumer.run(), name="resume")
-        tasks.append(self._resume_task)
+        if parts.resumer is not None:
+            # First to stop on SIGTERM: a stopping replica takes no claim over.
+            self._resume_task = tg.create_task(parts.resumer.run(), name="resume")
+            tasks.append(self._resume_task)
         return tasks
 
     async def _hand_over(
@@ -233,9 +191,9 @@ class Daemon:
         await _settle(acting, HAND_BACK_S)
         if parts.probe is not None:
             await parts.probe.close()  # refused from now on: peers take our claims over now
-        if not self.settings.dry_run:
+        if parts.lease is not None:
             with contextlib.suppress(errors.KubeError):
-                await parts.holders.release()
+                await parts.lease.release()
 
     def _sources(self, parts: Parts, api: ApiServer) -> dict[str, Source]:
         """One transport per enabled entry of the source registry (``reclaimd.handlers``)."""
@@ -254,6 +212,24 @@ def _our_queue(s: Settings) -> tuple[str, ...]:
     """Every queue, subscription and topic our enabled sources consume (a peer on one of
     them takes messages from us)."""
     return tuple(d for d in destinations(s).values() if d)
+
+
+def _background(
+    tg: asyncio.TaskGroup, parts: Parts, api: ApiServer, s: Settings
+) -> list[asyncio.Task[Any]]:
+    """What runs beside the notices until the stop: cancelled last."""
+    tasks: list[asyncio.Task[Any]] = [
+        tg.create_task(parts.view.run(), name="cache"),  # restarts a dead or stuck watch
+        tg.create_task(parts.ledger.run(), name="ledger"),
+    ]
+    if parts.meter is not None:
+        tasks.append(tg.create_task(parts.meter.writer.run(), name="allocation-ledger"))
+        tasks.append(tg.create_task(parts.meter.run(), name="allocation-meter"))
+    if parts.events is not None:
+        tasks.append(tg.create_task(parts.events.run(), name="events"))
+    # Karpenter or NTH draining on the same Spot warnings: one line each.
+    tasks.append(tg.create_task(peers.warn(api, _our_queue(s)), name="peers"))
+    return tasks
 
 
 def _receiving(

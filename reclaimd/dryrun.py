@@ -7,7 +7,8 @@ per action (``would claim``, ``would evict``, ...) with the notice's id, and cou
 claim would be (``claims.decide``), so the transport acks only what it would have acked.
 
 Nothing is written: no claim or cordon, no Lease, no eviction, no checkpoint request, no
-ledger row (the daemon also skips the holder Lease, the resume scan, Events and the meter).
+ledger row. ``wiring.DryRun`` builds these parts in place of the real ones, and no holder
+Lease, resume scan, probe port, Events or meter at all.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class WouldClaimLog:
         holder: str,
         counters: DryRunCounters,
         *,
-        lease_s: float = 20.0,
+        lease_s: float,  # claim_stale_s, as the real claim store is given it
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.nodes, self.holder, self.counters = nodes, holder, counters
@@ -276,7 +277,7 @@ class WouldParts:
         holder: str,
         policy: LabelPolicy,
         *,
-        lease_s: float = 20.0,
+        lease_s: float,
         eviction_policy: str = "",
     ) -> WouldParts:
         counters = DryRunCounters()

@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanContext
 from reclaimd import logs
 from reclaimd.heldnotices import HeldNotices
 from reclaimd.model import Notice, Target, utcnow
+from reclaimd.settings.intake import IntakeSettings
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,9 @@ class Intake:
         resolver: TargetResolver,
         submit: Callable[[Admitted], Awaitable[object]],
         drop_unknown: bool,
-        expire_after: timedelta = timedelta(minutes=5),
+        expire_after: timedelta,  # policy.expired_after_s
         on_admission: Callable[[Notice, Admission], SpanContext | None] | None = None,
-        memory: int = 50_000,
+        settings: IntakeSettings = IntakeSettings(),
         held: HeldNotices | None = None,
     ) -> None:
         """``on_admission`` sees every admission (metrics, the receive span) and may return
@@ -104,7 +105,7 @@ class Intake:
         self.on_admission = on_admission
         # Ids claimed by this process: a redelivery costs no apiserver round trip.
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._memory = memory
+        self._memory = settings.memory
         self._flights: dict[str, asyncio.Future[Admission]] = {}
         # Notices not claimed yet, on this disk: the next process here admits them at once.
         self.held = held

@@ -49,6 +49,7 @@ from reclaimd import skus
 from reclaimd.ledger.labels import LabelPolicy, bounded, cost_labels, placement, pricing_category
 from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import rfc3339, stable_id, utcnow
+from reclaimd.settings.allocation import AllocationSettings
 
 if TYPE_CHECKING:
     from reclaimd.cluster.apiserver import ApiServer
@@ -279,14 +280,13 @@ class Meter:
         lock: HourLock,
         *,
         cluster: str,
-        interval_s: float = 30.0,
-        open_every_s: float = 300.0,
+        settings: AllocationSettings = AllocationSettings(),
         policy: LabelPolicy | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.view, self.writer, self.lock = view, writer, lock
         self.cluster = cluster
-        self.interval_s = interval_s
+        self.interval_s = interval_s = settings.interval_s
         self.policy = policy or writer.policy
         self.clock = clock
         self.integrator = Integrator(max_gap_s=max(4 * interval_s, 60.0))
@@ -299,7 +299,7 @@ class Meter:
         self.hours_closed = 0
         self.last_closed_hour_end = 0.0
         self._metering: datetime | None = None  # the hour the integrator counts for us
-        self.open_every_s = open_every_s
+        self.open_every_s = settings.open_every_s
         self._open_at: datetime | None = None  # when the open hour's totals were last written
         self._open_written: dict[Key, tuple[float, float]] = {}
 

@@ -55,7 +55,7 @@ class EdfQueue(Generic[D]):
     so it never jumps ahead of a notice that is about to take capacity away.
     """
 
-    def __init__(self, horizon_s: float = 600.0) -> None:
+    def __init__(self, horizon_s: float) -> None:
         self._horizon = horizon_s
         self._heap: list[tuple[float, int, D]] = []
         self._ids: set[str] = set()
@@ -253,9 +253,11 @@ class Scheduler(Generic[D]):
         self,
         handle: Callable[[D], Awaitable[object]],
         *,
-        max_in_flight: int = 4096,
-        horizon_s: float = 600.0,
+        max_in_flight: int,
+        horizon_s: float,
     ) -> None:
+        """``max_in_flight`` and ``horizon_s``: the settings' ``max_in_flight`` and
+        ``schedule_horizon_s`` (their defaults are written there, once)."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self._handle = handle

@@ -1,8 +1,8 @@
 """The base of every settings section: unknown keys refused, values frozen.
 
-Its own module so that both ``reclaimd.config`` (which assembles ``Settings``) and
-``reclaimd.handlers.entry`` (whose entries carry their sections' models) can build on it without
-importing each other's way round.
+Its own module so that ``reclaimd.config`` (which assembles ``Settings``), the parts' own
+models (``reclaimd.settings``) and ``reclaimd.handlers.entry`` (whose entries carry their
+sections' models) can build on it without importing each other's way round.
 """
 
 from __future__ import annotations
@@ -18,5 +18,5 @@ class Strict(BaseModel):
 
     def fields(self, *skip: str) -> dict[str, Any]:
         """This section's own values by name (nested sections as they are), for a part's
-        settings whose fields share the names: ``WatchSettings(**s.cache.watch.fields())``."""
+        keyword arguments that share the names: ``LedgerWriter(**s.ledger.writer.fields())``."""
         return {k: getattr(self, k) for k in type(self).model_fields if k not in skip}

@@ -43,7 +43,6 @@ from reclaimd.cluster.watch import (
     Listed,
     RawObject,
     WatchEvent,
-    WatchSettings,
     watch_objects,
 )
 from reclaimd.handlers.base import Parser
@@ -54,6 +53,7 @@ from reclaimd.handlers.transport import Admit, Counters, Read, Supplies, admit_a
 from reclaimd.intake import Admission
 from reclaimd.kueueapi import GROUP, PLURAL, PREFERRED_VERSIONS, pick_version
 from reclaimd.model import Notice, Windows
+from reclaimd.settings.watch import WatchSettings
 
 log = logging.getLogger(__name__)
 

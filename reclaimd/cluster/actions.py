@@ -32,7 +32,6 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
@@ -40,8 +39,8 @@ from reclaimd.backoff import RetryPolicy
 from reclaimd.cluster import apiserver, errors, objects, taints
 from reclaimd.cluster.apiserver import ApiServer, JsonObject
 from reclaimd.cluster.ratelimit import RateLimiter
-from reclaimd.config import EvictionPolicy
 from reclaimd.model import Member, Notice, utcnow
+from reclaimd.settings.policy import EvictionPolicy, PolicySettings
 
 log = logging.getLogger(__name__)
 
@@ -60,41 +59,13 @@ class EvictResult(StrEnum):
     FAILED = "failed"  # a non-retriable error (RBAC, invalid request)
 
 
-@dataclass(frozen=True)
-class ActionSettings:
-    policy: EvictionPolicy = EvictionPolicy.FORCE_NEAR_DEADLINE
-    force_before_s: float = 15.0
-    """force-near-deadline stops honouring a PDB this long before the deadline: enough for
-    the SIGTERM grace below plus the kubelet's reaction."""
-
-    delete_grace_s: int = 5
-    """Grace period of a forced delete: short, the node dies soon anyway."""
-
-    retry_base_s: float = 0.5
-    retry_cap_s: float = 5.0
-    """Backoff between refused evictions; the PDB controller updates ``disruptionsAllowed``
-    within about a second of a pod going away, so retrying faster is wasted."""
-
-    watched_retry_s: float = 30.0
-    """With the PDB watched (``budget_changes``), a refused eviction is asked again when a
-    PDB covering its pod changes, and at least this often: the timer only stands in for a
-    change the watch missed."""
-
-    poll_interval_s: float = 0.5
-    """How often ``wait_gone`` looks again."""
-
-    drain_when_saved: bool = True
-    """A refused eviction of a saved gang's pod whose PDBs guard only that gang is deleted at
-    once (``RELEASED``), not held until ``force_before_s``; false: the PDB holds it as any."""
-
-
 class ClusterActions:
     def __init__(
         self,
         api_client: ApiServer,
         *,
         limiter: RateLimiter,
-        settings: ActionSettings = ActionSettings(),
+        settings: PolicySettings = PolicySettings(),
         pod_exists: Callable[[str, str, str], bool] | None = None,
         budget_changes: BudgetChanges | None = None,
         clock: Callable[[], datetime] = utcnow,
@@ -167,7 +138,7 @@ class ClusterActions:
     ) -> EvictResult:
         """Evict one pod under ``policy`` (default: the configured one); ``saved``: its gang's
         checkpoint ask is over. See the module doc."""
-        policy = policy or self._settings.policy
+        policy = policy or self._settings.eviction
         give_up_at = deadline.timestamp()
         if policy is EvictionPolicy.FORCE_NEAR_DEADLINE:
             give_up_at -= self._settings.force_before_s

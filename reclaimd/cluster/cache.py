@@ -29,8 +29,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reclaimd import kueueapi, logs
@@ -48,9 +47,9 @@ from reclaimd.cluster.watch import (
     KubeEndpoint,
     Listed,
     RawObject,
-    WatchSettings,
     watch_objects,
 )
+from reclaimd.settings.cache import CacheSettings
 
 log = logging.getLogger(__name__)
 
@@ -66,38 +65,6 @@ class WorkloadApi:
     group: str = "kueue.x-k8s.io"
     version: str = "v1beta2"
     plural: str = "workloads"
-
-
-@dataclass(frozen=True)
-class CacheSettings:
-    namespaces: tuple[str, ...] = ()
-    """Namespaces whose pods and Workloads are watched; empty means the whole cluster."""
-
-    watch_workloads: bool = True
-    watch_pdbs: bool = True
-    """Watch PodDisruptionBudgets, so an eviction a PDB refused is tried again when the PDB
-    changes (``pdbs``); without, on a timer."""
-
-    workloads: WorkloadApi = field(default_factory=WorkloadApi)
-    watch: WatchSettings = field(default_factory=WatchSettings)
-
-    permanent_error_pause_s: float = 30.0
-    """After a non-retriable watch failure (RBAC, CRD missing), wait this long before trying
-    again: a fixed RBAC or a newly installed CRD is picked up without a restart."""
-
-    url_policy: UrlPolicy = field(default_factory=UrlPolicy)
-    """Where checkpoint URLs may point (the pod's own IP by default, plus an allowlist)."""
-
-    stall_after_s: float = 150.0
-    """A stream with no LIST, event or BOOKMARK for this long is stuck (the server bookmarks
-    an idle watch every minute and the watch reconnects after its own inactivity timeout):
-    the supervisor restarts it."""
-
-    supervise_interval_s: float = 2.0
-
-    snapshot_path: Path | None = None
-    """Where the pods are kept on the replica's disk for its next process (``podsnapshot``);
-    None: nowhere. Written at most every ``supervise_interval_s``, when they changed."""
 
 
 class TakingTurns:
@@ -164,9 +131,14 @@ class ClusterCache:
         *,
         settings: CacheSettings = CacheSettings(),
         labeler: Labeler | None = None,
+        url_policy: UrlPolicy = UrlPolicy(),
+        workloads: WorkloadApi = WorkloadApi(),
     ) -> None:
         self._api = api_client
         self._settings = settings
+        # Not settings: where checkpoint URLs may point is derived from the checkpoint
+        # section; the Workload API's version is the one the cluster serves (looked up).
+        self._workload_api = workloads
         self._idx = Indexes()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._streams: dict[str, _Stream] = {}
@@ -183,7 +155,7 @@ class ClusterCache:
             self._pdbs,
             pdbs_current=self._pdbs_current,
             labeler=labeler,
-            url_policy=settings.url_policy,
+            url_policy=url_policy,
         )
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -206,7 +178,7 @@ class ClusterCache:
             )
         ]
         # The Workload version the cluster serves (one discovery, shared by the process).
-        wl = self._settings.workloads
+        wl = self._workload_api
         wl = replace(wl, version=await kueueapi.version_or(self._api, wl.version))
         for ns in self._settings.namespaces or ("",):
             # ns "": every namespace's collection (``/api/v1/pods``), named "pods".

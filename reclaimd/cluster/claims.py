@@ -46,7 +46,6 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from reclaimd.cluster.cache import WorkloadApi
 from reclaimd.model import Notice, ParseError, frozen_map, parse_time, rfc3339
 
 CLAIM_ANNOTATION = "reclaimd.io/claim"
@@ -294,23 +293,6 @@ def decide(
     if _no_later(existing.deadline, notice.deadline):
         return ClaimStatus.SUPERSEDED
     return ClaimStatus.CLAIMED
-
-
-@dataclass(frozen=True)
-class ClaimSettings:
-    lease_s: float = 20.0
-    """A holder silent this long is presumed dead; its claims can be taken over. Twice the
-    longest pause between phase writes a healthy holder makes (it heartbeats while waiting)."""
-
-    max_conflicts: int = 20
-    """Re-reads after 409 before giving up: each conflict means someone else made progress."""
-
-    unanswered_s: float = 10.0
-    """A claim is given up when the API server has answered nothing for this long: the
-    message goes back to its transport for a peer that can reach the server, instead of a
-    cut-off replica holding it (and extending its lease) until the notice's deadline."""
-
-    workloads: WorkloadApi = field(default_factory=WorkloadApi)
 
 
 CLAIM_LEAD_S = 120.0

@@ -26,7 +26,6 @@ from reclaimd.cluster.claims import (
     AdvanceStatus,
     Claim,
     ClaimResult,
-    ClaimSettings,
     ClaimStatus,
     ClaimTarget,
     Death,
@@ -42,6 +41,7 @@ from reclaimd.cluster.claims import (
 )
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import Notice, ParseError, frozen_map, utcnow
+from reclaimd.settings.claims import ClaimSettings
 
 # The claims' logger: the store's lines read as they did before it had a module of its own.
 log = logging.getLogger("reclaimd.cluster.claims")
@@ -80,7 +80,9 @@ class ClaimStore:
         holder: str,
         *,
         limiter: RateLimiter | None = None,
+        lease_s: float,
         settings: ClaimSettings = DEFAULTS,
+        workloads: WorkloadApi = WorkloadApi(),
         clock: Callable[[], datetime] = utcnow,
         liveness: Liveness = never_renewed,
         death: Death = never_dead,
@@ -93,6 +95,10 @@ class ClaimStore:
         self._api = api_client
         self._limiter = limiter or RateLimiter()
         self._settings = settings
+        # Not settings: the lease is the replicas' claim_stale_s, the Workload API's version
+        # is the one the cluster serves (looked up on first use).
+        self._lease_s = lease_s
+        self._workload_api = workloads
         self._clock = clock
         self._liveness = liveness
         self._death = death
@@ -117,7 +123,7 @@ class ClaimStore:
         async def change(read: _Read) -> ClaimResult:
             existing = read.claim
             now = self._clock()
-            lease_s = self._settings.lease_s
+            lease_s = self._lease_s
             renewed = self._liveness(existing.holder) if existing is not None else None
             dead = existing is not None and self._death(existing.holder)
             status = decide(existing, notice, self.holder, now, lease_s, renewed=renewed, dead=dead)
@@ -275,7 +281,7 @@ class ClaimStore:
 
     async def _workloads(self) -> WorkloadApi:
         """Where Workloads are served: the version found by the process's one discovery."""
-        wl = self._settings.workloads
+        wl = self._workload_api
         return replace(wl, version=await kueueapi.version_or(self._api, wl.version))
 
     def _parse(self, obj: ClaimTarget, annotations: Mapping[str, str] | None) -> list[Claim]:

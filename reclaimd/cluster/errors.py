@@ -31,7 +31,7 @@ class KubeError(Exception):
     retriable = False
     # About the server's load or health, not the object: the write budget retries it.
     transient = False
-    # Retried for the write budget's grace only (``RateSettings.forbidden_grace_s``).
+    # Retried for the write budget's grace only (``kube.forbidden_grace_s``).
     retried_in_grace = False
 
     def __init__(

@@ -39,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 from reclaimd.cluster import apiserver, errors
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.model import Gang, Member, Notice, RankAck, RestartWaste
+from reclaimd.settings.events import EventSettings
 
 log = logging.getLogger(__name__)
 
@@ -138,28 +139,6 @@ class Regarding:
         if self.uid:
             ref["uid"] = self.uid
         return ref
-
-
-@dataclass(frozen=True)
-class EventSettings:
-    queue_size: int = 1024
-    """Events waiting for the write budget at most; more are dropped (a storm of 500 nodes
-    with 8 pods each and 6 reasons is ~25k events: no one reads them all, and each would be
-    a write the storm needs)."""
-
-    max_age_s: float = 60.0
-    """An event that waited this long is dropped: by then it tells a story already over."""
-
-    series_window_s: float = 360.0
-    """A repeat within this window joins the first event's series (client-go: 6 minutes)."""
-
-    series_flush_s: float = 30.0
-    """A series is patched at most this often, however often it repeats."""
-
-    series_cache: int = 4096
-    """Distinct events remembered for series; the oldest is forgotten first."""
-
-    writers: int = 2
 
 
 def _cut(text: str, limit: int) -> str:

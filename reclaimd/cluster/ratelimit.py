@@ -34,61 +34,19 @@ import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
 from reclaimd.backoff import RetryPolicy
 from reclaimd.cluster import errors
+from reclaimd.settings.kube import KubeSettings
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
-class RateSettings:
-    qps: float = 1000.0
-    """The operator's cap on writes per second; the adaptive rate never goes above it."""
-
-    burst: int = 100
-    """Writes allowed at once after a quiet period."""
-
-    start_qps: float | None = None
-    """Where the adaptive rate starts; None: at the cap. A local kube-apiserver takes about
-    450 node PATCHes/s from one client; priority and fairness tells us when we are above."""
-
-    min_qps: float = 5.0
-    """The rate never backs off below this: a storm must still make progress."""
-
-    growth_per_s: float = 0.25
-    """While the server accepts, the rate grows by this fraction of itself per second."""
-
-    retry_base_s: float = 0.2
-    retry_cap_s: float = 5.0
-    """Backoff of a retried write (full jitter), never past its deadline."""
-
-    max_attempts: int = 8
-    """Attempts of one call when it has no deadline to bound it."""
-
-    attempt_timeout_s: float = 10.0
-    """One attempt's limit (a request the server never answers is a transient failure)."""
-
-    max_conflicts: int = 8
-    """Re-reads of one object by ``update`` before its 409s are raised."""
-
-    max_in_flight: int = 32
-    """Writes sent and not yet answered, at most. Past what the API server works on at once,
-    more in flight only queue there, in the server's order: a cordon would wait behind
-    Events and evictions sent before it. Queued here, the earliest deadline goes first.
-    (A local kube-apiserver takes about as many writes/s at 32 in flight as at 128.)"""
-
-    forbidden_grace_s: float = 3.0
-    """A 403 is retried for this long: a kube-apiserver that just restarted answers 403 until
-    its authorizer has synced (about half a second). Past it, a 403 is RBAC's answer."""
-
-
 class RateLimiter:
-    def __init__(self, settings: RateSettings = RateSettings()) -> None:
+    def __init__(self, settings: KubeSettings = KubeSettings()) -> None:
         if settings.qps <= 0 or settings.burst < 1:
             raise ValueError("rate limiter: qps must be > 0 and burst >= 1")
         if settings.min_qps <= 0:
@@ -96,7 +54,7 @@ class RateLimiter:
         if settings.max_in_flight < 1:
             raise ValueError("rate limiter: max_in_flight must be >= 1")
         self.settings = settings
-        self.rate = min(settings.qps, settings.start_qps or settings.qps)
+        self.rate = min(settings.qps, settings.start_qps)
         self._burst = float(settings.burst)
         self._tokens = float(settings.burst)
         self._stamp: float | None = None

@@ -37,32 +37,13 @@ from typing import Any, Literal, Protocol, cast
 from reclaimd.backoff import Backoff
 from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiServer
+from reclaimd.settings.watch import WatchSettings
 
 log = logging.getLogger(__name__)
 
 RawObject = Mapping[str, Any]
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 _CHANGE_TYPES: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED"})
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    inactivity_timeout_s: float = 70.0
-    """The server sends a BOOKMARK about every 60 s on an idle watch; 70 s of silence means
-    the connection is dead, not that nothing happens."""
-
-    server_timeout_s: int = 300
-    """``timeoutSeconds`` asked of the server; it closes the stream then and we reconnect,
-    which also rebalances watches across API servers behind a load balancer."""
-
-    page_size: int = 250
-    """LIST page size: bounds the memory of one response on a large cluster. A page is parsed
-    whole before it is projected, so this is the LIST's transient cost (``make bench-cache``
-    at 10,000 nodes and 100,000 pods: 500 per page peaked 13 MB higher than 250)."""
-
-    backoff_base_s: float = 0.5
-    backoff_cap_s: float = 30.0
-    """Full-jitter backoff after a transient failure: uniform(0, min(cap, base * 2**n))."""
 
 
 @dataclass(frozen=True)
@@ -263,7 +244,7 @@ class KubeEndpoint:
         path: str,
         what: str,
         *,
-        page_size: int = WatchSettings.page_size,
+        page_size: int = WatchSettings().page_size,
         project: Projection | None = None,
         **params: str,
     ) -> None:

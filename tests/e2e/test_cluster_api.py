@@ -22,9 +22,9 @@ from kubernetes_asyncio import client as k8s
 from stack import REPO_DIR, Stack
 
 from reclaimd.cluster import apiserver, connect, errors, gangclaims
-from reclaimd.cluster.actions import ActionSettings, ClusterActions, EvictResult
+from reclaimd.cluster.actions import ClusterActions, EvictResult
 from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.cluster.cache import CacheSettings, ClusterCache
+from reclaimd.cluster.cache import ClusterCache
 from reclaimd.cluster.claims import (
     AdvanceStatus,
     ClaimStatus,
@@ -38,10 +38,9 @@ from reclaimd.cluster.gangs import JOB_NAME
 from reclaimd.cluster.holders import HolderLeases
 from reclaimd.cluster.holders import lease_name as holder_lease_name
 from reclaimd.cluster.indexes import NodeView
-from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
+from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.cluster.taints import TAINT_KEY, taint_json
 from reclaimd.cluster.watch import Changed, KubeEndpoint, Listed, watch_objects
-from reclaimd.config import EvictionPolicy
 from reclaimd.model import (
     Gang,
     GangKey,
@@ -54,6 +53,9 @@ from reclaimd.model import (
     WorkloadRef,
     utcnow,
 )
+from reclaimd.settings.cache import CacheSettings
+from reclaimd.settings.kube import KubeSettings
+from reclaimd.settings.policy import EvictionPolicy, PolicySettings
 
 RBAC_DOCS = list(yaml.safe_load_all((REPO_DIR / "deploy" / "kubernetes" / "rbac.yaml").read_text()))
 RUN = secrets.token_hex(3)
@@ -400,8 +402,8 @@ async def test_claim_is_exclusive_and_resumable(
 ) -> None:
     (node,) = await make_nodes(admin, f"claim-{RUN}")
     limiter = RateLimiter()
-    a = ClaimStore(as_reclaimd, "replica-a", limiter=limiter)
-    b = ClaimStore(as_reclaimd, "replica-b", limiter=limiter)
+    a = ClaimStore(as_reclaimd, "replica-a", lease_s=20.0, limiter=limiter)
+    b = ClaimStore(as_reclaimd, "replica-b", lease_s=20.0, limiter=limiter)
     target = NodeObj(node)
     spot = notice("spot", node=node, deadline_s=120)
 
@@ -441,7 +443,11 @@ async def test_claim_is_exclusive_and_resumable(
 
     # The holder dies: once its lease is stale, the other replica resumes it.
     late = ClaimStore(
-        as_reclaimd, loser.holder, limiter=limiter, clock=lambda: utcnow() + timedelta(minutes=5)
+        as_reclaimd,
+        loser.holder,
+        lease_s=20.0,
+        limiter=limiter,
+        clock=lambda: utcnow() + timedelta(minutes=5),
     )
     taken = await late.claim(target, spot)
     assert taken.status is ClaimStatus.TAKEN_OVER
@@ -458,8 +464,8 @@ async def test_more_urgent_notice_replaces_an_open_claim(
     admin: k8s.ApiClient, as_reclaimd: ApiServer
 ) -> None:
     (node,) = await make_nodes(admin, f"urgent-{RUN}")
-    a = ClaimStore(as_reclaimd, "replica-a")
-    b = ClaimStore(as_reclaimd, "replica-b")
+    a = ClaimStore(as_reclaimd, "replica-a", lease_s=20.0)
+    b = ClaimStore(as_reclaimd, "replica-b", lease_s=20.0)
     target = NodeObj(node)
     rebalance = notice(
         "early", node=node, deadline_s=None, kind=NoticeKind.REBALANCE_RECOMMENDATION
@@ -497,7 +503,7 @@ async def test_claim_on_a_kueue_workload(admin: k8s.ApiClient, as_reclaimd: ApiS
             },
         },
     )
-    store = ClaimStore(as_reclaimd, "replica-a")
+    store = ClaimStore(as_reclaimd, "replica-a", lease_s=20.0)
     target = WorkloadObj(NS, name)
     reclaim = notice(
         "reclaim", kind=NoticeKind.RECLAIM, deadline_s=30, workload=WorkloadRef(NS, name)
@@ -636,7 +642,7 @@ async def test_pdb_blocks_eviction_and_each_policy_does_what_it_says(
     kept = await member(admin, "kept", node, labels=guarded)
     forced = await member(admin, "forced", node, labels=guarded)
     await ready_and_guarded(admin, ["kept", "forced"], "no-disruption")
-    settings = ActionSettings(
+    settings = PolicySettings(
         force_before_s=2.0, delete_grace_s=1, retry_base_s=0.2, retry_cap_s=0.5
     )
     actions = ClusterActions(as_reclaimd, limiter=RateLimiter(), settings=settings)
@@ -680,7 +686,7 @@ async def test_a_refused_eviction_is_asked_again_when_the_cache_sees_its_pdb_cha
         actions = ClusterActions(
             as_reclaimd,
             limiter=limiter,
-            settings=ActionSettings(watched_retry_s=60.0),
+            settings=PolicySettings(watched_retry_s=60.0),
             pod_exists=cache.view.pod_exists,
             budget_changes=cache.view.budget_changes,
         )
@@ -732,7 +738,7 @@ async def test_a_saved_gangs_own_pdb_releases_it_and_a_shared_one_holds(
         actions = ClusterActions(
             as_reclaimd,
             limiter=RateLimiter(),
-            settings=ActionSettings(force_before_s=3.0, delete_grace_s=1, retry_base_s=0.2),
+            settings=PolicySettings(force_before_s=3.0, delete_grace_s=1, retry_base_s=0.2),
             pod_exists=cache.view.pod_exists,
             budget_changes=cache.view.budget_changes,
             only_its_gang=cache.view.pdbs_guard_only_its_gang,
@@ -772,7 +778,7 @@ async def test_storm_writes_are_served_earliest_deadline_first(
 ) -> None:
     names = await make_nodes(admin, *(f"storm-{RUN}-{i}" for i in range(3)), labels={"storm": RUN})
     # One token, refilled every 4 s: the three cordons queue behind it.
-    limiter = RateLimiter(RateSettings(qps=0.25, burst=1))
+    limiter = RateLimiter(KubeSettings(qps=0.25, burst=1))
     await limiter.acquire()
     actions = ClusterActions(as_reclaimd, limiter=limiter)
     deadlines = {names[0]: 90, names[1]: 30, names[2]: 60}
@@ -835,7 +841,7 @@ async def test_the_claim_cordons_and_taints_in_one_write_from_the_cache_copy(
     other: Any = {"spec": {"taints": [{"key": "gpu", "value": "h100", "effect": "NoSchedule"}]}}
     await core.patch_node(node, other)
     limiter = RateLimiter()
-    store = ClaimStore(as_reclaimd, "replica-a", limiter=limiter)
+    store = ClaimStore(as_reclaimd, "replica-a", lease_s=20.0, limiter=limiter)
     spot = notice("fast", node=node)
     seed = await _copy_of(admin, node)
 

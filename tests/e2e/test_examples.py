@@ -27,8 +27,9 @@ from test_cluster_api import RBAC_DOCS, apply_rbac, eventually, node_body
 
 from reclaimd.cluster import connect
 from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.cluster.cache import CacheSettings, ClusterCache
+from reclaimd.cluster.cache import ClusterCache
 from reclaimd.model import CheckpointScope, GangKey
+from reclaimd.settings.cache import CacheSettings
 
 EXAMPLES = REPO_DIR / "deploy" / "examples"
 RUN = secrets.token_hex(3)

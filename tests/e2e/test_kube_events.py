@@ -19,8 +19,9 @@ from chaos import fleet, kube
 from chaos.harness import RBAC
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.connect import build_api_client
-from reclaimd.cluster.events import EventRecorder, EventSettings, Reason, Regarding, notice_note
+from reclaimd.cluster.events import EventRecorder, Reason, Regarding, notice_note
 from reclaimd.cluster.ratelimit import RateLimiter
+from reclaimd.settings.events import EventSettings
 
 RUN = uuid.uuid4().hex[:6]
 NODE = fleet.NodeSpec(f"rd-events-{RUN}", f"i-ev{RUN}")
@@ -110,7 +111,7 @@ async def test_a_repeat_is_a_series_on_the_same_event(
         as_reclaimd,
         RateLimiter(),
         instance="reclaimd-e2e",
-        settings=EventSettings(series_flush_s=0.0),
+        settings=EventSettings.model_construct(series_flush_s=0.0),  # at once: no config may
     )
     rec.start()
     regarding = Regarding.node(NODE.name)

@@ -47,10 +47,12 @@ from chaos.harness import Harness
 from reclaimd import meter
 from reclaimd.cluster import apiserver, errors
 from reclaimd.cluster.apiserver import ApiServer
-from reclaimd.cluster.cache import CacheSettings, ClusterCache
+from reclaimd.cluster.cache import ClusterCache
 from reclaimd.cluster.connect import build_api_client
 from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import parse_time, rfc3339, utcnow
+from reclaimd.settings.allocation import AllocationSettings
+from reclaimd.settings.cache import CacheSettings
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"
@@ -460,7 +462,8 @@ async def metered_drill(env: stackenv.StackEnv, tmp_path: Path) -> Run:
         writer,
         meter.LeaseHourLock(api, "default", f"known-answer-{run_id}", cluster),
         cluster=cluster,
-        interval_s=900,  # gaps up to an hour count: the two looks are ~30 min of drill apart
+        # Gaps up to an hour count: the two looks are ~30 min of drill apart.
+        settings=AllocationSettings(interval_s=900),
         clock=clock,
     )
     looks: list[datetime] = []

@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from reclaimd.cluster import claims, errors, gangs
-from reclaimd.cluster.cache import CacheSettings, ClusterCache, TakingTurns, _Stream
+from reclaimd.cluster.cache import ClusterCache, TakingTurns, _Stream
 from reclaimd.cluster.indexes import (
     CLAIM_ANNOTATION,
     NodeView,
@@ -20,8 +20,10 @@ from reclaimd.cluster.indexes import (
     pod_record,
     slim_pod,
 )
-from reclaimd.cluster.watch import Changed, Listed, WatchSettings
+from reclaimd.cluster.watch import Changed, Listed
 from reclaimd.model import GangKey, Target, WorkloadRef, utcnow
+from reclaimd.settings.cache import CacheSettings
+from reclaimd.settings.watch import WatchSettings
 
 CLAIM = '{"holder":"reclaimd-0","notice":"n-1"}'
 

@@ -211,7 +211,7 @@ def fake(objects: dict[str, dict[str, Any]]) -> FakeApiServer:
 
 
 def store(api: FakeApiServer) -> ClaimStore:
-    return ClaimStore(api, "a", clock=lambda: NOW)
+    return ClaimStore(api, "a", lease_s=20.0, clock=lambda: NOW)
 
 
 THEIR_TAINT = {

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from reclaimd import config
-from reclaimd.config import ConfigError, EvictionPolicy
+from reclaimd.config import ConfigError
+from reclaimd.settings.policy import EvictionPolicy
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -1,10 +1,11 @@
 """Every setting that exists in the code can be set from the config file.
 
-The test walks the package for settings dataclasses (``*Settings``) and checks the tunable
-constructors named in ``config.CODE_SETTINGS``: each field must be a same-named field of its
-config section (with the same default, unless the difference is declared), or be declared as
-set from another config path, or as discovered at run time. A setting added to the code
-without a way to set it fails here.
+The code takes its settings models (``reclaimd.settings``) as they are, so a model is
+reachable when ``Settings`` holds it as a section (at any depth). The test walks the package:
+a settings model no section holds, or a ``*Settings`` class outside ``reclaimd.settings``
+(a second layer, mirrored by hand), fails here. Constructors still tuned by keyword take
+their values from a section whose fields share the names: their defaults must be the
+section's, or the code and a deployment disagree unseen.
 """
 
 from __future__ import annotations
@@ -13,46 +14,70 @@ import dataclasses
 import importlib
 import inspect
 import pkgutil
-from datetime import timedelta
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from pydantic import BaseModel
 
 import reclaimd
+import reclaimd.settings
 from reclaimd import config
+from reclaimd.strict import Strict
 
-# Named in CODE_SETTINGS before the code has it (the lead adds the checkpoint settings object);
-# once it exists it is checked like every other.
-PENDING = {"reclaimd.checkpoint.CheckpointSettings"}
-SKIPPED_PACKAGES = ("chaos", "chaos.bench.latency")  # drills and benches: not the daemon
+SKIPPED_PACKAGES = ("chaos",)  # drills and benches: not the daemon
+# Constructors tuned by keyword arguments, the section their values come from (``""``: the
+# top level) and the names that differ there.
+TUNED: dict[str, tuple[str, dict[str, str]]] = {
+    "reclaimd.ledger.writer.LedgerWriter": ("ledger.writer", {}),
+}
 
 
-def _modules() -> list[Any]:
-    found = []
-    for info in pkgutil.walk_packages(reclaimd.__path__, "reclaimd."):
+def _modules(package: Any, prefix: str) -> list[Any]:
+    found = [package]
+    for info in pkgutil.walk_packages(package.__path__, prefix):
         if not info.name.startswith(SKIPPED_PACKAGES):
             found.append(importlib.import_module(info.name))
     return found
 
 
-def _settings_dataclasses() -> dict[str, type]:
-    found: dict[str, type] = {}
-    for module in _modules():
-        for name, obj in vars(module).items():
-            own = getattr(obj, "__module__", None) == module.__name__
-            is_class = own and inspect.isclass(obj) and dataclasses.is_dataclass(obj)
-            if is_class and name.endswith("Settings"):
-                found[f"{module.__name__}.{name}"] = obj
+def _own_classes(modules: list[Any]) -> dict[str, type]:
+    return {
+        f"{m.__name__}.{name}": obj
+        for m in modules
+        for name, obj in vars(m).items()
+        if inspect.isclass(obj) and getattr(obj, "__module__", None) == m.__name__
+    }
+
+
+def settings_models() -> dict[str, type[BaseModel]]:
+    classes = _own_classes(_modules(reclaimd.settings, "reclaimd.settings."))
+    return {k: c for k, c in classes.items() if issubclass(c, Strict)}
+
+
+def _sections(model: type[BaseModel]) -> set[type[BaseModel]]:
+    """Every model ``model`` holds as a section, at any depth (itself included)."""
+    found = {model}
+    for f in model.model_fields.values():
+        for t in (f.annotation, *get_args(f.annotation)):
+            if inspect.isclass(t) and issubclass(t, BaseModel) and t not in found:
+                found |= _sections(t)
     return found
 
 
-def _resolve(dotted: str) -> type | None:
-    module, _, name = dotted.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None
+def unreachable(models: dict[str, type[BaseModel]], root: type[BaseModel]) -> list[str]:
+    held = _sections(root)
+    return sorted(name for name, model in models.items() if model not in held)
+
+
+def stray_settings(classes: dict[str, type]) -> list[str]:
+    """``*Settings`` classes of the code that are not settings models: a second layer."""
+    return sorted(
+        name
+        for name, cls in classes.items()
+        if name.endswith("Settings")
+        and not name.startswith("reclaimd.settings.")
+        and (dataclasses.is_dataclass(cls) or not issubclass(cls, BaseModel))
+    )
 
 
 def _section(path: str) -> type[BaseModel]:
@@ -64,90 +89,74 @@ def _section(path: str) -> type[BaseModel]:
     return model
 
 
-def _config_path_exists(path: str) -> bool:
-    head, _, last = path.rpartition(".")
-    try:
-        return last in _section(head).model_fields
-    except (KeyError, AssertionError):
-        return False
-
-
-def _code_fields(cls: type) -> dict[str, Any]:
-    """Field name -> default (``inspect.Parameter.empty`` when there is none)."""
-    if dataclasses.is_dataclass(cls):
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                out[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                out[f.name] = f.default_factory()
-            else:
-                out[f.name] = inspect.Parameter.empty
-        return out
-    # A tunable constructor: its keyword arguments with plain-value defaults (None and
-    # callables are wiring, not settings).
-    params = inspect.signature(cls.__init__).parameters.values()
-    plain = (bool, int, float, str, timedelta)
-    return {p.name: p.default for p in params if isinstance(p.default, plain)}
-
-
-def _problems(dotted: str, cls: type, part: config.CodePart) -> list[str]:
-    problems: list[str] = []
-    section = _section(part.section)
-    code = _code_fields(cls)
-    for name, default in code.items():
-        if name in part.elsewhere:
-            source = part.elsewhere[name]
-            if not source.startswith("discovered:") and not _config_path_exists(source):
-                problems.append(f"{dotted}.{name}: set from {source!r}, which is no setting")
-            continue
+def tuned_problems(dotted: str, cls: type, section_path: str, renamed: dict[str, str]) -> list[str]:
+    """A keyword argument with a plain default that its section lacks or sets differently."""
+    section = _section(section_path)
+    problems = []
+    for p in inspect.signature(cls.__init__).parameters.values():
+        if not isinstance(p.default, bool | int | float | str):
+            continue  # None and callables are wiring, not settings
+        name = renamed.get(p.name, p.name)
         if name not in section.model_fields:
-            where = part.section or "the top level"
-            problems.append(f"{dotted}.{name}: no config field of that name in {where}")
-            continue
-        if default is inspect.Parameter.empty or name in part.defaults_differ:
-            continue
-        ours = section.model_fields[name].get_default(call_default_factory=True)
-        if isinstance(ours, BaseModel):
-            continue  # a nested section: its own entry checks its fields
-        theirs = default.total_seconds() if isinstance(default, timedelta) else default
-        if ours != theirs:
-            problems.append(f"{dotted}.{name}: config default {ours!r}, code default {theirs!r}")
+            problems.append(f"{dotted}.{p.name}: no config field {name!r} in {section_path!r}")
+        elif section.model_fields[name].get_default() != p.default:
+            ours = section.model_fields[name].get_default()
+            problems.append(f"{dotted}.{p.name}: config default {ours!r}, code {p.default!r}")
     return problems
 
 
-def test_every_settings_dataclass_has_a_config_entry() -> None:
-    missing = sorted(set(_settings_dataclasses()) - set(config.CODE_SETTINGS))
-    assert not missing, (
-        f"settings with no config path (add them to config.CODE_SETTINGS): {missing}"
-    )
+def _resolve(dotted: str) -> type:
+    module, _, name = dotted.rpartition(".")
+    cls: type = getattr(importlib.import_module(module), name)
+    return cls
 
 
-def test_every_entry_names_code_that_exists() -> None:
-    absent = {d for d in config.CODE_SETTINGS if _resolve(d) is None}
-    assert absent <= PENDING, f"CODE_SETTINGS names code that does not exist: {absent - PENDING}"
+MODELS = settings_models()
 
 
-@pytest.mark.parametrize("dotted", sorted(config.CODE_SETTINGS))
-def test_every_field_is_reachable_from_the_config_file(dotted: str) -> None:
-    cls = _resolve(dotted)
-    if cls is None:
-        assert dotted in PENDING
-        return
-    assert not _problems(dotted, cls, config.CODE_SETTINGS[dotted])
+def test_the_walk_finds_the_models() -> None:
+    assert len(MODELS) >= 10, sorted(MODELS)
+
+
+@pytest.mark.parametrize("dotted", sorted(MODELS))
+def test_every_settings_model_is_a_section_of_the_config_file(dotted: str) -> None:
+    assert not unreachable({dotted: MODELS[dotted]}, config.Settings)
+
+
+def test_no_settings_class_outside_the_models() -> None:
+    classes = _own_classes(_modules(reclaimd, "reclaimd."))
+    assert not stray_settings(classes), "mirror settings classes: use reclaimd.settings"
+
+
+@pytest.mark.parametrize("dotted", sorted(TUNED))
+def test_every_tuned_keyword_is_reachable_from_the_config_file(dotted: str) -> None:
+    section, renamed = TUNED[dotted]
+    assert not tuned_problems(dotted, _resolve(dotted), section, renamed)
 
 
 def test_the_walk_can_fail() -> None:
-    @dataclasses.dataclass(frozen=True)
-    class NewSettings:
+    class OrphanSettings(Strict):  # a model no section holds
         page_size: int = 250
-        brand_new_s: float = 1.0
-        inactivity_timeout_s: float = 1.0  # a default that drifted
 
-    problems = _problems("x.NewSettings", NewSettings, config.CodePart("cache.watch"))
-    assert problems == [
-        "x.NewSettings.brand_new_s: no config field of that name in cache.watch",
-        "x.NewSettings.inactivity_timeout_s: config default 70.0, code default 1.0",
+    @dataclasses.dataclass(frozen=True)
+    class MirrorSettings:  # a code dataclass mirroring a section
+        page_size: int = 250
+
+    models = {**MODELS, "reclaimd.settings.x.OrphanSettings": OrphanSettings}
+    assert unreachable(models, config.Settings) == ["reclaimd.settings.x.OrphanSettings"]
+    assert stray_settings({"reclaimd.cluster.x.MirrorSettings": MirrorSettings}) == [
+        "reclaimd.cluster.x.MirrorSettings"
     ]
-    moved = config.CodePart("cache.watch", {"brand_new_s": "cache.nowhere"})
-    assert _problems("x.NewSettings", NewSettings, moved)[0].endswith("which is no setting")
+
+    class Tuned:
+        def __init__(self, page_size: int = 250, brand_new_s: float = 1.0) -> None: ...
+
+    class Drifted:
+        def __init__(self, inactivity_timeout_s: float = 1.0) -> None: ...
+
+    assert tuned_problems("x.Tuned", Tuned, "cache.watch", {}) == [
+        "x.Tuned.brand_new_s: no config field 'brand_new_s' in 'cache.watch'"
+    ]
+    assert tuned_problems("x.Drifted", Drifted, "cache.watch", {}) == [
+        "x.Drifted.inactivity_timeout_s: config default 70.0, code 1.0"
+    ]

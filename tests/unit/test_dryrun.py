@@ -310,7 +310,9 @@ async def test_the_ledger_logs_the_event_the_writer_would_encode(lines: Lines) -
 
 async def test_a_runbook_on_would_parts_logs_every_step_of_its_notice(lines: Lines) -> None:
     nodes = Nodes(n1=Snapshot(), n2=Snapshot())
-    parts = dryrun.WouldParts.build(nodes, HOLDER, LabelPolicy(), eviction_policy="p")
+    parts = dryrun.WouldParts.build(
+        nodes, HOLDER, LabelPolicy(), lease_s=20.0, eviction_policy="p"
+    )
     runbook = Runbook(
         view=nodes,
         writer=parts.evictor,

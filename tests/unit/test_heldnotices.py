@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from test_intake import Claims, Resolver, notice
+from test_intake import EXPIRE, Claims, Resolver, notice
 
 from reclaimd.heldnotices import HeldNotices, HeldSource
 from reclaimd.intake import Admission, Admitted, Claimed, Intake
@@ -18,7 +18,9 @@ def intake(claims: Claims, held: HeldNotices, submitted: list[str]) -> Intake:
     async def submit(x: Admitted) -> None:
         submitted.append(x.id)
 
-    return Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True, held=held)
+    return Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True, held=held,
+        expire_after=EXPIRE,
+    )
 
 
 async def test_a_notice_not_claimed_is_admitted_by_the_next_process_on_the_disk(

@@ -4,6 +4,8 @@ from datetime import timedelta
 from reclaimd.intake import Admission, Admitted, Claimed, Intake
 from reclaimd.model import Notice, NoticeKind, Target, WorkloadRef, utcnow
 
+EXPIRE = timedelta(minutes=5)  # the settings' default policy.expired_after_s
+
 
 def notice(nid: str, target: Target) -> Notice:
     now = utcnow()
@@ -33,7 +35,9 @@ async def run(claims: Claims, n: Notice, *, drop: bool = True) -> tuple[Admissio
     async def submit(x: Admitted) -> None:
         submitted.append(x.id)
 
-    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=drop)
+    intake = Intake(
+        claims=claims, resolver=Resolver(), submit=submit, drop_unknown=drop, expire_after=EXPIRE
+    )
     return await intake.admit(n), submitted
 
 
@@ -51,7 +55,9 @@ async def test_redelivery_is_a_duplicate_without_a_second_claim() -> None:
     async def submit(x: Admitted) -> None:
         submitted.append(x.id)
 
-    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
+    intake = Intake(
+        claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True, expire_after=EXPIRE
+    )
     n = notice("n1", Target(instance_id="i-1"))
     assert await intake.admit(n) is Admission.CLAIMED
     assert await intake.admit(n) is Admission.DUPLICATE
@@ -132,7 +138,9 @@ async def test_concurrent_deliveries_of_one_notice_share_one_claim() -> None:
     async def submit(x: Admitted) -> None:
         submitted.append(x.id)
 
-    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
+    intake = Intake(
+        claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True, expire_after=EXPIRE
+    )
     n = notice("n1", Target(instance_id="i-1"))
     first = asyncio.create_task(intake.admit(n))
     await claims.entered.wait()
@@ -149,7 +157,9 @@ async def test_a_cancelled_admission_tells_its_waiters_to_retry() -> None:
     async def submit(x: Admitted) -> None:
         return None
 
-    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
+    intake = Intake(
+        claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True, expire_after=EXPIRE
+    )
     n = notice("n1", Target(instance_id="i-1"))
     leader = asyncio.create_task(intake.admit(n))
     await claims.entered.wait()
@@ -173,7 +183,7 @@ async def test_the_admitted_value_carries_claim_times_receipt_and_the_claim() ->
 
     intake = Intake(
         claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True,
-        on_admission=on_admission,
+        expire_after=EXPIRE, on_admission=on_admission,
     )
     n = notice("n1", Target(instance_id="i-1"))
     assert await intake.admit(n) is Admission.CLAIMED
@@ -190,7 +200,9 @@ async def test_resume_claims_again_and_submits_without_claim_times() -> None:
     async def submit(x: Admitted) -> None:
         got.append(x)
 
-    intake = Intake(claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True)
+    intake = Intake(
+        claims=claims, resolver=Resolver(), submit=submit, drop_unknown=True, expire_after=EXPIRE
+    )
     n = notice("n1", Target(instance_id="i-1"))
     assert await intake.resume(n, "node-1") is Admission.RESUMED
     assert [a.claim_times for a in got] == [None] and claims.calls == [("n1", "node-1")]

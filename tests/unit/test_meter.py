@@ -14,6 +14,7 @@ from reclaimd import meter
 from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.outbox import Outbox
 from reclaimd.report import Window, build
+from reclaimd.settings.allocation import AllocationSettings
 
 H12 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -105,7 +106,12 @@ async def run_ticks(tmp_path: Path, mine: bool, *times: datetime) -> tuple[meter
     box = tmp_path / f"alloc-{mine}.db"
     writer = LedgerWriter(bootstrap_servers="", topic="alloc", outbox_path=box)
     m = meter.Meter(
-        Fleet(FLEET), writer, Lock(mine), cluster="c1", interval_s=900, clock=Clock(*times)
+        Fleet(FLEET),
+        writer,
+        Lock(mine),
+        cluster="c1",
+        settings=AllocationSettings(interval_s=900),
+        clock=Clock(*times),
     )
     for _ in times:
         await m.tick()
@@ -177,7 +183,11 @@ async def test_the_open_hour_is_metered_and_replaced_when_it_closes(tmp_path: Pa
     writer = LedgerWriter(bootstrap_servers="", topic="alloc", outbox_path=box)
     looks = [H12 + timedelta(minutes=m) for m in (0, 10, 15, 20, 65)]
     m = meter.Meter(
-        Fleet(FLEET), writer, Lock(True), cluster="c1", interval_s=900, open_every_s=600,
+        Fleet(FLEET),
+        writer,
+        Lock(True),
+        cluster="c1",
+        settings=AllocationSettings(interval_s=900, open_every_s=600),
         clock=Clock(*looks),
     )  # fmt: skip
     for _ in looks:
@@ -276,7 +286,14 @@ async def test_a_node_gone_before_its_hour_closes_keeps_its_instance(tmp_path: P
     writer = LedgerWriter(bootstrap_servers="", topic="alloc", outbox_path=box)
     fleet = Vanishing()
     times = Clock(H12, H12 + timedelta(minutes=30), H12 + timedelta(minutes=40))
-    m = meter.Meter(fleet, writer, Lock(True), cluster="c1", interval_s=900, clock=times)
+    m = meter.Meter(
+        fleet,
+        writer,
+        Lock(True),
+        cluster="c1",
+        settings=AllocationSettings(interval_s=900),
+        clock=times,
+    )
     await m.tick()
     await m.tick()
     fleet.gone = True  # reclaimed: node and pod deleted before the hour ends
@@ -347,7 +364,12 @@ async def test_an_hour_whose_rows_were_not_written_is_not_closed(tmp_path: Path)
         H12 + timedelta(hours=1, minutes=2),  # a later look must not count that hour closed
     )
     m = meter.Meter(
-        Fleet(FLEET), writer, Lock(True), cluster="c1", interval_s=900, clock=Clock(*times)
+        Fleet(FLEET),
+        writer,
+        Lock(True),
+        cluster="c1",
+        settings=AllocationSettings(interval_s=900),
+        clock=Clock(*times),
     )
     await m.tick()
     with pytest.raises(OSError):

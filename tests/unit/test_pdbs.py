@@ -10,12 +10,12 @@ from typing import Any, cast
 
 import pytest
 
-from reclaimd.cluster.actions import ActionSettings, ClusterActions, EvictResult
+from reclaimd.cluster.actions import ClusterActions, EvictResult
 from reclaimd.cluster.apiserver import ApiServer, ApiStatus
 from reclaimd.cluster.pdbs import PdbIndex, selector_of
 from reclaimd.cluster.ratelimit import RateLimiter
-from reclaimd.config import EvictionPolicy
 from reclaimd.model import Member, utcnow
+from reclaimd.settings.policy import EvictionPolicy, PolicySettings
 
 
 def pdb(name: str, selector: Any, namespace: str = "ns") -> dict[str, Any]:
@@ -147,7 +147,7 @@ def actions_with(core: RefusingCore, budgets: Budgets, **settings: Any) -> Clust
     return ClusterActions(
         cast(ApiServer, core),
         limiter=RateLimiter(),
-        settings=ActionSettings(**{**defaults, **settings}),
+        settings=PolicySettings(**{**defaults, **settings}),
         budget_changes=budgets,
     )
 
@@ -296,7 +296,7 @@ async def test_a_pdb_still_holds_an_unsaved_gang_a_shared_pdb_and_the_old_policy
         (released_actions(core, only=False), True, EvictResult.FORCED),  # guards others too
         (released_actions(core, only=True, drain_when_saved=False), True, EvictResult.FORCED),
         (
-            released_actions(core, only=True, policy=EvictionPolicy.RESPECT_PDB),
+            released_actions(core, only=True, eviction=EvictionPolicy.RESPECT_PDB),
             True,
             EvictResult.BLOCKED,
         ),

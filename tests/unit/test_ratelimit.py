@@ -10,7 +10,8 @@ import pytest
 
 from reclaimd.cluster import errors
 from reclaimd.cluster.apiserver import ApiStatus
-from reclaimd.cluster.ratelimit import RateLimiter, RateSettings
+from reclaimd.cluster.ratelimit import RateLimiter
+from reclaimd.settings.kube import KubeSettings
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -20,7 +21,7 @@ def at(seconds: int) -> datetime:
 
 
 async def test_burst_is_served_at_once() -> None:
-    limiter = RateLimiter(RateSettings(qps=1.0, burst=3))
+    limiter = RateLimiter(KubeSettings(qps=1.0, burst=3))
     for _ in range(3):
         await limiter.acquire()
     assert limiter.waiting == 0
@@ -29,7 +30,7 @@ async def test_burst_is_served_at_once() -> None:
 async def test_queued_writes_are_served_earliest_deadline_first() -> None:
     # One write in flight at a time, and the test holds it: everyone below queues whatever
     # the machine's speed (a token bucket would refill under a slow test and serve early).
-    limiter = RateLimiter(RateSettings(qps=1000.0, burst=100, max_in_flight=1))
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=100, max_in_flight=1))
     await limiter.acquire()
     served: list[str] = []
 
@@ -57,7 +58,7 @@ async def test_queued_writes_are_served_earliest_deadline_first() -> None:
 
 
 async def test_a_cancelled_waiter_is_skipped_and_keeps_no_token() -> None:
-    limiter = RateLimiter(RateSettings(qps=200.0, burst=1))
+    limiter = RateLimiter(KubeSettings(qps=200.0, burst=1))
     await limiter.acquire()
     served: list[str] = []
 
@@ -76,7 +77,7 @@ async def test_a_cancelled_waiter_is_skipped_and_keeps_no_token() -> None:
 
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="qps"):
-        RateLimiter(RateSettings(qps=0, burst=1))
+        RateLimiter(KubeSettings(qps=0, burst=1))
 
 
 # --- adaptive: back off on the server's word, grow while it accepts ------------------------
@@ -102,7 +103,7 @@ def test_a_429_is_load_shedding_unless_a_pdb_says_no() -> None:
 
 
 async def test_push_back_halves_the_rate_once_a_second_and_holds_for_retry_after() -> None:
-    limiter = RateLimiter(RateSettings(qps=400.0, start_qps=200.0, burst=1, min_qps=10))
+    limiter = RateLimiter(KubeSettings(qps=400.0, start_qps=200.0, burst=1, min_qps=10))
     assert limiter.rate == 200.0
     limiter.pushed(None)
     limiter.pushed(None)  # the same wave of refusals: one cut
@@ -116,7 +117,7 @@ async def test_push_back_halves_the_rate_once_a_second_and_holds_for_retry_after
 
 
 async def test_the_rate_grows_under_demand_up_to_the_cap() -> None:
-    limiter = RateLimiter(RateSettings(qps=300.0, start_qps=100.0, burst=1, growth_per_s=4.0))
+    limiter = RateLimiter(KubeSettings(qps=300.0, start_qps=100.0, burst=1, growth_per_s=4.0))
     for _ in range(150):  # more demand than the start rate serves in a second
         await limiter.acquire()
         limiter.release()  # each write answered at once
@@ -124,7 +125,7 @@ async def test_the_rate_grows_under_demand_up_to_the_cap() -> None:
 
 
 async def test_call_retries_what_the_server_asked_and_raises_the_rest() -> None:
-    limiter = RateLimiter(RateSettings(qps=1000.0, burst=10, retry_base_s=0.01, retry_cap_s=0.02))
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=10, retry_base_s=0.01, retry_cap_s=0.02))
     answers: list[Exception | str] = [
         api_error(429, {"Retry-After": "0"}, "Too many requests"),
         api_error(503),
@@ -149,7 +150,7 @@ async def test_call_retries_what_the_server_asked_and_raises_the_rest() -> None:
 
 
 async def test_call_gives_up_at_its_deadline() -> None:
-    limiter = RateLimiter(RateSettings(qps=1000.0, burst=10, retry_base_s=0.5, retry_cap_s=1.0))
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=10, retry_base_s=0.5, retry_cap_s=1.0))
     calls = 0
 
     async def down() -> None:
@@ -167,7 +168,7 @@ async def test_call_gives_up_at_its_deadline() -> None:
 async def test_a_holder_renewal_is_served_before_writes_whose_deadlines_have_passed() -> None:
     from reclaimd.cluster.holders import FIRST
 
-    limiter = RateLimiter(RateSettings(qps=200.0, burst=1))
+    limiter = RateLimiter(KubeSettings(qps=200.0, burst=1))
     await limiter.acquire()
     served: list[str] = []
 
@@ -184,7 +185,7 @@ async def test_a_holder_renewal_is_served_before_writes_whose_deadlines_have_pas
 
 
 async def test_a_read_is_retried_outside_the_write_budget() -> None:
-    limiter = RateLimiter(RateSettings(qps=1.0, burst=1, retry_base_s=0.001, retry_cap_s=0.002))
+    limiter = RateLimiter(KubeSettings(qps=1.0, burst=1, retry_base_s=0.001, retry_cap_s=0.002))
     await limiter.acquire()  # the write bucket is empty: a read must not wait for it
     answers: list[Exception | str] = [errors.ServerError("read x", 503), "ok"]
 
@@ -200,7 +201,7 @@ async def test_a_read_is_retried_outside_the_write_budget() -> None:
 
 async def test_an_attempt_that_hangs_is_timed_out_and_retried() -> None:
     limiter = RateLimiter(
-        RateSettings(attempt_timeout_s=0.2, retry_base_s=0.001, retry_cap_s=0.002)
+        KubeSettings(attempt_timeout_s=0.2, retry_base_s=0.001, retry_cap_s=0.002)
     )
     calls = 0
 
@@ -234,7 +235,7 @@ async def test_update_reads_again_after_a_conflict_and_decides_again() -> None:
 
 
 async def test_update_gives_up_after_its_conflicts() -> None:
-    limiter = RateLimiter(RateSettings(max_conflicts=3))
+    limiter = RateLimiter(KubeSettings(max_conflicts=3))
     reads = 0
 
     async def fetch() -> int:
@@ -252,7 +253,7 @@ async def test_update_gives_up_after_its_conflicts() -> None:
 
 async def test_a_403_is_retried_briefly_then_taken_as_rbacs_answer() -> None:
     limiter = RateLimiter(
-        RateSettings(retry_base_s=0.001, retry_cap_s=0.002, forbidden_grace_s=0.5)
+        KubeSettings(retry_base_s=0.001, retry_cap_s=0.002, forbidden_grace_s=0.5)
     )
     answers: list[Exception | str] = [errors.Forbidden("patch node/n", 403), "ok"]
 
@@ -273,7 +274,7 @@ async def test_a_403_is_retried_briefly_then_taken_as_rbacs_answer() -> None:
 
 
 async def test_writes_in_flight_are_capped_and_the_earliest_deadline_goes_next() -> None:
-    limiter = RateLimiter(RateSettings(qps=1000.0, burst=100, max_in_flight=2))
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=100, max_in_flight=2))
     await limiter.acquire(at(50))
     await limiter.acquire(at(60))  # both slots taken: the server works on two writes
     served: list[str] = []
@@ -296,7 +297,7 @@ async def test_writes_in_flight_are_capped_and_the_earliest_deadline_goes_next()
 
 async def test_a_call_to_a_server_that_answers_nothing_is_given_up() -> None:
     """A cut-off replica: every attempt hangs (its own timeout is long), nothing answers."""
-    limiter = RateLimiter(RateSettings(attempt_timeout_s=30.0))
+    limiter = RateLimiter(KubeSettings(attempt_timeout_s=30.0))
 
     async def hang() -> None:
         await asyncio.sleep(60)
@@ -331,7 +332,7 @@ async def test_a_slow_call_goes_on_while_the_server_answers_others() -> None:
 
 
 async def test_a_refused_connection_is_not_an_answer() -> None:
-    limiter = RateLimiter(RateSettings(retry_cap_s=0.05))
+    limiter = RateLimiter(KubeSettings(retry_cap_s=0.05))
 
     async def refused() -> None:
         raise errors.ServerError("claim node/n1", 0, "ClientConnectorError")

@@ -122,7 +122,7 @@ async def test_scheduler_runs_everything_and_survives_a_failure() -> None:
             raise RuntimeError("boom")
         done.append(n.id)
 
-    s = Scheduler(handle, max_in_flight=2)
+    s = Scheduler(handle, max_in_flight=2, horizon_s=600.0)
     task = asyncio.create_task(s.run())
     for nid in ("a", "boom", "b", "c"):
         await s.submit(notice(nid, 10))
@@ -140,7 +140,7 @@ async def test_a_waiting_notice_holds_no_one_back() -> None:
             await gate.wait()  # a checkpoint wait
         done.append(n.id)
 
-    s = Scheduler(handle)
+    s = Scheduler(handle, max_in_flight=4096, horizon_s=600.0)
     task = asyncio.create_task(s.run())
     await s.submit(notice("slow", 5))  # the most urgent, and it waits
     for i in range(50):

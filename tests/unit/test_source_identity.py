@@ -70,9 +70,9 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
         # The kafka settings section: how every Kafka client connects (TLS, SASL), the
         # ledger's broker as much as the notices'.
         "reclaimd/config.py": "the kafka section (reclaimd.kafkaconn)",
-        "reclaimd/wiring.py": "the ledger writers' connection, the kafka section",
+        "reclaimd/wiring.py": "the ledger writers' connection, the kafka section, and the "
+        "readiness check named kafka: the ledger's broker refuses us",
         "reclaimd/cli.py": "check-config prints the kafka section's shape",
-        "reclaimd/daemon.py": "the readiness check named kafka: the ledger's broker refuses us",
     },
 }
 # An existing source's own module outside its folder, and why.

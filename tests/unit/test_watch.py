@@ -19,9 +19,9 @@ from reclaimd.cluster.watch import (
     KubeEndpoint,
     Listed,
     WatchEvent,
-    WatchSettings,
     watch_objects,
 )
+from reclaimd.settings.watch import WatchSettings
 
 FAST = WatchSettings(inactivity_timeout_s=30.0, backoff_base_s=0.001, backoff_cap_s=0.001)
 

@@ -75,7 +75,7 @@ one shared by every replica). */ -}}
 {{- end -}}
 
 {{/* The source registry as the chart sees it (files/sources.json, written from
-reclaimd/sources.py by deploy/helm/gen_sources.py). */}}
+the folders under handlers/ by deploy/helm/gen_sources.py). */}}
 {{- define "reclaimd.sources" -}}
 {{- .Files.Get "files/sources.json" -}}
 {{- end -}}
