@@ -7,16 +7,9 @@ sections' models) can build on it without importing each other's way round.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
     # Unknown keys are typos more often than not: refuse them.
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    def fields(self, *skip: str) -> dict[str, Any]:
-        """This section's own values by name (nested sections as they are), for a part's
-        keyword arguments that share the names: ``LedgerWriter(**s.ledger.writer.fields())``."""
-        return {k: getattr(self, k) for k in type(self).model_fields if k not in skip}

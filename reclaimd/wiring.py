@@ -451,7 +451,7 @@ def _ledger_writer(
         topic=s.ledger.topic,
         outbox_path=outbox,
         policy=LabelPolicy(allowed=s.ledger.label_allowlist),
-        **s.ledger.writer.fields(),
+        tuning=s.ledger.writer,
         **log,
     )
 

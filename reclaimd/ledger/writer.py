@@ -38,9 +38,12 @@ from reclaimd.ledger.signals import LedgerCounts, Signals
 from reclaimd.logs import event as log_event
 from reclaimd.model import RestartWaste
 from reclaimd.outbox import AsyncOutbox, Cluster
+from reclaimd.settings.ledger import LedgerWriterSettings
 
 # One logger for the whole ledger: its lines read as they did when it was one module.
 log = logging.getLogger("reclaimd.ledger")
+# The tuning of ``ledger.writer`` as a file that sets none has it.
+DEFAULT_TUNING = LedgerWriterSettings()
 
 
 class LedgerWriter:
@@ -61,18 +64,10 @@ class LedgerWriter:
         outbox_path: str | Path,
         connection: KafkaSettings | None = None,
         policy: LabelPolicy | None = None,
-        batch_size: int = 100,
-        backoff_initial_s: float = 0.5,
-        backoff_max_s: float = 30.0,
-        request_timeout_ms: int = 30_000,
-        client_id: str = "reclaimd-ledger",
-        retention_s: float = 7 * 86_400,
+        tuning: LedgerWriterSettings = DEFAULT_TUNING,
         holder: str | None = None,
         cluster: ClusterLog | None = None,
         alive: Callable[[str], Awaitable[bool]] | None = None,
-        recover_every_s: float = 10.0,
-        scan_margin_s: float = 600.0,
-        scan_timeout_s: float = 120.0,
     ) -> None:
         self.topic = topic
         self.policy = policy or LabelPolicy()
@@ -88,10 +83,10 @@ class LedgerWriter:
             bootstrap_servers,
             topic,
             connection,
-            client_id,
-            request_timeout_ms,
-            scan_margin_s,
-            scan_timeout_s,
+            tuning.client_id,
+            tuning.request_timeout_ms,
+            tuning.scan_margin_s,
+            tuning.scan_timeout_s,
         )
         self._tombstones = Tombstones(cluster, self._signals)
         self._publisher = Publisher(
@@ -102,12 +97,14 @@ class LedgerWriter:
             signals=self._signals,
             counts=self._counts,
             tombstones=self._tombstones,
-            batch_size=batch_size,
+            batch_size=tuning.batch_size,
             # Doubling from the initial pause to the cap, half jitter (never retried early).
             backoff=Backoff(
-                backoff_initial_s, max(backoff_initial_s, backoff_max_s), jitter="half"
+                tuning.backoff_initial_s,
+                max(tuning.backoff_initial_s, tuning.backoff_max_s),
+                jitter="half",
             ),
-            retention_s=retention_s,
+            retention_s=tuning.retention_s,
         )
         self._recovery = Recovery(
             holder=self.holder,
@@ -118,7 +115,7 @@ class LedgerWriter:
             signals=self._signals,
             counts=self._counts,
             tombstones=self._tombstones,
-            recover_every_s=recover_every_s,
+            recover_every_s=tuning.recover_every_s,
         )
         self._task: asyncio.Task[None] | None = None
 

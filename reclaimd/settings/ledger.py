@@ -11,7 +11,7 @@ from reclaimd.strict import Strict
 
 
 class LedgerWriterSettings(Strict):
-    """The ledger writer's tuning (``LedgerWriter(**s.ledger.writer.fields())``)."""
+    """The ledger writer's tuning (``LedgerWriter(tuning=s.ledger.writer)``)."""
 
     batch_size: int = Field(100, ge=1, le=10_000)  # events per Kafka transaction
     backoff_initial_s: float = Field(0.5, gt=0)  # after a failed publish, doubling to

@@ -35,6 +35,7 @@ from reclaimd.intake import Admission
 from reclaimd.kafkaconn import KafkaSettings
 from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Notice, Windows
+from reclaimd.settings.ledger import LedgerWriterSettings
 
 pytestmark = pytest.mark.e2e
 
@@ -75,9 +76,9 @@ def _writer(
         connection=kafka,
         topic=topic,
         outbox_path=outbox,
-        backoff_initial_s=0.2,
-        backoff_max_s=1.0,
-        request_timeout_ms=5000,
+        tuning=LedgerWriterSettings(
+            backoff_initial_s=0.2, backoff_max_s=1.0, request_timeout_ms=5000
+        ),
     )
 
 

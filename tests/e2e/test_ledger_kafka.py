@@ -26,6 +26,7 @@ from reclaimd.model import (
     Target,
     frozen_map,
 )
+from reclaimd.settings.ledger import LedgerWriterSettings
 from reclaimd.waste import build_restart_waste
 
 pytestmark = pytest.mark.e2e
@@ -168,8 +169,7 @@ async def test_events_recorded_while_kafka_is_unreachable_are_delivered_later(
         bootstrap_servers=dead_port(),
         topic=topic,
         outbox_path=path,
-        backoff_initial_s=0.05,
-        backoff_max_s=0.2,
+        tuning=LedgerWriterSettings(backoff_initial_s=0.05, backoff_max_s=0.2),
     )
     down.start()
     for e in events:

@@ -27,6 +27,7 @@ from reclaimd.cluster.ledgerlog import LedgerLog, PendingEvent
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import RestartWaste
+from reclaimd.settings.ledger import LedgerWriterSettings
 
 WAIT_S = 90.0  # a bound on waiting for the writers, not a timing assertion
 
@@ -70,10 +71,12 @@ def writer(
         holder=log.holder,
         cluster=log,
         alive=alive,
-        backoff_initial_s=0.05,
-        backoff_max_s=0.3,
-        recover_every_s=0.3,
-        request_timeout_ms=10_000,
+        tuning=LedgerWriterSettings(
+            backoff_initial_s=0.05,
+            backoff_max_s=0.3,
+            recover_every_s=0.3,
+            request_timeout_ms=10_000,
+        ),
     )
 
 

@@ -25,11 +25,6 @@ from reclaimd import config
 from reclaimd.strict import Strict
 
 SKIPPED_PACKAGES = ("chaos",)  # drills and benches: not the daemon
-# Constructors tuned by keyword arguments, the section their values come from (``""``: the
-# top level) and the names that differ there.
-TUNED: dict[str, tuple[str, dict[str, str]]] = {
-    "reclaimd.ledger.writer.LedgerWriter": ("ledger.writer", {}),
-}
 
 
 def _modules(package: Any, prefix: str) -> list[Any]:
@@ -80,37 +75,6 @@ def stray_settings(classes: dict[str, type]) -> list[str]:
     )
 
 
-def _section(path: str) -> type[BaseModel]:
-    model: type[BaseModel] = config.Settings
-    for part in filter(None, path.split(".")):
-        annotation = model.model_fields[part].annotation
-        assert inspect.isclass(annotation) and issubclass(annotation, BaseModel), path
-        model = annotation
-    return model
-
-
-def tuned_problems(dotted: str, cls: type, section_path: str, renamed: dict[str, str]) -> list[str]:
-    """A keyword argument with a plain default that its section lacks or sets differently."""
-    section = _section(section_path)
-    problems = []
-    for p in inspect.signature(cls.__init__).parameters.values():
-        if not isinstance(p.default, bool | int | float | str):
-            continue  # None and callables are wiring, not settings
-        name = renamed.get(p.name, p.name)
-        if name not in section.model_fields:
-            problems.append(f"{dotted}.{p.name}: no config field {name!r} in {section_path!r}")
-        elif section.model_fields[name].get_default() != p.default:
-            ours = section.model_fields[name].get_default()
-            problems.append(f"{dotted}.{p.name}: config default {ours!r}, code {p.default!r}")
-    return problems
-
-
-def _resolve(dotted: str) -> type:
-    module, _, name = dotted.rpartition(".")
-    cls: type = getattr(importlib.import_module(module), name)
-    return cls
-
-
 MODELS = settings_models()
 
 
@@ -128,10 +92,14 @@ def test_no_settings_class_outside_the_models() -> None:
     assert not stray_settings(classes), "mirror settings classes: use reclaimd.settings"
 
 
-@pytest.mark.parametrize("dotted", sorted(TUNED))
-def test_every_tuned_keyword_is_reachable_from_the_config_file(dotted: str) -> None:
-    section, renamed = TUNED[dotted]
-    assert not tuned_problems(dotted, _resolve(dotted), section, renamed)
+def test_the_ledger_writer_takes_its_section_as_it_is() -> None:
+    """No keyword of its own mirrors ``ledger.writer`` (a default written twice)."""
+    from reclaimd.ledger.writer import LedgerWriter
+    from reclaimd.settings.ledger import LedgerWriterSettings
+
+    params = inspect.signature(LedgerWriter.__init__).parameters
+    assert params["tuning"].default == config.Settings().ledger.writer
+    assert not set(params) & set(LedgerWriterSettings.model_fields)
 
 
 def test_the_walk_can_fail() -> None:
@@ -146,17 +114,4 @@ def test_the_walk_can_fail() -> None:
     assert unreachable(models, config.Settings) == ["reclaimd.settings.x.OrphanSettings"]
     assert stray_settings({"reclaimd.cluster.x.MirrorSettings": MirrorSettings}) == [
         "reclaimd.cluster.x.MirrorSettings"
-    ]
-
-    class Tuned:
-        def __init__(self, page_size: int = 250, brand_new_s: float = 1.0) -> None: ...
-
-    class Drifted:
-        def __init__(self, inactivity_timeout_s: float = 1.0) -> None: ...
-
-    assert tuned_problems("x.Tuned", Tuned, "cache.watch", {}) == [
-        "x.Tuned.brand_new_s: no config field 'brand_new_s' in 'cache.watch'"
-    ]
-    assert tuned_problems("x.Drifted", Drifted, "cache.watch", {}) == [
-        "x.Drifted.inactivity_timeout_s: config default 70.0, code 1.0"
     ]

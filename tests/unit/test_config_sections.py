@@ -43,11 +43,9 @@ def test_nested_sections_and_their_parts(tmp_path: Path) -> None:
             "intake": {"memory": 1000},
         },
     )
-    assert s.cache.watch.fields()["page_size"] == 500
-    assert s.cache.fields("watch")["namespaces"] == ("a",)
-    assert "watch" not in s.cache.fields("watch")
+    assert s.cache.watch.page_size == 500 and s.cache.namespaces == ("a",)
     assert s.claims.max_conflicts == 3 and s.kube.retry_cap_s == 2.0
-    assert s.ledger.writer.fields()["batch_size"] == 10
+    assert s.ledger.writer.batch_size == 10
     assert s.events.series_cache == 16 and s.intake.memory == 1000
 
 
