@@ -63,11 +63,12 @@ from reclaimd.model import (
     utcnow,
 )
 from reclaimd.settings.checkpoint import CheckpointSettings
+from reclaimd.settings.policy import PolicySettings
 
 log = logging.getLogger(__name__)
 
-DRAIN_RESERVE_S = 30.0
-DRAIN_RESERVE_FRACTION = 0.34
+DRAIN_RESERVE_S = PolicySettings().drain_reserve_s
+DRAIN_RESERVE_FRACTION = PolicySettings().drain_reserve_fraction
 OPEN_BUDGET_S = 120.0
 LAST_ASK_S = 1.0
 NOT_OPTED_IN = "not opted in"
@@ -148,8 +149,8 @@ async def signal_gang(
     budget_deadline: datetime,
     session: aiohttp.ClientSession,
     traceparent: Callable[[Member], str] | None = None,
-    concurrency: int = 64,
-    poll_interval_s: float = 0.5,
+    concurrency: int = CheckpointSettings().concurrency,
+    poll_interval_s: float = CheckpointSettings().poll_interval_s,
     on_ack: Callable[[RankAck], None] | None = None,
     cut: asyncio.Event | None = None,
     put_budgets: putbudget.TenantPutBudgets | None = None,

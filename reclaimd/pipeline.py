@@ -46,6 +46,7 @@ from reclaimd.model import (
     utcnow,
 )
 from reclaimd.scheduler import GangFlight, GangOwners
+from reclaimd.settings.policy import PolicySettings
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class Runbook:
         build_waste: WasteBuilder,
         tracer: trace.Tracer,
         cluster_name: str,
-        evict_concurrency: int = 32,
+        evict_concurrency: int = PolicySettings().evict_concurrency,
         on_report: Callable[[Report], None] | None = None,
         ledger_topic: str = "",
         narrator: Narrator | None = None,

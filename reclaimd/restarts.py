@@ -45,6 +45,7 @@ from reclaimd.ledger.labels import (
 )
 from reclaimd.ledger.writer import LedgerWriter
 from reclaimd.model import Gang, GangKey, Member, ParseError, parse_time, rfc3339, stable_id
+from reclaimd.settings.restarts import RestartSettings
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ PODS_READY: Final = "pods-ready"
 # A rank that speaks the SDK but has not stepped this long after all pods were Ready is not
 # waited for any longer: the restart is measured to Ready (a trainer stuck in its restore
 # would otherwise never be charged).
-SDK_WAIT_S: Final = 600.0
+SDK_WAIT_S: Final = RestartSettings().sdk_wait_s
 
 
 class Leases(Protocol):
@@ -242,7 +243,7 @@ class RestartWatcher:
         cluster: str,
         clock: Callable[[], datetime],
         first_step: FirstStep | None = None,
-        interval_s: float = 15.0,
+        interval_s: float = RestartSettings().interval_s,
         sdk_wait_s: float = SDK_WAIT_S,
     ) -> None:
         self.leases, self.pods, self.writer = leases, pods, writer

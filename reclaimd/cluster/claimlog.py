@@ -24,6 +24,7 @@ from reclaimd import logs
 from reclaimd.cluster import claims, claimstore
 from reclaimd.intake import Admission, Admitted, Claimed, ClaimLost
 from reclaimd.model import Notice, ParseError, Response, utcnow
+from reclaimd.settings.policy import PolicySettings
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class Resumer:
     # A claim past its deadline is still finished (its gangs charged) until this long after
     # it, as the intake admits a late message (``policy.expired_after_s``): a holder that
     # stopped or paused across the deadline leaves gangs that nobody else will charge.
-    expire_after: timedelta = timedelta(minutes=5)
+    expire_after: timedelta = timedelta(seconds=PolicySettings().expired_after_s)
     # Between scans. The scan reads the cache and two LISTs, so it can run often: a hung
     # peer's claims are taken over this soon after its Lease runs out, not half a Lease later.
     interval_s: float = 3.0
