@@ -150,9 +150,13 @@ async def resolve(as_reclaimd: ApiServer, node: str, size: int) -> Any:
     await cache.start()
     try:
         assert await cache.wait_synced(SYNC_S)
+        # The gang seen on the node (all() of none would be true at once), every rank with an IP.
         await eventually(
-            lambda: all(m.pod_ip for g in cache.view.gangs_on_nodes([node]) for m in g.members),
-            "kwok assigns pod IPs",
+            lambda: (
+                bool(gangs := cache.view.gangs_on_nodes([node]))
+                and all(m.pod_ip for g in gangs for m in g.members)
+            ),
+            "the gang seen and kwok's pod IPs",
         )
         gangs = cache.view.gangs_on_nodes([node])
         assert len(gangs) == 1 and len(gangs[0].members) == size, gangs

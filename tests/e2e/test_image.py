@@ -156,16 +156,17 @@ def test_holds_the_daemon_only(image: str) -> None:
     assert "invalid choice: 'drill'" in drill.stderr
 
 
-@pytest.mark.parametrize(
-    ("flavor", "packages"), [("image", "reclaimd,handlers"), ("chaos_image", "chaos")]
-)
+@pytest.mark.parametrize(("flavor", "packages"), [("image", "reclaimd"), ("chaos_image", "chaos")])
 def test_every_module_it_ships_imports(
     request: pytest.FixtureRequest, flavor: str, packages: str
 ) -> None:
     tag: str = request.getfixturevalue(flavor)
     done = run_once(tag, "-c", IMPORT_ALL, packages, entrypoint="/opt/reclaimd/bin/python")
     assert done.returncode == 0, done.stderr[-1500:]
-    assert len(json.loads(done.stdout)) > 10
+    names = json.loads(done.stdout)
+    assert len(names) > 10
+    if flavor == "image":  # the sources ship inside the product, each folder whole
+        assert "reclaimd.handlers.sqs.transport" in names, names
 
 
 # --- the chaos image -------------------------------------------------------------------------
