@@ -79,10 +79,10 @@ WindowsSection = Annotated[Windows, GetPydanticSchema(_windows_schema)]
 class _Settings(Strict):
     cluster_name: str = "default"
     holder: str = Field(default_factory=socket.gethostname)
-    # A replica silent this long (its holder Lease not renewed) is presumed dead and its claims
-    # are taken over: a hung one is replaced within about this plus a resume scan (3 s).
-    # Shorter takes over sooner, but a replica slowed by a storm's API server then loses live
-    # claims (15 s did, in the storm bench). Renewals go first in the write budget.
+    # A claim whose holder's Lease is not renewed for this long is taken over, whatever the
+    # probes say: the last word on a replica whose loop hangs while its probe port answers.
+    # A stopped or unreachable replica goes sooner (peer_probe.silent_after_s), a killed one
+    # at once. Renewals go first in the write budget.
     claim_stale_s: float = Field(20.0, gt=0)
     # Where the per-gang Leases live (reclaimd's own namespace: its Role covers only this one).
     lease_namespace: str = "reclaimd"
@@ -127,8 +127,13 @@ class _Settings(Strict):
     def _sources_fit(self) -> _Settings:
         for _, section in handlers.sections(self):
             section.check(dry_run=self.dry_run)
+        if self.peer_probe.silent_after_s >= self.claim_stale_s:
+            # Silence must say "dead" before the claims' own lease does, or it says nothing.
+            raise ValueError(
+                "peer_probe.silent_after_s must be shorter than claim_stale_s"
+                f" ({self.peer_probe.silent_after_s:g} >= {self.claim_stale_s:g})"
+            )
         return self
-
 
 
 def settings_model(registry: Iterable[handlers.Entry[Any]]) -> type[_Settings]:

@@ -50,8 +50,9 @@ RECORDS: tuple[Record, ...] = (
         "holder Lease",
         Kind.LEASE,
         "reclaimd-holder-",
-        "reclaimd.cluster.holders (HolderLeases): one per replica, renewed every third of its"
-        " lease_s; annotated with the holder, its probe and metrics addresses, its peer group",
+        "reclaimd.cluster.holders (HolderLeases): one per replica, renewed every"
+        " peer_probe.renew_every_s (1 s); annotated with the holder, its probe and metrics"
+        " addresses, its peer group",
         "while the replica runs; released (not deleted) when it stops, so a successor learns"
         " it is gone",
         "any replica's holder sweep, once not renewed (or released) for GONE_AFTER_S (1 h)",

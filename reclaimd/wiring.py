@@ -347,6 +347,8 @@ def _holders(
         metrics_address=_metrics_address(s, listener),
         probe_every_s=s.peer_probe.every_s,
         probe_timeout_s=s.peer_probe.timeout_s,
+        renew_every_s=s.peer_probe.renew_every_s,
+        silent_after_s=s.peer_probe.silent_after_s,
     )
 
 
@@ -440,9 +442,7 @@ def _resumer(core: Core, intake: Intake, scheduler: Scheduler[Admitted]) -> clai
     )
 
 
-def _ledger_writer(
-    s: Settings, bootstrap: str, outbox: Path | str, **log: Any
-) -> LedgerWriter:
+def _ledger_writer(s: Settings, bootstrap: str, outbox: Path | str, **log: Any) -> LedgerWriter:
     """The restart-waste ledger's writer: its broker, its outbox and (``log``) its record in
     the cluster for a peer to adopt."""
     return LedgerWriter(

@@ -13,11 +13,18 @@ replica probes its peers' every ``probe_every_s``. A refused connection is a dea
 are taken over within a second or two, not ``lease_s`` later. A stopping replica ``release``s
 its Lease (renewed "long ago") once it has stopped acting, and closes its probe port.
 
-Cut off: a replica that has not renewed its own Lease for ``cut_after_s`` (less than the
-Lease) cannot reach the API server. It says so to a peer that probes it (``cut_off``), and
-the peer takes its claims over at once; from that moment on the cut-off replica's fences read
-the claim before it acts (``fresh`` uses ``cut_after_s``, and a renewal after such a gap marks
-the Lease lapsed), so the two never both act on a claim: the self-report is the fence.
+Silent: a peer whose probes go unanswered (not refused: a SIGSTOP, a dead node, a dropped
+network) for ``silent_after_s`` and whose Lease, renewed every ``renew_every_s``, has not been
+renewed for as long (read afresh) is presumed dead too. Its own side agrees: ``fresh`` holds for
+``cut_after_s`` (at most ``silent_after_s``) after its last renewal, so a replica that wakes
+after such a silence reads every claim before acting and finds the ones taken over. A peer we
+cannot reach but that renews is alive (a partition between the replicas only).
+
+Cut off: a replica that has not renewed its own Lease for ``cut_after_s`` cannot reach the API
+server. It says so to a peer that probes it (``cut_off``), and the peer takes its claims over at
+once; from that moment on the cut-off replica's fences read the claim before it acts (``fresh``,
+and a renewal after such a gap marks the Lease lapsed), so the two never both act on a claim:
+the self-report is the fence.
 """
 
 from __future__ import annotations
@@ -35,15 +42,16 @@ from reclaimd.cluster import apiserver, errors, leases, objects, probe
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import rfc3339, utcnow
+from reclaimd.settings.peers import PeerProbeSettings
 
 log = logging.getLogger(__name__)
 
+_PROBE = PeerProbeSettings()
 HOLDER_LABEL = "reclaimd.io/holder-lease"
 # A holder Lease not renewed for this long belongs to a replica that is gone: it is deleted.
 GONE_AFTER_S = 3600.0
 FIRST = datetime(1970, 1, 2, tzinfo=UTC)  # sorts before any notice's deadline in the budget
-# Of the Lease: this long without a renewal, a replica says it is cut off (renewals come
-# every third of it; two missed in a row and most of a third is no slow API server).
+# Of the Lease: at most this long without a renewal before a replica says it is cut off.
 CUT_FRACTION = 0.6
 HOLDER_ANNOTATION = "reclaimd.io/holder"
 PROBE_ANNOTATION = "reclaimd.io/probe"  # host:port: refused there = this holder is dead
@@ -113,13 +121,19 @@ class HolderLeases:
         limiter: RateLimiter,
         probe_address: Callable[[], str] = str,
         metrics_address: Callable[[], str] = str,
-        probe_every_s: float = 0.5,
-        probe_timeout_s: float = 0.5,
+        probe_every_s: float = _PROBE.every_s,
+        probe_timeout_s: float = _PROBE.timeout_s,
+        renew_every_s: float = _PROBE.renew_every_s,
+        silent_after_s: float = _PROBE.silent_after_s,
         group: str = "",
     ) -> None:
         self._api = api
         self.namespace, self.holder, self.lease_s = namespace, holder, lease_s
-        self.cut_after_s = lease_s * CUT_FRACTION
+        # Never longer than a peer waits on our silence: by the time it may take our claims
+        # over, we read every claim before acting on it.
+        self.silent_after_s = silent_after_s
+        self.cut_after_s = min(lease_s * CUT_FRACTION, silent_after_s)
+        self.renew_every_s = min(renew_every_s, lease_s / 3)
         self._limiter = limiter
         self._probe_address = probe_address  # ours, as peers should dial it ("" = none)
         self._metrics_address = metrics_address  # our /metrics, for ``reclaimd status``
@@ -129,6 +143,7 @@ class HolderLeases:
         self._addresses: dict[str, str] = {}  # peers' probe addresses, from their Leases
         self._peers: set[str] = set()  # holders of our group, from their Leases
         self._dead: dict[str, datetime] = {}  # holder -> its last renewal seen when it died
+        self._silent: dict[str, datetime] = {}  # holder -> when its probes stopped answering
         self.deaths = asyncio.Event()  # set when a peer is found dead
         self.renewed_at: datetime | None = None  # our own last successful renewal
         self.lapsed_at: datetime | None = None  # the last renewal after a gap past the Lease
@@ -179,27 +194,29 @@ class HolderLeases:
         return self.fresh() and (self.lapsed_at is None or self.lapsed_at < since)
 
     async def run(self) -> None:
-        """Renew our Lease and refresh the others', each every ``lease_s / 3``, until
-        cancelled. Apart: a slow LIST in a storm must not delay a renewal past
-        ``cut_after_s``, or this replica would call itself cut off."""
+        """Renew our Lease every ``renew_every_s`` and refresh the others' every
+        ``lease_s / 3``, until cancelled. Apart: a slow LIST in a storm must not delay a
+        renewal past ``cut_after_s``, or this replica would call itself cut off."""
         await self.renew_or_log()
         await asyncio.gather(
-            self._every(self.renew_or_log, first=False),
-            self._every(self._refresh_or_log, first=True),  # the peers, from the start
+            self._every(self.renew_or_log, self.renew_every_s, first=False),
+            # the peers, from the start
+            self._every(self._refresh_or_log, self.lease_s / 3, first=True),
         )
 
-    async def _every(self, step: Callable[[], Awaitable[None]], *, first: bool) -> None:
+    @staticmethod
+    async def _every(step: Callable[[], Awaitable[None]], period: float, *, first: bool) -> None:
         if first:
             await step()
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            await asyncio.sleep(period)
             await step()
 
     async def renew_or_log(self) -> None:
         try:
             await self.renew()
         except errors.KubeError as e:
-            # Keep trying: our claims survive a missed renewal (cut_after_s = 1.8 periods).
+            # Keep trying: our claims survive a missed renewal or two (cut_after_s).
             log.warning("holder lease: %s", e)
 
     async def _refresh_or_log(self) -> None:
@@ -232,7 +249,7 @@ class HolderLeases:
         # Served before every other write, whatever their deadlines (in a storm the queue
         # fills with writes whose deadlines are seconds away or past): a late renewal lets a
         # peer take over claims this replica is still acting on, and both would charge.
-        until = now + timedelta(seconds=self.lease_s / 3)
+        until = now + timedelta(seconds=self.renew_every_s)
         try:
             await self._limiter.call(
                 f"renew lease/{name}",
@@ -349,12 +366,49 @@ class HolderLeases:
         verdicts = await asyncio.gather(
             *(probe.probe(a, self._probe_timeout_s) for a in peers.values())
         )
+        now = utcnow()
         for holder, verdict in zip(peers, verdicts, strict=True):
-            if verdict is not probe.Verdict.UNKNOWN and holder not in self._dead:
-                self._dead[holder] = self._seen.get(holder, FIRST)
-                what = "peer found dead" if verdict is probe.Verdict.DEAD else "peer cut off"
-                logs.event(log, what, holder=holder, address=peers[holder])
-                self.deaths.set()
+            if holder in self._dead:
+                continue
+            if verdict is probe.Verdict.ALIVE:
+                self._silent.pop(holder, None)
+                continue
+            if verdict is probe.Verdict.SILENT:
+                since = self._silent.setdefault(holder, now)
+                if now - since < timedelta(seconds=self.silent_after_s):
+                    continue
+                if not await self._unrenewed(holder):
+                    self._silent[holder] = now  # it renews: alive, only out of our reach
+                    continue
+            self._dead[holder] = self._seen.get(holder, FIRST)
+            self._silent.pop(holder, None)
+            what = {
+                probe.Verdict.DEAD: "peer found dead",
+                probe.Verdict.CUT: "peer cut off",
+            }.get(verdict, "peer silent")
+            logs.event(log, what, holder=holder, address=peers[holder])
+            self.deaths.set()
+
+    async def _unrenewed(self, holder: str) -> bool:
+        """``holder``'s Lease, read now, not renewed for ``silent_after_s`` (or gone)."""
+        name = lease_name(holder)
+        try:
+            lease = await self._limiter.read(
+                f"read lease/{name}",
+                None,
+                lambda: self._api.get(apiserver.lease(self.namespace, name)),
+                retry_until=utcnow() + timedelta(seconds=self.silent_after_s),
+            )
+        except errors.NotFound:
+            return True
+        except errors.KubeError as e:
+            log.info("holder lease %s not read: %s", name, e)
+            return False  # no word from the API server either: wait for the next round
+        at = objects.time(objects.spec(lease).get("renewTime"))
+        if at is None:
+            return True
+        self._seen[holder] = at
+        return utcnow() - at >= timedelta(seconds=self.silent_after_s)
 
     async def release(self) -> None:
         """Say we are gone (renewed "long ago"): a stopping replica, once it no longer acts on

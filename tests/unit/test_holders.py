@@ -1,10 +1,17 @@
 """Our holder Lease: fresh, and whether it lapsed (a peer may have taken our claims over)."""
 
 import asyncio
+import signal
+import socket
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from reclaimd.cluster import probe
+import pytest
+from pydantic import ValidationError
+
+from reclaimd.cluster import errors, probe
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.holders import (
     FIRST,
@@ -12,6 +19,7 @@ from reclaimd.cluster.holders import (
     HOLDER_ANNOTATION,
     PROBE_ANNOTATION,
     HolderLeases,
+    lease_name,
 )
 from reclaimd.cluster.kubeconfig import Connection
 from reclaimd.cluster.probe import Listener
@@ -56,10 +64,20 @@ class Listing:
         self.written: list[str] = []
 
     async def read(self, what: str, deadline: Any, call: Any, **kw: Any) -> Any:
+        if what.startswith("read lease/"):  # one holder's Lease, read afresh
+            name = what.removeprefix("read lease/")
+            found = [x for x in self.leases if lease_name(holder_of(x)) == name]
+            if not found:
+                raise errors.NotFound(name, 404)
+            return found[0]
         return {"kind": "LeaseList", "items": self.leases}
 
     async def call(self, what: str, deadline: Any, write: Any, **kw: Any) -> None:
         self.written.append(what)  # the sweep of a Lease gone for good
+
+
+def holder_of(lease: dict[str, Any]) -> str:
+    return str(lease["metadata"]["annotations"][HOLDER_ANNOTATION])
 
 
 def micro(t: datetime) -> str:
@@ -83,7 +101,7 @@ def holder_lease(holder: str, renewed: datetime, probe: str, group: str = "g") -
     }
 
 
-def prober(listing: Listing) -> HolderLeases:
+def prober(listing: Listing, silent_after_s: float = 3.0) -> HolderLeases:
     """Our holder Leases, of group "g", probing every 50 ms the peers ``listing`` names."""
     return HolderLeases(
         NO_API,
@@ -92,6 +110,8 @@ def prober(listing: Listing) -> HolderLeases:
         lease_s=10.0,
         limiter=cast(Any, listing),
         probe_every_s=0.05,
+        probe_timeout_s=0.2,
+        silent_after_s=silent_after_s,
         group="g",
     )
 
@@ -129,17 +149,17 @@ async def test_a_peer_that_refuses_its_probe_is_dead_until_it_renews_again() -> 
         await live.close()
 
 
-async def test_only_a_refused_connection_counts_as_death() -> None:
+async def test_a_refused_connection_is_death_and_an_answer_is_life() -> None:
     live = Listener("127.0.0.1", 0)
     await live.start()
     address = live.address
     try:
-        assert await probe.probe(address, 0.5) is probe.Verdict.UNKNOWN
+        assert await probe.probe(address, 0.5) is probe.Verdict.ALIVE
     finally:
         await live.close()
     assert live.address == ""  # a closed listener advertises nothing
     assert await probe.probe(address, 0.5) is probe.Verdict.DEAD
-    assert await probe.probe("not-an-address", 0.5) is probe.Verdict.UNKNOWN
+    assert await probe.probe("not-an-address", 0.5) is probe.Verdict.SILENT
 
 
 async def test_a_wildcard_listener_is_probed_at_the_port_it_advertises() -> None:
@@ -149,7 +169,7 @@ async def test_a_wildcard_listener_is_probed_at_the_port_it_advertises() -> None
         live = Listener("", 0, "127.0.0.1")
         await live.start()
         try:
-            assert await probe.probe(live.address, 0.5) is probe.Verdict.UNKNOWN
+            assert await probe.probe(live.address, 0.5) is probe.Verdict.ALIVE
         finally:
             await live.close()
 
@@ -179,7 +199,7 @@ async def test_a_peer_answers_what_acks_it_holds_and_a_probe_still_reads_alive()
         assert await probe.ask(live.address, "ab12", 1.0) == held["ab12"]
         assert await probe.ask(live.address, "cd34", 1.0) == {}
         assert await probe.ask(live.address, "../etc", 1.0) == {}  # never sent: not a label
-        assert await probe.probe(live.address, 0.5) is probe.Verdict.UNKNOWN
+        assert await probe.probe(live.address, 0.5) is probe.Verdict.ALIVE
     finally:
         await live.close()
     # gone, paused or never listening: nothing to learn, and no error
@@ -207,7 +227,7 @@ async def test_a_replica_without_a_renewal_for_cut_after_s_says_it_is_cut_off() 
     await listener.start()
     try:
         assert not h.cut_off() and h.unbroken_since(claimed - timedelta(seconds=1))
-        assert await probe.probe(listener.address, 0.5) is probe.Verdict.UNKNOWN
+        assert await probe.probe(listener.address, 0.5) is probe.Verdict.ALIVE
         assert h.renewed_at is not None
         h.renewed_at -= timedelta(seconds=h.cut_after_s + 0.5)  # within the Lease, past the cut
         assert h.cut_off() and not h.fresh()
@@ -215,7 +235,7 @@ async def test_a_replica_without_a_renewal_for_cut_after_s_says_it_is_cut_off() 
         assert await probe.probe(listener.address, 0.5) is probe.Verdict.CUT
         await h.renew()  # the API server reached again
         assert not h.cut_off()
-        assert await probe.probe(listener.address, 0.5) is probe.Verdict.UNKNOWN
+        assert await probe.probe(listener.address, 0.5) is probe.Verdict.ALIVE
         assert not h.unbroken_since(claimed)  # the peer may have taken that claim over
     finally:
         await listener.close()
@@ -310,3 +330,115 @@ async def test_a_stopping_replica_asks_whether_its_peer_is_alive_now() -> None:
         assert await h.peer_alive_now()
     finally:
         await live.close()
+
+
+async def test_a_probe_is_answered_while_the_loop_is_blocked() -> None:
+    """A replica CPU-starved in a storm lags its loop by seconds: its probe port still
+    answers (from its own thread), "slow" rather than "cut", so no peer takes it over."""
+    live = Listener("127.0.0.1", 0, cut=lambda: True)  # its renewals late: would say cut
+    await live.start()
+    address = live.address
+
+    def probe_from_elsewhere() -> probe.Verdict:
+        time.sleep(probe.LAG_S + 0.3)  # once the loop is seen lagging
+        return asyncio.run(probe.probe(address, 0.5))
+
+    try:
+        asked = asyncio.get_running_loop().run_in_executor(None, probe_from_elsewhere)
+        time.sleep(probe.LAG_S + 1.0)  # noqa: ASYNC251 -- the loop blocked, as a storm's CPU does
+        assert await asked is probe.Verdict.ALIVE
+        assert live.lagging() is False  # the heartbeat runs again once the loop does
+    finally:
+        await live.close()
+
+
+STOPPABLE = """
+import asyncio, sys
+from reclaimd.cluster.probe import Listener
+async def main():
+    live = Listener("127.0.0.1", 0)
+    await live.start()
+    print(live.address, flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+async def test_a_stopped_process_is_silent_and_answers_again_when_continued() -> None:
+    """SIGSTOP: the kernel still accepts the connection, nobody answers: silent, not dead."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", STOPPABLE, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        address = (await proc.stdout.readline()).decode().strip()
+        assert await probe.probe(address, 0.5) is probe.Verdict.ALIVE
+        proc.send_signal(signal.SIGSTOP)
+        assert await probe.probe(address, 0.5) is probe.Verdict.SILENT
+        proc.send_signal(signal.SIGCONT)
+        assert await probe.probe(address, 2.0) is probe.Verdict.ALIVE
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def test_a_silent_peer_is_dead_only_once_its_lease_goes_unrenewed_as_long() -> None:
+    """Unanswered probes and an unrenewed Lease: a stopped replica, taken over in seconds. A
+    peer out of our reach that still renews is alive; its claims stay its own."""
+    mute = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), answers nothing
+    address = f"127.0.0.1:{mute.getsockname()[1]}"
+    now = utcnow()
+    listing = Listing(
+        [
+            holder_lease("stopped", now - timedelta(seconds=1.0), address),
+            holder_lease("renewing", now, address),
+        ]
+    )
+    h = prober(listing, silent_after_s=0.6)
+
+    async def renew() -> None:
+        while True:
+            listing.leases[1] = holder_lease("renewing", utcnow(), address)
+            await asyncio.sleep(0.1)
+
+    renewing = asyncio.create_task(renew())
+    await h.refresh()
+    probing = asyncio.create_task(h.run_probes())
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(5):
+            await h.deaths.wait()
+        assert time.monotonic() - started >= 0.6  # never before the silence is long enough
+        assert h.dead("stopped") and not h.dead("renewing")
+        await asyncio.sleep(1.5)  # out of our reach all along, but renewing: not dead
+        assert not h.dead("renewing")
+        renewing.cancel()  # it stops renewing too: a whole node gone
+        h.deaths.clear()
+        async with asyncio.timeout(5):
+            await h.deaths.wait()
+        assert h.dead("renewing")
+    finally:
+        renewing.cancel()
+        probing.cancel()
+        mute.close()
+
+
+def test_silence_must_be_shorter_than_the_claim_lease_and_outlast_two_renewals() -> None:
+    from reclaimd.config import Settings
+    from reclaimd.settings.peers import PeerProbeSettings
+
+    with pytest.raises(ValidationError, match="renew_every_s must be at most half"):
+        PeerProbeSettings(renew_every_s=2.0, silent_after_s=3.0)
+    with pytest.raises(ValidationError, match="silent_after_s must be shorter than claim_stale_s"):
+        Settings(claim_stale_s=5.0, peer_probe={"silent_after_s": 6.0})
+    s = Settings()
+    h = HolderLeases(
+        NO_API,
+        "reclaimd",
+        "me",
+        lease_s=s.claim_stale_s,
+        limiter=cast(Any, Accepting()),
+        silent_after_s=s.peer_probe.silent_after_s,
+    )
+    # We fence ourselves no later than a peer may take us over.
+    assert h.cut_after_s <= h.silent_after_s
