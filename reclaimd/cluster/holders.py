@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -76,7 +77,9 @@ class HolderLease:
     metrics: str  # host:port of its /metrics; "" = not served, or an older replica
     group: str
     released_at: datetime | None  # when it said it was gone (``release``)
-    duration_s: float  # its holder's claim_stale_s: how long its claims live unrenewed
+    # its holder's silent_after_s: unrenewed this long (and silent to its peers' probes) it is
+    # presumed gone, and its claims are taken over
+    duration_s: float
 
     @property
     def released(self) -> bool:
@@ -242,7 +245,8 @@ class HolderLeases:
             },
             "spec": {
                 "holderIdentity": self.holder[:128],
-                "leaseDurationSeconds": max(1, round(self.lease_s)),
+                # What a peer waits on our silence: the cluster's view of us says the same.
+                "leaseDurationSeconds": max(1, math.ceil(self.silent_after_s)),
                 "renewTime": _micro(now),
             },
         }
