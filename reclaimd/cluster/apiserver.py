@@ -11,6 +11,7 @@ errors become ours.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -41,6 +42,9 @@ class ApiServer:
         self._conn = connection
         self._session = session
         self._base = connection.server
+        # time.monotonic() of the last answer of any status: whether the API server can be
+        # reached at all (``HolderLeases.cut_off``: slow under a storm is not cut off).
+        self.answered_at: float | None = None
 
     @classmethod
     def open(cls, connection: Connection, pool_size: int = 64) -> ApiServer:
@@ -93,6 +97,7 @@ class ApiServer:
         async with self._session.request(
             method, self._base + path, params=query(params), data=data, headers=headers
         ) as response:
+            self.answered_at = time.monotonic()
             raw = await response.read()
             if not 200 <= response.status < 300:
                 raise ApiStatus(response.status, raw, response.headers)
@@ -113,6 +118,7 @@ class ApiServer:
         response = await self._session.get(
             self._base + path, params=query(params), headers=await self._headers()
         )
+        self.answered_at = time.monotonic()
         if response.status != 200:
             try:
                 raise ApiStatus(response.status, await response.read(), response.headers)

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -186,9 +187,15 @@ class HolderLeases:
         return last is not None and utcnow() - last <= timedelta(seconds=self.cut_after_s)
 
     def cut_off(self) -> bool:
-        """No renewal of our Lease landed for ``cut_after_s``: we cannot reach the API server
-        (what the probe port answers to ``GET /reach``). Before the first renewal: no."""
-        return self.renewed_at is not None and not self.fresh()
+        """No renewal of our Lease landed for ``cut_after_s``, and no answer of any kind from
+        the API server for as long: we cannot reach it (what the probe port answers to
+        ``GET /reach``). A storm's API server answers late but answers: renewals queued
+        behind its load are no partition, and a peer must not take live claims over for them.
+        Before the first renewal: no."""
+        if self.renewed_at is None or self.fresh():
+            return False
+        answered = self._api.answered_at
+        return answered is None or time.monotonic() - answered > self.cut_after_s
 
     def unbroken_since(self, since: datetime) -> bool:
         """Fresh now, and never lapsed since ``since``: no peer can have taken over a claim

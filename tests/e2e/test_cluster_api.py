@@ -883,6 +883,11 @@ async def test_holder_leases_tell_who_is_alive(
     assert seen is not None and seen >= before - timedelta(seconds=1)
     assert b.renewed(f"nobody-{RUN}") is None
     assert a.renewed(a.holder) is not None  # its own, without a read
+    # Every answer, whatever its status, says the API server is reached (not cut off).
+    as_reclaimd.answered_at = None
+    with pytest.raises(apiserver.ApiStatus):  # 404
+        await as_reclaimd.get(apiserver.lease("reclaimd", f"nobody-{RUN}"))
+    assert as_reclaimd.answered_at is not None
 
 
 async def test_the_lease_of_a_replica_gone_for_an_hour_is_deleted(

@@ -479,3 +479,18 @@ async def test_a_peer_presumed_dead_is_back_once_it_answers_and_renewed_since() 
         assert h.dead("peer")
     finally:
         await peer.close()
+
+
+async def test_late_renewals_under_load_are_not_a_cut_while_the_api_server_answers() -> None:
+    """A storm: our renewals land late (they queue behind the API server's load), but it
+    answers other calls. We fence ourselves (not fresh), but say nothing of a cut: a peer
+    taking live claims over for it would ask and drain twice. No answer at all: cut off."""
+    api = ApiServer(Connection("https://127.0.0.1:1", ssl=False), cast(Any, None))
+    h = HolderLeases(api, "reclaimd", "me", lease_s=10.0, limiter=cast(Any, Accepting()))
+    await h.renew()
+    assert h.renewed_at is not None
+    h.renewed_at -= timedelta(seconds=h.cut_after_s + 0.5)
+    api.answered_at = time.monotonic()  # an answer, to some other call, just now
+    assert not h.fresh() and not h.cut_off()
+    api.answered_at = time.monotonic() - h.cut_after_s - 0.5  # nothing since the renewal
+    assert h.cut_off()
