@@ -1,16 +1,19 @@
 """Kafka notices-topic transport (aiokafka): CloudEvents in, one consumer group for all replicas.
 
 Kafka's unit of acknowledgement is an offset, and committing offset N says "everything
-before N is done". So each partition's records are handled in order, and after a batch the
-partition's offset is committed up to the first record that is not settled: a record is
-settled when every notice in it is admitted for good (claimed, duplicate, superseded,
-dropped), or when it is no notice at all (a parse error or another event type: counted,
-since re-reading cannot fix it).
+before N is done". So a batch's records are admitted all at once (each admission is a claim
+write: one after another, a partition's 300 notices of a storm took a minute), and after the
+batch each partition's offset is committed up to the first record that is not settled: a
+record is settled when every notice in it is admitted for good (claimed, duplicate,
+superseded, dropped), or when it is no notice at all (a parse error or another event type:
+counted, since re-reading cannot fix it). The claim, not the order of admission, decides
+between two notices for one node.
 
 A record whose admission says retry (the claim was not stored) is not skipped: the consumer
 seeks its partition back to that record and pauses the partition for a moment, so the record
 is read again shortly, while the other partitions go on. Until then nothing at or after it is
-committed, so a crash or a rebalance hands it to the next owner.
+committed, so a crash or a rebalance hands it to the next owner; the records after it that
+were admitted are read again too, and answer duplicate.
 
 Failover: each replica is a dynamic member of the group (no ``group_instance_id``: a static
 member never leaves, and its partitions would wait out its session). A replica that dies
@@ -47,7 +50,7 @@ log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 1.0  # a record whose claim failed is read again after this pause
 MAX_BACKOFF_S = 30.0
 POLL_TIMEOUT_MS = 1000
-MAX_RECORDS = 100
+MAX_RECORDS = 500  # a batch, admitted at once: the write budget paces the claims
 STOP_TIMEOUT_S = 5.0  # LeaveGroup is best effort: an unreachable broker must not hold the stop
 
 
@@ -139,14 +142,10 @@ class KafkaNoticeSource:
             await _stop(consumer)
 
     async def _partition(self, consumer: Any, tp: Any, records: Sequence[Any]) -> None:
-        offsets, settled = [], []
-        for record in records:
-            ok = await self.handle(record.value or b"", where=f"{tp.topic}/{tp.partition}")
-            offsets.append(record.offset)
-            settled.append(ok)
-            if not ok:
-                break  # records after it wait: the offset must not pass an unclaimed one
-        commit, retry = commit_point(offsets, settled)
+        where = f"{tp.topic}/{tp.partition}"
+        settled = await asyncio.gather(*(self.handle(r.value or b"", where=where) for r in records))
+        # The offset must not pass an unsettled record: committed up to it, re-read from it.
+        commit, retry = commit_point([r.offset for r in records], settled)
         if commit is not None:
             try:
                 await consumer.commit({tp: commit})

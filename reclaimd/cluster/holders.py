@@ -2,10 +2,10 @@
 
 A claim names its holder. Rather than each claim heartbeating on its own (at 350 notices in
 flight that alone exceeds a write budget), each replica renews one Lease,
-``reclaimd-holder-<digest>`` in reclaimd's namespace, every ``lease_s / 3``; a replica's
+``reclaimd-holder-<digest>`` in reclaimd's namespace, every ``renew_every_s``; a replica's
 claims are live while its Lease is. ``renewed(holder)`` answers from the last LIST of those
-Leases (refreshed at every renewal), so a claim decision costs no request. A process that
-crashes or hangs (SIGSTOP) stops renewing and, ``lease_s`` later, its claims can be taken over.
+Leases (every ``refresh_every_s``), so a claim decision costs no request. A process whose
+loop hangs stops renewing and, ``lease_s`` later, its claims can be taken over.
 
 Faster than the Lease: each Lease also names its holder's probe address (``probe``), and every
 replica probes its peers' every ``probe_every_s``. A refused connection is a dead process now:
@@ -138,6 +138,7 @@ class HolderLeases:
         self.silent_after_s = silent_after_s
         self.cut_after_s = min(lease_s * CUT_FRACTION, silent_after_s)
         self.renew_every_s = min(renew_every_s, lease_s / 3)
+        self.refresh_every_s = min(2 * self.renew_every_s, lease_s / 3)
         self._limiter = limiter
         self._probe_address = probe_address  # ours, as peers should dial it ("" = none)
         self._metrics_address = metrics_address  # our /metrics, for ``reclaimd status``
@@ -205,13 +206,15 @@ class HolderLeases:
 
     async def run(self) -> None:
         """Renew our Lease every ``renew_every_s`` and refresh the others' every
-        ``lease_s / 3``, until cancelled. Apart: a slow LIST in a storm must not delay a
+        ``refresh_every_s``, until cancelled. Apart: a slow LIST in a storm must not delay a
         renewal past ``cut_after_s``, or this replica would call itself cut off."""
         await self.renew_or_log()
         await asyncio.gather(
             self._every(self.renew_or_log, self.renew_every_s, first=False),
-            # the peers, from the start
-            self._every(self._refresh_or_log, self.lease_s / 3, first=True),
+            # The peers, from the start, and often: a peer is probed only once a LIST named
+            # its address, and one started with us (or a successor) would otherwise go
+            # unprobed, its silence unheard, for a third of the Lease.
+            self._every(self._refresh_or_log, self.refresh_every_s, first=True),
         )
 
     @staticmethod

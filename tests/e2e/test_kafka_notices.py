@@ -209,7 +209,9 @@ async def test_consumer_commits_up_to_the_unclaimed_record_and_rereads_it(
             await run
     assert len(admit.seen) == 3 and len({n.id for n in admit.seen}) == 1
     assert src.counters.by_admission == {"retry": 2, "claimed": 1}
-    assert (src.counters.parse_errors, src.counters.ignored) == (1, 1)
+    # The record after the notice is read with it each time (a batch is admitted at once):
+    # three readings of a non-notice, counted each time; the unreadable one, committed, once.
+    assert (src.counters.parse_errors, src.counters.ignored) == (1, 3)
     assert src.counters.left_for_redelivery == 2
 
 

@@ -99,3 +99,58 @@ def test_the_defaults_detect_a_dead_member_in_10_s_and_hear_of_a_leave_in_1_s() 
 def test_a_heartbeat_longer_than_a_third_of_the_session_is_refused() -> None:
     with pytest.raises(ValidationError, match="heartbeat_interval_ms"):
         KafkaNoticeSettings(session_timeout_ms=6_000, heartbeat_interval_ms=2_001)
+
+
+class Recorded:
+    """A partition's consumer as ``_partition`` uses it: commit, seek, pause, resume."""
+
+    def __init__(self) -> None:
+        self.commits: list[int] = []
+        self.seeks: list[int] = []
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.commits.extend(offsets.values())
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.seeks.append(offset)
+
+    def pause(self, tp: Any) -> None:
+        pass
+
+    def resume(self, tp: Any) -> None:
+        pass
+
+
+class Record:
+    def __init__(self, offset: int) -> None:
+        self.offset, self.value = offset, str(offset).encode()
+
+
+class TP:
+    topic, partition = "t", 0
+
+
+async def test_a_batch_is_admitted_at_once_and_committed_up_to_its_first_unsettled_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five records of one partition: every admission is in flight before any ends (one by
+    one, each a claim write, a storm's partition took a minute); the third is not settled,
+    so the offset stops before it and the partition is read again from it."""
+    src = KafkaNoticeSource(SETTINGS, admit=never, windows=Windows())
+    started: list[int] = []
+    all_started = asyncio.Event()
+
+    async def handle(value: bytes, *, where: str = "") -> bool:
+        started.append(int(value))
+        if len(started) == 5:
+            all_started.set()
+        await asyncio.wait_for(all_started.wait(), 5)  # sequential admission never gets here
+        return int(value) != 12
+
+    monkeypatch.setattr(src, "handle", handle)
+    consumer = Recorded()
+    await src._partition(consumer, TP(), [Record(o) for o in range(10, 15)])
+    assert sorted(started) == [10, 11, 12, 13, 14]
+    assert consumer.commits == [12] and consumer.seeks == [12]
+    for task in list(src._resumes):
+        task.cancel()
