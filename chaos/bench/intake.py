@@ -1,5 +1,4 @@
-"""The storm bench's intake: how fast each transport delivers to a plain consumer, and how fast
-reclaimd received the same storm.
+"""The storm bench's intake: a plain consumer's messages/s against reclaimd's received/s.
 
 A storm bench measures reclaimd only when its intake is not the bottleneck. Each
 ``calibrate_*`` sends ``messages`` messages into a fresh queue, topic or subscription on the

@@ -3,13 +3,16 @@
 1. **Calibrate** the physical limit: node PATCHes (a merge patch of one annotation, the shape
    of reclaimd's claim write) against the stack's kube-apiserver from one client at several
    concurrencies, on plain Node objects made for it and deleted after. The best rate is the
-   apiserver's max writes/s on this machine, today.
+   apiserver's max writes/s on this machine, today. Then the intake's own limit on each
+   transport the storm's notices use (SQS, Kafka, Pub/Sub; ``chaos.bench.intake``): a plain
+   consumer's messages/s, so that the report shows whether the intake or reclaimd is slower.
 2. **Storm**: the shipped ``spot-az-storm-1000`` drill (1,000 kwok nodes, 2,000 GPU pods in
    gangs of 1-8 ranks, 300 Spot warnings within 5 s, 2 replicas), judged as every drill is.
 3. Report: writes made by kind (what each replica counted at its write budget), the physical
    minimum for all-cordoned (doomed nodes / max writes/s), the measured all-cordoned time
    (first send to last cordon) and their ratio, notice->cordoned and notice->all-ranks-asked
-   p50/p99/max, deadlines met, each replica's peak RSS; with ``--cache``, the cache's RSS
+   p50/p99/max, deadlines met, each replica's peak RSS, reclaimd's received/s (its root spans)
+   against the plain consumer's messages/s, takeovers; with ``--cache``, the cache's RSS
    from ``bench_cache`` (5,000 nodes, 50,000 pods).
 
 Timings are reported, never asserted: machines are noisy. JSON in ``out/bench-storm.json``,
