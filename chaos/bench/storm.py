@@ -196,6 +196,11 @@ def earliest_all_cordoned(arrivals: list[float], max_wps: float) -> float:
     return done - order[0]
 
 
+def _span(times: list[float]) -> float | None:
+    """First to last: how long the sends took (reclaimd cannot receive faster than that)."""
+    return round(max(times) - min(times), 3) if times else None
+
+
 def _since(rows: list[dict[str, Any]], field: str, start: dict[str, float]) -> list[float]:
     out = []
     for r in rows:
@@ -264,7 +269,8 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
         "deadlines_met": sum(1 for n in notices if n.get("deadline_met")),
         "notices": len(notices),
         # reclaimd's own receive rate (first to last root span), against a plain consumer's
-        "intake": intake.received_rate(received.values()),
+        "intake": intake.received_rate(received.values())
+        | {"sent_first_to_last_s": _span(list(sent_at.values()))},
         "lost": (drill.get("summary") or {}).get("lost"),
         "doubled": (drill.get("summary") or {}).get("doubled"),
         "takeovers": (drill.get("summary") or {}).get("takeovers"),
@@ -373,7 +379,8 @@ def intake_lines(plain: dict[str, Any], reclaimd: dict[str, Any]) -> list[str]:
         lines.append(
             f"intake {key}: plain {vs['plain_per_s']}/s vs reclaimd received"
             f" {reclaimd.get('received')} in {reclaimd.get('first_to_last_s')} s:"
-            f" {vs['reclaimd_per_s']}/s ({vs['reclaimd_to_plain']}x plain)"
+            f" {vs['reclaimd_per_s']}/s ({vs['reclaimd_to_plain']}x plain; sent over"
+            f" {reclaimd.get('sent_first_to_last_s')} s)"
         )
     return lines
 

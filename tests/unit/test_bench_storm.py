@@ -68,10 +68,16 @@ def test_the_table_puts_plain_and_reclaimd_side_by_side_and_says_a_failed_calibr
         },
         "pubsub": {"transport": "pubsub", "error": "NotFound: topic"},
     }
-    reclaimd = {"received": 1000, "first_to_last_s": 1.998, "received_per_s": 500.0}
+    reclaimd = {
+        "received": 1000,
+        "first_to_last_s": 1.998,
+        "received_per_s": 500.0,
+        "sent_first_to_last_s": 0.999,
+    }
     lines = bench_storm.intake_lines(plain, reclaimd)
     assert lines[1] == (
-        "intake kafka: plain 2000.0/s vs reclaimd received 1000 in 1.998 s: 500.0/s (0.25x plain)"
+        "intake kafka: plain 2000.0/s vs reclaimd received 1000 in 1.998 s: 500.0/s"
+        " (0.25x plain; sent over 0.999 s)"
     )
     assert lines[2] == "intake pubsub: calibration failed: NotFound: topic"
 
@@ -139,7 +145,12 @@ def test_the_summary_carries_reclaimd_receive_rate_and_the_takeovers(tmp_path: P
         "daemons": {"r0": {"kube_writes": {"write claim on node": 6}, "peak_rss_mb": 150.0}},
     }
     s = bench_storm.summarize({"max_writes_per_s": 3.0}, drill)
-    assert s["intake"] == {"received": 3, "first_to_last_s": 2.0, "received_per_s": 1.0}
+    assert s["intake"] == {
+        "received": 3,
+        "first_to_last_s": 2.0,
+        "received_per_s": 1.0,
+        "sent_first_to_last_s": 0.0,
+    }
     assert (s["takeovers"], s["live_takeovers"], s["lost"]) == (2, 1, 0)
     assert s["all_cordoned_s"] == 4.0 and s["physical_min_all_cordoned_s"] == 1.0
     assert s["ratio_to_physical_min"] == 4.0 and s["writes_per_doomed_node"] == 2.0
