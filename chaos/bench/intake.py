@@ -57,7 +57,8 @@ def compare(plain: dict[str, Any] | None, reclaimd: dict[str, Any]) -> dict[str,
     return {
         "plain_per_s": plain_rate,
         "reclaimd_per_s": ours,
-        "reclaimd_to_plain": round(ours / plain_rate, 2) if plain_rate and ours else None,
+        # three significant figures: a ratio far below 1 must not round to 0
+        "reclaimd_to_plain": float(f"{ours / plain_rate:.3g}") if plain_rate and ours else None,
     }
 
 

@@ -53,6 +53,9 @@ def test_no_receive_rate_without_a_span_of_time(receipts: list[float]) -> None:
 def test_the_comparison_is_reclaimd_over_plain() -> None:
     got = intake.compare({"received_per_s": 40.0}, {"received_per_s": 30.0})
     assert got == {"plain_per_s": 40.0, "reclaimd_per_s": 30.0, "reclaimd_to_plain": 0.75}
+    assert intake.compare({"received_per_s": 39470.5}, {"received_per_s": 5.1})[
+        "reclaimd_to_plain"
+    ] == pytest.approx(0.000129)
     failed = intake.compare({"error": "boom"}, {"received_per_s": 30.0})
     assert failed["reclaimd_to_plain"] is None and failed["reclaimd_per_s"] == 30.0
 
