@@ -275,6 +275,7 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
         "doubled": (drill.get("summary") or {}).get("doubled"),
         "takeovers": (drill.get("summary") or {}).get("takeovers"),
         "live_takeovers": (drill.get("summary") or {}).get("live_takeovers"),
+        "fenced_actions": (drill.get("summary") or {}).get("fenced_actions"),
         # From a gang's charge end to its event on the topic (the broker's append time), and
         # the listener the replicas wrote it through (chaos.stack: SASL_SSL unless asked).
         "ledger_delay_p50_s": (drill.get("summary") or {}).get("ledger_delay_p50_s"),
@@ -327,8 +328,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{label:<28} p50 {d['p50']}  p99 {d['p99']}  max {d['max']}  (n={d['n']})")
     lines.append(
         f"deadlines met {s['deadlines_met']}/{s['notices']}; lost {s.get('lost')},"
-        f" doubled {s.get('doubled')}; takeovers {s.get('takeovers')}"
-        f" (of a live holder {s.get('live_takeovers')})"
+        f" doubled {s.get('doubled')}; takeovers of a faulted replica {s.get('takeovers')},"
+        f" of a live holder {s.get('live_takeovers')} (fenced actions {s.get('fenced_actions')})"
     )
     lines.append(
         f"ledger over {s.get('kafka_listener')}: charge end -> on the topic"

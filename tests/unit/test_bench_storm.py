@@ -144,7 +144,13 @@ def test_the_summary_carries_reclaimd_receive_rate_and_the_takeovers(tmp_path: P
     drill = {
         "notices": notices,
         "span_files": [str(spans)],
-        "summary": {"lost": 0, "doubled": 0, "takeovers": 2, "live_takeovers": 1},
+        "summary": {
+            "lost": 0,
+            "doubled": 0,
+            "takeovers": 2,
+            "live_takeovers": 1,
+            "fenced_actions": 4,
+        },
         "daemons": {"r0": {"kube_writes": {"write claim on node": 6}, "peak_rss_mb": 150.0}},
     }
     s = bench_storm.summarize({"max_writes_per_s": 3.0}, drill)
@@ -154,7 +160,7 @@ def test_the_summary_carries_reclaimd_receive_rate_and_the_takeovers(tmp_path: P
         "received_per_s": 1.0,
         "sent_first_to_last_s": 0.0,
     }
-    assert (s["takeovers"], s["live_takeovers"], s["lost"]) == (2, 1, 0)
+    assert (s["takeovers"], s["live_takeovers"], s["fenced_actions"], s["lost"]) == (2, 1, 4, 0)
     assert s["all_cordoned_s"] == 4.0 and s["physical_min_all_cordoned_s"] == 1.0
     assert s["ratio_to_physical_min"] == 4.0 and s["writes_per_doomed_node"] == 2.0
     assert s["receipt_to_cordoned_s"]["p50"] == 1.0  # each cordoned 1 s after receipt
