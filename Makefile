@@ -67,6 +67,19 @@ bench-storm: stack-up
 bench-storm-1000: stack-up
 	$(BIN)/python -m chaos.bench.storm --scenario chaos/scenarios/spot-storm-1000-notices.yaml --calibrate-messages 1000 --out out/bench-storm-1000.json --drill-json out/bench-storm-1000-drill.json $(BENCH_STORM_ARGS)
 
+# The same 1,000-notice storm through the Kafka notices topic (CloudEvents, 120 s deadlines):
+# the intake calibrated in the run (one plain consumer), then the kafka-storm-1000 drill
+# (out/bench-storm-kafka.json).
+.PHONY: bench-storm-kafka
+bench-storm-kafka: stack-up
+	$(BIN)/python -m chaos.bench.storm --scenario chaos/scenarios/kafka-storm-1000.yaml --calibrate-messages 1000 --no-every-source --out out/bench-storm-kafka.json --drill-json out/bench-storm-kafka-drill.json $(BENCH_STORM_ARGS)
+
+# The same storm through the Pub/Sub emulator (GCE preemption LogEntries on 1,000 GCE nodes,
+# 120 s windows): out/bench-storm-pubsub.json.
+.PHONY: bench-storm-pubsub
+bench-storm-pubsub: stack-up
+	$(BIN)/python -m chaos.bench.storm --scenario chaos/scenarios/pubsub-storm-1000.yaml --calibrate-messages 1000 --no-every-source --out out/bench-storm-pubsub.json --drill-json out/bench-storm-pubsub-drill.json $(BENCH_STORM_ARGS)
+
 # The informer cache's RSS with 5,000 nodes and 50,000 pods (10,000 GPU) created straight in
 # the apiserver, deleted afterwards: out/bench-cache.json. BENCH_CACHE_ARGS="--nodes 500 ...".
 .PHONY: bench-cache

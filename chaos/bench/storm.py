@@ -3,13 +3,16 @@
 1. **Calibrate** the physical limit: node PATCHes (a merge patch of one annotation, the shape
    of reclaimd's claim write) against the stack's kube-apiserver from one client at several
    concurrencies, on plain Node objects made for it and deleted after. The best rate is the
-   apiserver's max writes/s on this machine, today.
+   apiserver's max writes/s on this machine, today. Then the intake's own limit on each
+   transport the storm's notices use (SQS, Kafka, Pub/Sub; ``chaos.bench.intake``): a plain
+   consumer's messages/s, so that the report shows whether the intake or reclaimd is slower.
 2. **Storm**: the shipped ``spot-az-storm-1000`` drill (1,000 kwok nodes, 2,000 GPU pods in
    gangs of 1-8 ranks, 300 Spot warnings within 5 s, 2 replicas), judged as every drill is.
 3. Report: writes made by kind (what each replica counted at its write budget), the physical
    minimum for all-cordoned (doomed nodes / max writes/s), the measured all-cordoned time
    (first send to last cordon) and their ratio, notice->cordoned and notice->all-ranks-asked
-   p50/p99/max, deadlines met, each replica's peak RSS; with ``--cache``, the cache's RSS
+   p50/p99/max, deadlines met, each replica's peak RSS, reclaimd's received/s (its root spans)
+   against the plain consumer's messages/s, takeovers; with ``--cache``, the cache's RSS
    from ``bench_cache`` (5,000 nodes, 50,000 pods).
 
 Timings are reported, never asserted: machines are noisy. JSON in ``out/bench-storm.json``,
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import stack as stackenv
+from chaos.bench import intake
 from chaos.bench.latency import percentile
 
 SCENARIO = Path(__file__).resolve().parents[2] / "chaos" / "scenarios" / "spot-az-storm-1000.yaml"
@@ -104,70 +108,6 @@ async def _patch_rate(api: Any, names: list[str], c: int, seconds: float) -> dic
     rate = done / (time.monotonic() - started)
     print(f"bench-storm: calibrate c={c}: {rate:.0f} PATCH/s", file=sys.stderr, flush=True)
     return {"concurrency": c, "writes_per_s": round(rate, 1), "writes": done, "errors": errors}
-
-
-def calibrate_sqs(stack: stackenv.StackEnv, *, messages: int, receivers: int) -> dict[str, Any]:
-    """The other physical limit of a storm's intake: what the stack's SQS endpoint takes.
-    ``messages`` sent in batches of 10, then received (10 at a time) and deleted by
-    ``receivers`` loops at once, reclaimd's shape (2 replicas x 4 receive loops)."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import boto3
-
-    stack.export()
-    sqs = boto3.client("sqs", endpoint_url=stack.aws_endpoint, region_name="us-east-2")
-    url = sqs.create_queue(QueueName=f"calib-{uuid.uuid4().hex[:6]}")["QueueUrl"]
-    try:
-        batches = [
-            [{"Id": str(j), "MessageBody": f"calibrate {i + j}"} for j in range(10)]
-            for i in range(0, messages, 10)
-        ]
-        started = time.monotonic()
-        with ThreadPoolExecutor(receivers) as pool:
-            list(pool.map(lambda b: sqs.send_message_batch(QueueUrl=url, Entries=b), batches))
-        sent_s = time.monotonic() - started
-        total = 10 * len(batches)
-        received = 0
-        lock = threading.Lock()
-
-        def receive_loop() -> None:
-            nonlocal received
-            while True:
-                with lock:
-                    if received >= total:
-                        return
-                got = sqs.receive_message(
-                    QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=60
-                ).get("Messages", [])
-                if got:
-                    sqs.delete_message_batch(
-                        QueueUrl=url,
-                        Entries=[
-                            {"Id": str(k), "ReceiptHandle": m["ReceiptHandle"]}
-                            for k, m in enumerate(got)
-                        ],
-                    )
-                with lock:
-                    received += len(got)
-
-        started = time.monotonic()
-        with ThreadPoolExecutor(receivers) as pool:
-            for f in [pool.submit(receive_loop) for _ in range(receivers)]:
-                f.result()
-        received_s = time.monotonic() - started
-    finally:
-        with contextlib.suppress(Exception):
-            sqs.delete_queue(QueueUrl=url)
-    rate = total / received_s if received_s else None
-    print(f"bench-storm: calibrate SQS: {rate:.0f} received+deleted/s", file=sys.stderr, flush=True)
-    return {
-        "messages": total,
-        "receivers": receivers,
-        "send_s": round(sent_s, 2),
-        "received_per_s": round(rate, 1) if rate else None,
-        "all_received_s": round(received_s, 2),
-    }
 
 
 # --- 2. the storm ---------------------------------------------------------------------------
@@ -256,6 +196,11 @@ def earliest_all_cordoned(arrivals: list[float], max_wps: float) -> float:
     return done - order[0]
 
 
+def _span(times: list[float]) -> float | None:
+    """First to last: how long the sends took (reclaimd cannot receive faster than that)."""
+    return round(max(times) - min(times), 3) if times else None
+
+
 def _since(rows: list[dict[str, Any]], field: str, start: dict[str, float]) -> list[float]:
     out = []
     for r in rows:
@@ -323,6 +268,14 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
         "notice_to_drained_s": _dist(_seconds(notices, "drained_at")),
         "deadlines_met": sum(1 for n in notices if n.get("deadline_met")),
         "notices": len(notices),
+        # reclaimd's own receive rate (first to last root span), against a plain consumer's
+        "intake": intake.received_rate(received.values())
+        | {"sent_first_to_last_s": _span(list(sent_at.values()))},
+        "lost": (drill.get("summary") or {}).get("lost"),
+        "doubled": (drill.get("summary") or {}).get("doubled"),
+        "takeovers": (drill.get("summary") or {}).get("takeovers"),
+        "live_takeovers": (drill.get("summary") or {}).get("live_takeovers"),
+        "fenced_actions": (drill.get("summary") or {}).get("fenced_actions"),
         # From a gang's charge end to its event on the topic (the broker's append time), and
         # the listener the replicas wrote it through (chaos.stack: SASL_SSL unless asked).
         "ledger_delay_p50_s": (drill.get("summary") or {}).get("ledger_delay_p50_s"),
@@ -360,11 +313,7 @@ def table(result: dict[str, Any]) -> str:
         f"minimum given the notices' arrivals {s.get('physical_min_given_arrivals_s')} s:"
         f" {s.get('ratio_to_min_given_arrivals')}x",
     ]
-    if q := c.get("sqs"):
-        lines.append(
-            f"SQS endpoint: {q['messages']} messages received+deleted by {q['receivers']} loops"
-            f" in {q['all_received_s']} s ({q['received_per_s']}/s): the intake's own minimum"
-        )
+    lines.extend(intake_lines(c.get("intake") or {}, s.get("intake") or {}))
     for key, label in (
         ("notice_to_cordoned_s", "sent -> cordoned"),
         ("notice_to_all_asked_s", "sent -> all ranks asked"),
@@ -377,7 +326,11 @@ def table(result: dict[str, Any]) -> str:
         if not d:
             continue
         lines.append(f"{label:<28} p50 {d['p50']}  p99 {d['p99']}  max {d['max']}  (n={d['n']})")
-    lines.append(f"deadlines met {s['deadlines_met']}/{s['notices']}")
+    lines.append(
+        f"deadlines met {s['deadlines_met']}/{s['notices']}; lost {s.get('lost')},"
+        f" doubled {s.get('doubled')}; takeovers of a faulted replica {s.get('takeovers')},"
+        f" of a live holder {s.get('live_takeovers')} (fenced actions {s.get('fenced_actions')})"
+    )
     lines.append(
         f"ledger over {s.get('kafka_listener')}: charge end -> on the topic"
         f" p50 {s.get('ledger_delay_p50_s')} s, max {s.get('ledger_delay_max_s')} s"
@@ -412,20 +365,53 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def intake_lines(plain: dict[str, Any], reclaimd: dict[str, Any]) -> list[str]:
+    """Per calibrated transport: a plain consumer's messages/s, then reclaimd's received/s."""
+    lines = []
+    for key, q in sorted(plain.items()):
+        if "error" in q:
+            lines.append(f"intake {key}: calibration failed: {q['error']}")
+            continue
+        lines.append(
+            f"intake {q['transport']}: {q['messages']} messages to {q['consumer']}"
+            f" in {q['all_received_s']} s: {q['received_per_s']}/s"
+        )
+        vs = intake.compare(q, reclaimd)
+        lines.append(
+            f"intake {key}: plain {vs['plain_per_s']}/s vs reclaimd received"
+            f" {reclaimd.get('received')} in {reclaimd.get('first_to_last_s')} s:"
+            f" {vs['reclaimd_per_s']}/s ({vs['reclaimd_to_plain']}x plain; sent over"
+            f" {reclaimd.get('sent_first_to_last_s')} s)"
+        )
+    return lines
+
+
+def scenario_sources(path: Path) -> set[str]:
+    from chaos.drill import scenario as scenarios
+
+    return {str(n.source) for n in scenarios.load(path).notices}
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     stack = stackenv.load()
     calibration = await calibrate(
         stack, nodes=args.calibrate_nodes, concurrencies=args.concurrency, seconds=args.seconds
     )
-    calibration["sqs"] = await asyncio.to_thread(
-        calibrate_sqs, stack, messages=args.calibrate_messages, receivers=8
+    # The intake's own limit, on the transports the storm uses, in the same run.
+    calibration["intake"] = await intake.calibrate(
+        stack, scenario_sources(args.scenario), args.calibrate_messages
     )
     drill = await storm(stack, args.scenario)
+    summary = summarize(calibration, drill)
     result: dict[str, Any] = {
         "benchmark": "storm",
         "scenario": args.scenario.stem,
         "calibration": calibration,
-        "storm": summarize(calibration, drill),
+        "storm": summary,
+        # messages/s of a plain consumer vs reclaimd's received/s, per calibrated transport
+        "intake_vs_plain": {
+            key: intake.compare(q, summary["intake"]) for key, q in calibration["intake"].items()
+        },
         "machine": {"python": platform.python_version(), "cpus": _cpus()},
     }
     if args.every_source:
