@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -76,7 +77,9 @@ class HolderLease:
     metrics: str  # host:port of its /metrics; "" = not served, or an older replica
     group: str
     released_at: datetime | None  # when it said it was gone (``release``)
-    duration_s: float  # its holder's claim_stale_s: how long its claims live unrenewed
+    # its holder's silent_after_s: unrenewed this long (and silent to its peers' probes) it is
+    # presumed gone, and its claims are taken over
+    duration_s: float
 
     @property
     def released(self) -> bool:
@@ -242,7 +245,8 @@ class HolderLeases:
             },
             "spec": {
                 "holderIdentity": self.holder[:128],
-                "leaseDurationSeconds": max(1, round(self.lease_s)),
+                # What a peer waits on our silence: the cluster's view of us says the same.
+                "leaseDurationSeconds": max(1, math.ceil(self.silent_after_s)),
                 "renewTime": _micro(now),
             },
         }
@@ -341,14 +345,14 @@ class HolderLeases:
             self._sweeping = asyncio.create_task(self._forget_all(gone), name="holder-sweep")
 
     async def run_probes(self) -> None:
-        """Probe every peer with a fresh Lease, every ``probe_every_s``, until cancelled."""
+        """Probe every peer with a fresh Lease, every ``probe_every_s``, until cancelled; the
+        ones presumed dead too (one that answers again and renewed since is back at once)."""
         while True:
             now = utcnow()
             peers = {
                 h: a
                 for h, a in self._addresses.items()
-                if h not in self._dead
-                and now - self._seen.get(h, FIRST) <= timedelta(seconds=self.lease_s)
+                if now - self._seen.get(h, FIRST) <= timedelta(seconds=self.lease_s)
             }
             await self._probe(peers)
             await asyncio.sleep(self._probe_every_s)
@@ -369,6 +373,12 @@ class HolderLeases:
         now = utcnow()
         for holder, verdict in zip(peers, verdicts, strict=True):
             if holder in self._dead:
+                if verdict is probe.Verdict.ALIVE and await self._back(holder):
+                    # Renewed since we presumed it dead: it knows its Lease lapsed and reads
+                    # every older claim before acting. Not back, its fresh claims (a write
+                    # a partition held) would be taken over until our next LIST.
+                    del self._dead[holder]
+                    logs.event(log, "peer back", holder=holder, address=peers[holder])
                 continue
             if verdict is probe.Verdict.ALIVE:
                 self._silent.pop(holder, None)
@@ -377,10 +387,13 @@ class HolderLeases:
                 since = self._silent.setdefault(holder, now)
                 if now - since < timedelta(seconds=self.silent_after_s):
                     continue
-                if not await self._unrenewed(holder):
-                    self._silent[holder] = now  # it renews: alive, only out of our reach
+                renewed = await self._renewed_now(holder)
+                if renewed is None or now - renewed < timedelta(seconds=self.silent_after_s):
+                    self._silent[holder] = now  # it renews (or who knows): only out of reach
                     continue
-            self._dead[holder] = self._seen.get(holder, FIRST)
+            # Dead as of now: only a renewal made after this brings it back (a LIST that shows
+            # a renewal from before its death, newer than the last LIST, must not).
+            self._dead[holder] = now
             self._silent.pop(holder, None)
             what = {
                 probe.Verdict.DEAD: "peer found dead",
@@ -389,8 +402,14 @@ class HolderLeases:
             logs.event(log, what, holder=holder, address=peers[holder])
             self.deaths.set()
 
-    async def _unrenewed(self, holder: str) -> bool:
-        """``holder``'s Lease, read now, not renewed for ``silent_after_s`` (or gone)."""
+    async def _back(self, holder: str) -> bool:
+        """``holder``'s Lease, read now, renewed after we presumed it dead."""
+        renewed = await self._renewed_now(holder)
+        return renewed is not None and renewed > self._dead.get(holder, FIRST)
+
+    async def _renewed_now(self, holder: str) -> datetime | None:
+        """``holder``'s last renewal, its Lease read now (``FIRST`` when gone or released);
+        None when the API server does not answer."""
         name = lease_name(holder)
         try:
             lease = await self._limiter.read(
@@ -400,15 +419,13 @@ class HolderLeases:
                 retry_until=utcnow() + timedelta(seconds=self.silent_after_s),
             )
         except errors.NotFound:
-            return True
+            return FIRST
         except errors.KubeError as e:
             log.info("holder lease %s not read: %s", name, e)
-            return False  # no word from the API server either: wait for the next round
-        at = objects.time(objects.spec(lease).get("renewTime"))
-        if at is None:
-            return True
+            return None
+        at = objects.time(objects.spec(lease).get("renewTime")) or FIRST
         self._seen[holder] = at
-        return utcnow() - at >= timedelta(seconds=self.silent_after_s)
+        return at
 
     async def release(self) -> None:
         """Say we are gone (renewed "long ago"): a stopping replica, once it no longer acts on

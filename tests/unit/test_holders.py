@@ -442,3 +442,40 @@ def test_silence_must_be_shorter_than_the_claim_lease_and_outlast_two_renewals()
     )
     # We fence ourselves no later than a peer may take us over.
     assert h.cut_after_s <= h.silent_after_s
+
+
+async def test_a_peer_presumed_dead_is_back_once_it_answers_and_renewed_since() -> None:
+    """Cut off, then healed: the peer learns it at its next probe, not its next LIST (until
+    then claims the healed replica wrote would be taken over). A renewal from before its death,
+    in a LIST newer than the last one, brings nothing back; a released Lease neither."""
+    cut = [True]
+    peer = Listener("127.0.0.1", 0, cut=lambda: cut[0])
+    await peer.start()
+    before = utcnow() - timedelta(seconds=0.5)  # its last renewal before the cut
+    listing = Listing([holder_lease("peer", before - timedelta(seconds=3), peer.address)])
+    h = prober(listing)
+    await h.refresh()
+
+    async def probe_round() -> None:  # one round of ``run_probes``
+        await h._probe({"peer": peer.address})
+
+    try:
+        await probe_round()
+        assert h.dead("peer") and h.deaths.is_set()
+        listing.leases[0] = holder_lease("peer", before, peer.address)  # the LIST is newer
+        await h.refresh()
+        assert h.dead("peer")  # renewed before we presumed it dead: still dead
+        cut[0] = False  # it reaches the API server and answers so, but has not renewed yet
+        await probe_round()
+        assert h.dead("peer")
+        listing.leases[0] = holder_lease("peer", utcnow(), peer.address)  # renewed
+        await probe_round()
+        assert not h.dead("peer")
+        # Released (a stopping replica answers until its port closes): dead, and stays so.
+        listing.leases[0] = holder_lease("peer", FIRST, peer.address)
+        await h.refresh()
+        assert h.dead("peer")
+        await probe_round()
+        assert h.dead("peer")
+    finally:
+        await peer.close()
