@@ -5,6 +5,7 @@ emulator lost), and the record of each fault for the judge (``FaultDriver.faults
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from chaos.harness import Harness
     from chaos.process import DaemonProcess
     from chaos.stack import StackEnv
+
+ON_CLAIM_POLL_S = 0.1  # an on_claim fault reads the claims this often
+ON_CLAIM_WAIT_S = 30.0  # and strikes replica 0 if none is held by then
 
 
 class FaultDriver:
@@ -45,12 +49,33 @@ class FaultDriver:
         self._stack_faults = asyncio.Lock()  # one outage of the shared stack at a time
 
     async def apply(self, h: Harness, f: Fault) -> None:
-        """Apply ``f`` now; returns once its outage is over (its record kept)."""
+        """Apply ``f`` now (an ``on_claim`` fault: once a replica holds a claim); returns once
+        its outage is over (its record kept)."""
+        if f.on_claim:
+            f = await self._claim_holder(h, f)
         if f.replica is None:
             async with self._stack_faults:
                 self.faults.append(await faults.apply(f, self.stack, self._hooks(h)))
         else:
             self.faults.append(await faults.apply(f, self.stack, self._hooks(h)))
+
+    async def _claim_holder(self, h: Harness, f: Fault) -> Fault:
+        """``f`` aimed at the first replica seen holding an open claim. Polled faster than the
+        watcher's claims: the runbook may act on a claim soon after it is written."""
+        hooks = self._hooks(h)
+        index = {hooks.holder_of(d): i for i, d in enumerate(self.world.replicas)}
+        loop = asyncio.get_running_loop()
+        end = loop.time() + ON_CLAIM_WAIT_S
+        while loop.time() < end:
+            with contextlib.suppress(Exception):  # a read that fails is tried again
+                for holder, _ in sorted((await hooks.open_claims()).values()):
+                    if holder in index:
+                        self.say(f"fault {f.label}: {holder} holds a claim")
+                        return f.model_copy(update={"replica": index[holder]})
+            await asyncio.sleep(ON_CLAIM_POLL_S)
+        # Nobody claimed: strike replica 0 anyway, the verdict shows no claim was held.
+        self.say(f"fault {f.label}: no claim seen in {ON_CLAIM_WAIT_S:g}s, striking reclaimd-0")
+        return f.model_copy(update={"replica": 0})
 
     def _hooks(self, h: Harness) -> faults.FaultHooks:
         async def replace(i: int) -> DaemonProcess:

@@ -93,6 +93,7 @@ async def judge(
             max_notice_to_drained_s=e.max_notice_to_drained_s,
             traces=e.traces,
             transport_drained=e.transport_drained,
+            min_ask_budget=e.min_ask_budget,
         ),
         notices=sent,
         gangs=[gang_facts(g, h.namespace, alive) for g in plan.gangs],

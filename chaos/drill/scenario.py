@@ -411,6 +411,9 @@ class Expect(_Strict):
     ledger_exact: bool = True  # one event per affected gang, none else, none twice
     gpu_seconds_tolerance: float = Field(0.05, ge=0)  # per gang, absolute GPU-seconds
     max_notice_to_drained_s: float | None = Field(None, gt=0)
+    # The gangs of the notices a paused (or partitioned) replica held when it went silent:
+    # their last rank asked with at least this share of the notice's window left (issue 37)
+    min_ask_budget: float | None = Field(None, gt=0, le=1)
     traces: bool = True  # one trace per notice, and each event's traceparent in it
     transport_drained: bool = True  # the SQS queue is empty at the end (garbage included)
     timeout_s: float = Field(240.0, gt=0, le=3600)  # wait for reclaimd after the last send
@@ -457,11 +460,18 @@ class Fault(_Strict):
     # term: a successor (a new holder on a fresh disk) starts this long after the SIGTERM
     restart_after_s: float | None = Field(None, ge=0, le=600)
     grace_s: float | None = Field(None, gt=0, le=600)  # term: time to exit (TERM_GRACE_S)
+    # Strike, at or after at_s, whichever replica is first seen holding an open claim (no
+    # replica given): "after the claim" without knowing which replica wins the claim's race.
+    on_claim: bool = False
 
     @model_validator(mode="after")
     def _fits_kind(self) -> Fault:
         k = self.kind
-        if k in REPLICA_FAULTS and self.replica is None:
+        if self.on_claim and k not in REPLICA_FAULTS:
+            raise ValueError(f"{k.value} is a stack fault: on_claim strikes a replica")
+        if self.on_claim and self.replica is not None:
+            raise ValueError("on_claim strikes the claim's holder: give no replica")
+        if k in REPLICA_FAULTS and self.replica is None and not self.on_claim:
             raise ValueError(f"{k.value} needs replica (the index of a central reclaimd)")
         if k not in REPLICA_FAULTS and self.replica is not None:
             raise ValueError(f"{k.value} is a stack fault: it takes no replica")
@@ -482,6 +492,7 @@ class Fault(_Strict):
     @property
     def label(self) -> str:
         who = f" reclaimd-{self.replica}" if self.replica is not None else ""
+        who = " (claim holder)" if self.on_claim and not who else who
         return f"{self.kind.value}{who}@{self.at_s:g}s"
 
     @property
@@ -549,6 +560,11 @@ class Scenario(_Strict):
                 raise ValueError(
                     f"{where}: the only replica {_GONE[f.kind]} for good leaves nobody to"
                     " finish; give restart_after_s or reclaimd.replicas >= 2"
+                )
+            if f.on_claim and (replicas < 2 or len(self.faults) > 1):
+                # which replica it strikes is known only then: no overlap check can hold
+                raise ValueError(
+                    f"{where}: on_claim needs reclaimd.replicas >= 2 and no other fault"
                 )
             if f.kind is FaultKind.RESTART_PUBSUB and Source.GKE_PUBSUB not in sources:
                 raise ValueError(f"{where}: restart_pubsub needs gke-pubsub notices")

@@ -19,11 +19,12 @@ async def teardown(h: Harness, world: World, *, stop_pods: Sequence[asyncio.Task
     topic, subscriptions and slot Leases and the proxies gone, the run's namespace deleted."""
     from chaos import fleet
     from chaos.drill import faults
+    from chaos.drill.scenario import STACK_FAULTS
 
     for d in h.daemons:
         if d.paused:
             d.resume()
-    if any(f.replica is None for f in world.scenario.faults):
+    if any(f.kind in STACK_FAULTS for f in world.scenario.faults):  # on_claim has no replica
         with contextlib.suppress(faults.FaultError):
             await faults.ensure_stack_up(world.stack)  # leave the shared stack healthy
     for task in stop_pods:

@@ -49,6 +49,9 @@ FAULT_PASSING: list[str] = [
     "failover-3932946063",  # SIGTERM hands over only to a peer alive now
     "failover-631573728",  # the spans go out before each ledger event
     "failover-4020099555",  # the same
+    # issue 37: the claim's holder SIGSTOPped before its ask; its gang still gets most of
+    # the 30 s window (silence told within seconds, not after the 20 s claim lease)
+    "gce-silent-holder-30s",
 ]
 # Not PASS every run yet: the scenario, and the guarantee that is missing (reclaimd's, not the
 # rig's; docs/drills.md has the figures).
@@ -65,9 +68,8 @@ def test_every_fault_scenario_is_accounted_for() -> None:
 
 @pytest.mark.parametrize("name", FAULT_PASSING)
 async def test_fault_scenario_passes(stack: Any, name: str) -> None:
-    verdict = await drill.run_drill(
-        scenario.load(SCENARIOS / f"{name}.yaml"), progress=drill.Progress(quiet=True)
-    )
+    loaded = scenario.load(SCENARIOS / f"{name}.yaml")
+    verdict = await drill.run_drill(loaded, progress=drill.Progress(quiet=True))
     assert verdict.ok, render(verdict, all_rows=True)
     # the fault happened and was measured: a pass must not rest on a fault that missed
     assert verdict.faults and all(not f.facts.error for f in verdict.faults)
@@ -78,3 +80,6 @@ async def test_fault_scenario_passes(stack: Any, name: str) -> None:
             assert f.facts.exit_code == 0 and f.exit_s is not None and not f.facts.sigkilled
         if f.facts.kind == "partition":  # it cut a replica that was talking to the apiserver
             assert f.facts.connections_cut > 0 and f.facts.ended_at is not None
+    if loaded.expect.min_ask_budget is not None:  # the silence struck a holder with work held
+        assert any(c.name.startswith("a silent holder's gangs") for c in verdict.checks)
+        assert all(f.facts.held for f in verdict.faults)

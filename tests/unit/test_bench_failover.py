@@ -52,7 +52,8 @@ def test_every_generated_scenario_is_valid_and_in_bounds(seed: int) -> None:
     for f in s.faults:
         assert f.at_s <= storm_end + 2.0  # inside the storm (or just after its last send)
         if f.kind is scenario.FaultKind.PAUSE:
-            assert f.for_s is not None and f.for_s > failover_scenario.CLAIM_LEASE_S
+            low, high = failover_scenario.PAUSE_S
+            assert f.for_s is not None and low <= f.for_s <= high
     sources = {n.source.value for n in s.notices}
     assert sources <= set(failover_scenario.SOURCES)
     assert math.isfinite(failover.run_limit_s(doc))
@@ -76,11 +77,38 @@ def test_the_mix_covers_every_kind_and_source() -> None:
     assert both, "faults on both replicas at once"
 
 
+def test_most_runs_silence_a_replica_and_every_kind_still_appears() -> None:
+    # issue 37: a pause or a partition in most runs of a 20-run campaign, every campaign
+    for campaign in (20261201, 20261205, 7):
+        docs = [failover_scenario.generate(s) for s in failover_scenario.run_seeds(campaign, 20)]
+        assert sum(failover_scenario.silenced(d) for d in docs) >= 14, campaign
+    docs = [failover_scenario.generate(s) for s in SEEDS]
+    assert 0.7 <= sum(failover_scenario.silenced(d) for d in docs) / len(docs) < 1.0
+    others = [f for d in docs for f in d["faults"] if f["kind"] not in ("pause", "partition")]
+    assert len(others) >= len(SEEDS) // 3  # the other kinds are not crowded out
+    # pauses on both sides of the claim lease: taken over, or back before anyone had to
+    pauses = [f["for_s"] for d in docs for f in d["faults"] if f["kind"] == "pause"]
+    assert min(pauses) < failover_scenario.CLAIM_LEASE_S < max(pauses)
+    assert min(pauses) < 8.0 and max(pauses) > 25.0
+
+
+def test_silence_line_names_the_runs_without_one() -> None:
+    docs = {s: failover_scenario.generate(s) for s in failover_scenario.run_seeds(20261205, 20)}
+    without = [s for s, d in docs.items() if not failover_scenario.silenced(d)]
+    line = failover.silence_line(docs)
+    assert line.startswith(f"pause or partition in {20 - len(without)}/20 runs")
+    assert all(str(s) in line for s in without)
+    assert failover_scenario.silenced({"faults": [{"kind": "partition"}]})
+    assert not failover_scenario.silenced({"faults": [{"kind": "kill"}, {"kind": "term"}]})
+
+
 def test_kinds_and_sources_can_be_narrowed() -> None:
     for seed in SEEDS[:20]:
         doc = failover_scenario.generate(seed, kinds=["partition", "pause"], sources=["ec2-sqs"])
         assert {f["kind"] for f in doc["faults"]} <= {"partition", "pause"}
         assert {n["source"] for n in doc["notices"]} == {"ec2-sqs"}
+        loud = failover_scenario.generate(seed, kinds=["kill", "stop_kafka"])
+        assert {f["kind"] for f in loud["faults"]} <= {"kill", "stop_kafka"}
 
 
 def _result(**kw: Any) -> failover.RunResult:
@@ -126,7 +154,8 @@ def test_dry_run_writes_each_scenario_for_shipping(tmp_path: Path, capsys: Any) 
         assert text.startswith(f"# python -m chaos.bench.failover.run --runs 1 --seed {f.stem}")
         scenario.load(f)  # a generated run is a scenario `reclaimd drill run` takes as is
         assert yaml.safe_load(text) == failover_scenario.generate(int(f.stem))
-    assert len(capsys.readouterr().out.strip().splitlines()) == 3
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and lines[-1].startswith("pause or partition in ")
 
 
 def test_bad_arguments_exit_2(tmp_path: Path, capsys: Any) -> None:

@@ -12,10 +12,12 @@ reruns exactly that run (same fleet, gangs, notices, faults and times; the same 
 - a storm small enough for a 2-core machine: 8-60 nodes, gangs of 1-8 ranks (spread across
   nodes, some across pools, some packed), a PodDisruptionBudget on some, trainers with a
   latency range and a few failing, hanging or not-durable ranks;
-- two replicas and 1-3 faults of random kinds (kill, kill+restart, fresh_disk, a pause longer
-  than the claim lease, term, term+successor, partition, stop_kafka, restart_apiserver) on
-  random replicas at random times inside the storm. Faults may overlap across replicas, never
-  on one replica, and at least one replica always comes back (the scenario validator's rules).
+- two replicas and 1-3 faults of random kinds (kill, kill+restart, fresh_disk, a pause of
+  4-30 s, shorter or longer than the claim lease, term, term+successor, partition, stop_kafka,
+  restart_apiserver) on random replicas at random times inside the storm, most runs with a
+  pause or a partition (a silent replica, issue 37; ``silence_line`` says which). Faults
+  may overlap across replicas, never on one replica, and at least one replica always comes
+  back (the scenario validator's rules).
 
 Each run is judged by the drill's own ground-truth checks (``chaos.drill.verdict``) and bounded in
 time. It prints one row per run (seed, faults, gangs lost, late, doubled, over- and
@@ -39,7 +41,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +60,7 @@ from chaos.bench.failover.scenario import (
     fault_label,
     generate,
     run_seeds,
+    silenced,
 )
 from chaos.drill import scenario as scenario_mod
 from chaos.drill.scenario import ScenarioError
@@ -212,6 +215,14 @@ def total_row(results: Sequence[RunResult]) -> str:
     )
 
 
+def silence_line(docs: Mapping[int, dict[str, Any]]) -> str:
+    """Which runs have a silent replica (a pause or a partition): the campaign's aim."""
+    without = [str(s) for s, doc in docs.items() if not silenced(doc)]
+    have = len(docs) - len(without)
+    rest = f"; without: {', '.join(without)}" if without else ""
+    return f"pause or partition in {have}/{len(docs)} runs{rest}"
+
+
 def run_limit_s(doc: dict[str, Any]) -> float:
     """How long one run may take in all: build, storm and faults, the drill's wait, judging."""
     s = scenario_mod.parse(doc)
@@ -283,6 +294,7 @@ async def campaign(args: argparse.Namespace) -> int:
         for s, doc in docs.items():
             labels = ", ".join(fault_label(f) for f in doc["faults"])
             print(f"{s:>10}  {labels}  ({doc['description']})")
+        print(silence_line(docs))
         return EXIT_OK
     stackenv.load()  # StackNotRunning before the first run, not in it
     results: list[RunResult] = []
@@ -295,6 +307,7 @@ async def campaign(args: argparse.Namespace) -> int:
         print(row(r), flush=True)
         _write(out, args, seeds, results)
     print(total_row(results), flush=True)
+    print(silence_line({r.seed: docs[r.seed] for r in results}), flush=True)
     for line in kind_rows(results):
         print(line, flush=True)
     broken = [r for r in results if r.broken]

@@ -32,7 +32,16 @@ KINDS = (
     "restart_apiserver",
 )
 STACK_KINDS = frozenset({"stop_kafka", "restart_apiserver"})
+# A replica that goes silent (alive but unheard: paused, or cut from the apiserver) is the
+# failover hardest to tell from a slow one (issue 37): most runs draw one, the others still
+# draw every kind uniformly.
+SILENT_KINDS = ("pause", "partition")
+SILENT_SHARE = 0.8  # a run's first fault is a silence this often (the rest add a few more)
 CLAIM_LEASE_S = 20.0  # reclaimd's claim_stale_s: a pause longer than it loses the claims
+# Silence is told from death within seconds (the peer probe), not by the lease alone: pauses
+# both shorter and longer than the lease, so both a presumed-dead holder that comes back and
+# one whose claims are taken over are drawn.
+PAUSE_S = (4.0, 30.0)
 MIN_NODES, MAX_NODES = 8, 60
 GAP_S = 8.0  # between two faults on one replica: a successor's start takes a few seconds
 BUILD_BOUND_S = 240.0  # a run's time limit: this, the storm and faults, the drill's own wait
@@ -244,6 +253,11 @@ def _notices(
     return notices, end
 
 
+def silenced(doc: dict[str, Any]) -> bool:
+    """The run has a pause or a partition (a replica silent, not dead)."""
+    return any(f["kind"] in SILENT_KINDS for f in doc["faults"])
+
+
 def _fault_end(f: dict[str, Any]) -> float:
     return float(f["at_s"]) + float(f.get("for_s", 0.0)) + float(f.get("restart_after_s", 0.0))
 
@@ -257,16 +271,20 @@ def fault_label(f: dict[str, Any]) -> str:
 
 
 def _faults(rng: random.Random, kinds: Sequence[str], storm_end: float) -> list[dict[str, Any]]:
-    """1-3 faults inside the storm, never two at once on one replica, and one replica back."""
+    """1-3 faults inside the storm, never two at once on one replica, and one replica back;
+    the first a pause or a partition in ``SILENT_SHARE`` of the runs."""
     wanted = rng.randint(1, 3)
     out: list[dict[str, Any]] = []
     busy: dict[int, list[tuple[float, float]]] = {0: [], 1: []}
     gone: set[int] = set()
     stack_used: set[str] = set()
-    for _ in range(wanted * 6):
+    silent = [k for k in SILENT_KINDS if k in kinds]
+    # drawn first, so the first fault (never refused: nothing is busy yet) is the silence
+    silence_first = bool(silent) and rng.random() < SILENT_SHARE
+    for attempt in range(wanted * 6):
         if len(out) == wanted:
             break
-        kind = rng.choice(list(kinds))
+        kind = rng.choice(silent) if attempt == 0 and silence_first else rng.choice(list(kinds))
         at = round(rng.uniform(0.5, max(1.0, storm_end + 2.0)), 1)
         if kind in STACK_KINDS:
             if kind in stack_used:
@@ -286,7 +304,7 @@ def _faults(rng: random.Random, kinds: Sequence[str], storm_end: float) -> list[
         elif kind == "fresh_disk":
             f |= {"kind": "fresh_disk", "restart_after_s": round(rng.uniform(1.0, 3.0), 1)}
         elif kind == "pause":
-            f |= {"kind": "pause", "for_s": round(CLAIM_LEASE_S + rng.uniform(2.0, 10.0), 1)}
+            f |= {"kind": "pause", "for_s": round(rng.uniform(*PAUSE_S), 1)}
         elif kind == "term":
             f["kind"] = "term"
         elif kind == "term_successor":

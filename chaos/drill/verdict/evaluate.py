@@ -36,6 +36,7 @@ from chaos.drill.verdict.facts import (
 )
 from chaos.drill.verdict.gpuseconds import expected_gpu_seconds
 from chaos.drill.verdict.model import Check, GangRow, NoticeRow, Verdict
+from chaos.drill.verdict.silence import ask_budget_check
 from chaos.drill.verdict.takeover import fault_row, holder_changes, takeover_summary
 from chaos.drill.verdict.traces import ROOT, index_traces, phase_times, time_of
 
@@ -115,6 +116,8 @@ def evaluate(
                 few(broken, 2) if broken else f"{len(faults)} fault(s), each over as planned",
             )
         )
+    if expect.min_ask_budget is not None:
+        checks.append(ask_budget_check(faults, notices, by_gang, expect.min_ask_budget))
     terms = [f for f in faults if f.kind == "term"]
     if terms:
         checks.append(_graceful_check(terms))

@@ -205,6 +205,7 @@ class Expectations:
     max_notice_to_drained_s: float | None = None
     traces: bool = True
     transport_drained: bool = True
+    min_ask_budget: float | None = None  # a silent holder's gangs (``verdict.silence``)
 
 
 def unique_notices(notices: Iterable[NoticeFacts]) -> list[NoticeFacts]:
