@@ -295,20 +295,7 @@ class HolderLeases:
             return True
         if self.dead(holder):
             return False
-        name = lease_name(holder)
-        try:
-            lease = await self._limiter.read(
-                f"read lease/{name}",
-                None,
-                lambda: self._api.get(apiserver.lease(self.namespace, name)),
-                retry_until=utcnow() + timedelta(seconds=self.lease_s / 2),
-            )
-        except errors.NotFound:
-            return False
-        at = objects.time(objects.spec(lease).get("renewTime"))
-        if at is None:
-            return False
-        self._seen[holder] = at
+        at = await self._read_renewal(holder, self.lease_s / 2)
         return utcnow() - at <= timedelta(seconds=self.lease_s)
 
     async def refresh(self) -> None:
@@ -420,20 +407,28 @@ class HolderLeases:
     async def _renewed_now(self, holder: str) -> datetime | None:
         """``holder``'s last renewal, its Lease read now (``FIRST`` when gone or released);
         None when the API server does not answer."""
+        try:
+            return await self._read_renewal(holder, self.silent_after_s)
+        except errors.KubeError as e:
+            log.info("holder lease of %s not read: %s", holder, e)
+            return None
+
+    async def _read_renewal(self, holder: str, retry_s: float) -> datetime:
+        """``holder``'s last renewal, its Lease read now, retried for ``retry_s``; ``FIRST``
+        when it has none or no Lease."""
         name = lease_name(holder)
         try:
             lease = await self._limiter.read(
                 f"read lease/{name}",
                 None,
                 lambda: self._api.get(apiserver.lease(self.namespace, name)),
-                retry_until=utcnow() + timedelta(seconds=self.silent_after_s),
+                retry_until=utcnow() + timedelta(seconds=retry_s),
             )
         except errors.NotFound:
             return FIRST
-        except errors.KubeError as e:
-            log.info("holder lease %s not read: %s", name, e)
-            return None
-        at = objects.time(objects.spec(lease).get("renewTime")) or FIRST
+        at = objects.time(objects.spec(lease).get("renewTime"))
+        if at is None:
+            return FIRST
         self._seen[holder] = at
         return at
 
