@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from reclaimd.backoff import RetryPolicy
 from reclaimd.cluster import errors
@@ -72,16 +72,30 @@ class RateLimiter:
         self.reads = 0  # read attempts (outside the budget)
         self.retried = 0  # attempts that failed transiently and were tried again
         self._answered_at: float | None = None  # loop time the server last answered anything
+        # By kind: [attempts, seconds queued for the budget, seconds with the server, worst
+        # queued]: where a storm's write time goes (ours, the queue; the server's, the call).
+        self.timing: dict[str, list[float]] = {}
 
-    def tally(self) -> dict[str, float]:
+    def tally(self) -> dict[str, Any]:
         """How the budget fared (a storm's post-mortem): writes that waited, were pushed back
-        by the server or retried, reads, and the rate it ended at."""
+        by the server or retried, reads, the rate it ended at, and by kind the mean seconds a
+        write queued for the budget and spent with the server (and the worst queueing)."""
         return {
             "throttled": self.throttled,
             "pushed_back": self.pushed_back,
             "retried": self.retried,
             "reads": self.reads,
             "rate": round(self.rate, 1),
+            "by_kind_s": {
+                kind: {
+                    "n": int(n),
+                    "queued_mean": round(queued / n, 3),
+                    "server_mean": round(server / n, 3),
+                    "queued_max": round(worst, 3),
+                }
+                for kind, (n, queued, server, worst) in sorted(self.timing.items())
+                if n
+            },
         }
 
     @property
@@ -233,12 +247,15 @@ class RateLimiter:
         until = retry_until or deadline
         kind = what.split("/", 1)[0]
         forbidden_until: float | None = None  # the grace counts from the first 403
+        loop = asyncio.get_running_loop()
         for attempt in itertools.count(1):
+            asked = loop.time()
             if budgeted:
                 await self.acquire(deadline)
                 self.by_kind[kind] += 1
             else:
                 self.reads += 1
+            served = loop.time()
             try:
                 with errors.kube_errors(what):
                     # Against a connection that never answers, not against a slow server: a
@@ -250,6 +267,7 @@ class RateLimiter:
                         finally:
                             if budgeted:
                                 self.release()
+                            self._timed(kind, served - asked, loop.time() - served)
             except errors.KubeError as e:
                 if e.status:
                     self._answered_at = asyncio.get_running_loop().time()
@@ -282,6 +300,15 @@ class RateLimiter:
                 self.accepted()
             return result
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _timed(self, kind: str, queued: float, server: float) -> None:
+        t = self.timing.get(kind)
+        if t is None:
+            t = self.timing[kind] = [0, 0.0, 0.0, 0.0]
+        t[0] += 1
+        t[1] += queued
+        t[2] += server
+        t[3] = max(t[3], queued)
 
     # --- the bucket -------------------------------------------------------------------------
 
