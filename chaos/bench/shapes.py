@@ -1,7 +1,7 @@
 """The 600-node storm shapes (issue 37), on any checkout: cordon times per shape as JSON.
 
-``python -m chaos.bench.shapes [--tree DIR] [--repeat N]`` runs ``chaos/scenarios/bench-600-plain.yaml``
-and ``bench-600-gang.yaml`` (this checkout's files, whatever tree runs them) with the tree's own
+``python -m chaos.bench.shapes [--tree DIR] [--repeat N]`` runs
+``chaos/scenarios/bench-600-plain.yaml`` and ``bench-600-gang.yaml`` (this checkout's files, whatever tree runs them) with the tree's own
 ``reclaimd drill run SCENARIO --json REPORT`` (its ``.venv``, its code, its rig), then prints,
 per shape, sent -> cordoned p50/p95/max over the notices drilled in full, sent -> all ranks
 asked the same, and the drill's verdict. Not part of ``make test``; wrap it in
@@ -74,6 +74,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "deadlines_met": sum(1 for n in notices if n.get("deadline_met")),
         "verdict_ok": report.get("ok"),
         "failed_checks": [c["name"] for c in report.get("checks", []) if not c.get("ok")],
+        "span_files": report.get("span_files") or [],
+        "kube_budget": {n: d.get("kube_budget") for n, d in (report.get("daemons") or {}).items()},
     }
 
 
