@@ -1,11 +1,12 @@
 """The 600-node storm shapes (issue 37), on any checkout: cordon times per shape as JSON.
 
 ``python -m chaos.bench.shapes [--tree DIR] [--repeat N]`` runs
-``chaos/scenarios/bench-600-plain.yaml`` and ``bench-600-gang.yaml`` (this checkout's files, whatever tree runs them) with the tree's own
-``reclaimd drill run SCENARIO --json REPORT`` (its ``.venv``, its code, its rig), then prints,
-per shape, sent -> cordoned p50/p95/max over the notices drilled in full, sent -> all ranks
-asked the same, and the drill's verdict. Not part of ``make test``; wrap it in
-``flock /tmp/reclaimd-bench.lock`` like every drill on a shared machine.
+``chaos/scenarios/bench-600-plain.yaml`` and ``bench-600-gang.yaml`` (this checkout's files,
+whatever tree runs them) with the tree's own ``reclaimd drill run SCENARIO --json REPORT``
+(its ``.venv``, its code, its rig), then prints, per shape, sent -> cordoned p50/p95/max over
+the notices drilled in full, sent -> all ranks asked the same, and the drill's verdict. Not
+part of ``make test``; wrap it in ``flock /tmp/reclaimd-bench.lock`` like every drill on a
+shared machine.
 """
 
 from __future__ import annotations
