@@ -80,7 +80,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_shape(tree: Path, scenario: Path) -> dict[str, Any]:
+def run_shape(tree: Path, scenario: Path, keep: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="reclaimd-shapes-") as tmp:
         out = Path(tmp) / "report.json"
         started = time.monotonic()
@@ -92,7 +92,11 @@ def run_shape(tree: Path, scenario: Path) -> dict[str, Any]:
         wall = time.monotonic() - started
         if not out.is_file():
             return {"error": f"exit {proc.returncode}", "tail": proc.stdout[-2000:]}
-        result = summarize(json.loads(out.read_text(encoding="utf-8")))
+        text = out.read_text(encoding="utf-8")
+        result = summarize(json.loads(text))
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            keep.write_text(text, encoding="utf-8")
     result["exit"] = proc.returncode
     result["wall_s"] = round(wall, 1)
     return result
@@ -104,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), action="append", help="default: both")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--keep", type=Path, help="keep each drill's report in this directory")
     args = p.parse_args(argv)
     tree = args.tree.resolve()
     commit = subprocess.run(
@@ -114,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shape or sorted(SHAPES):
         runs = []
         for i in range(args.repeat):
-            r = run_shape(tree, SHAPES[name])
+            kept = args.keep / f"{commit}-{name}-{i + 1}.json" if args.keep else None
+            r = run_shape(tree, SHAPES[name], kept)
             print(f"shapes: {commit} {name} run {i + 1}: {json.dumps(r)}", file=sys.stderr)
             runs.append(r)
         result["shapes"][name] = runs
