@@ -345,3 +345,35 @@ async def test_a_refused_connection_is_not_an_answer() -> None:
             0.4, limiter.call("claim node/n1", None, refused, retry_until=until)
         )
     assert loop.time() - started >= 0.4
+
+
+async def test_a_quarter_of_the_slots_is_kept_for_writes_already_due() -> None:
+    # A storm's evictions (due minutes ahead) must not take every slot: the cordon of the
+    # notice that arrives next (due as of its issue, in the past) is sent at once.
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=100, max_in_flight=4))
+    now = datetime.now(UTC)
+    later, due = now + timedelta(seconds=100), now - timedelta(seconds=2)
+    for _ in range(3):
+        await limiter.acquire(later)
+    served: list[str] = []
+
+    async def write(name: str, deadline: datetime | None) -> None:
+        await limiter.acquire(deadline)
+        served.append(name)
+
+    evict = asyncio.create_task(write("evict", later))
+    event = asyncio.create_task(write("event", None))
+    await asyncio.sleep(0.05)
+    assert served == [] and limiter.waiting == 2  # a slot is free, but kept
+    cordon = asyncio.create_task(write("cordon", due))
+    await asyncio.wait_for(cordon, 5.0)
+    assert served == ["cordon"]  # the fourth slot, while the later ones still wait
+    assert not evict.done() and not event.done()
+    limiter.release()
+    limiter.release()  # two free: the later ones may use one of them
+    await asyncio.wait_for(evict, 5.0)
+    await asyncio.sleep(0.05)
+    assert not event.done()
+    limiter.release()
+    await asyncio.wait_for(event, 5.0)
+    assert served == ["cordon", "evict", "event"]
