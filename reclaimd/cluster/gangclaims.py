@@ -75,6 +75,9 @@ ACKS_WRITE_S = 10.0
 # every takeover of them; then it is deleted, or a busy cluster keeps one per gang forever.
 KEEP_S = 6 * 3600.0
 SWEEP_EVERY_S = 600.0
+# The LISTs of every gang Lease (the sweep, the restart watcher's look) wait at most this long
+# for a storm's intake to be over (``RateLimiter.quiet``): the restart watcher's interval.
+QUIET_WAIT_S = 15.0
 HELD_NOTICES = 4096  # the acks kept in memory for a peer to ask: the latest notices'
 
 # holder, notice label -> {gang lease name: acks json} (``probe.ask`` bound to an address)
@@ -266,6 +269,7 @@ class GangClaims:
 
     async def sweep(self, keep_s: float = KEEP_S) -> int:
         """Delete the gang Leases acquired more than ``keep_s`` ago; how many went."""
+        await self._limiter.quiet(QUIET_WAIT_S)  # every gang Lease of KEEP_S: after the intake
         found = await self._limiter.read(
             "list gang leases",
             None,
@@ -297,6 +301,9 @@ class GangClaims:
         """Every gang a notice charged whose restart is not on the ledger yet (a storm
         leaves hundreds of Leases for hours)."""
         selector = f"{NOTICE_LABEL},!{RESTARTED_LABEL}"
+        # Hundreds of Leases (thousands after a day of storms): megabytes the API server
+        # encodes and this loop decodes while a storm's cordons wait, so after the intake.
+        await self._limiter.quiet(QUIET_WAIT_S)
         found = await self._limiter.read(
             "list gang leases",
             None,

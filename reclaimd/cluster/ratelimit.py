@@ -55,6 +55,9 @@ R = TypeVar("R")
 
 # The share of the writes in flight that only writes already due may take (see above).
 URGENT_RESERVE = 0.25
+# ``quiet``: a write already due sent this recently means the intake is still busy.
+QUIET_AFTER_S = 1.0
+QUIET_POLL_S = 0.25
 
 
 class RateLimiter:
@@ -79,6 +82,7 @@ class RateLimiter:
         self._freed = asyncio.Event()  # a slot was freed, or a write already due came to wait
         reserve = int(settings.max_in_flight * URGENT_RESERVE)
         self._later_cap = max(1, settings.max_in_flight - reserve)  # slots for writes due later
+        self._due_sent_at = -math.inf  # monotonic time a write already due was last served
         self.throttled = 0  # acquisitions that had to wait for a token
         self.pushed_back = 0  # writes the server refused as overload (429 APF, 5xx)
         self.writes = 0  # writes the server answered (accepted, or refused for the object)
@@ -115,6 +119,26 @@ class RateLimiter:
     @property
     def waiting(self) -> int:
         return sum(1 for *_, fut in self._waiters if not fut.done())
+
+    @property
+    def busy_with_due(self) -> bool:
+        """A write already due waits for the budget, or was sent in the last second: a storm's
+        intake (claims, cordons, gang Leases) is under way."""
+        now = time.time()
+        if self._waiters and self._waiters[0][0] <= now:
+            return True
+        return time.monotonic() - self._due_sent_at < QUIET_AFTER_S
+
+    async def quiet(self, max_s: float) -> None:
+        """Return once no write already due is waiting or just sent (``busy_with_due``), or
+        after ``max_s``: a housekeeping read of hundreds of objects (a LIST whose answer
+        takes seconds to encode at the server and to decode on the loop) waits for the
+        intake it would slow down."""
+        end = time.monotonic() + max_s
+        while time.monotonic() < end:
+            if not self.busy_with_due:
+                return
+            await asyncio.sleep(QUIET_POLL_S)
 
     async def acquire(self, deadline: datetime | None = None) -> None:
         """Wait for a token and a slot in flight (give it back with ``release``); among
@@ -328,7 +352,10 @@ class RateLimiter:
 
     def _cap(self, key: float) -> int:
         """Slots in flight a write ordered at ``key`` may use: all of them once it is due."""
-        return self.settings.max_in_flight if key <= time.time() else self._later_cap
+        if key <= time.time():
+            self._due_sent_at = time.monotonic()  # asked for a due write: the intake is busy
+            return self.settings.max_in_flight
+        return self._later_cap
 
     # --- the bucket -------------------------------------------------------------------------
 

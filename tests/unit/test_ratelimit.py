@@ -377,3 +377,24 @@ async def test_a_quarter_of_the_slots_is_kept_for_writes_already_due() -> None:
     limiter.release()
     await asyncio.wait_for(event, 5.0)
     assert served == ["cordon", "evict", "event"]
+
+
+async def test_quiet_waits_for_the_writes_already_due_then_returns() -> None:
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=100, max_in_flight=1))
+    assert not limiter.busy_with_due
+    await asyncio.wait_for(limiter.quiet(5.0), 1.0)  # nothing due: at once
+    now = datetime.now(UTC)
+    await limiter.acquire(now + timedelta(seconds=100))  # the one slot, due later
+    cordon = asyncio.create_task(limiter.acquire(now - timedelta(seconds=1)))
+    await asyncio.sleep(0.05)
+    assert limiter.busy_with_due  # a cordon waits
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await limiter.quiet(0.3)  # bounded: it gives up waiting
+    assert 0.25 <= loop.time() - started < 2.0
+    look = asyncio.create_task(limiter.quiet(30.0))
+    limiter.release()
+    await asyncio.wait_for(cordon, 5.0)
+    limiter.release()
+    await asyncio.wait_for(look, 5.0)  # the cordon went a second ago: quiet again
+    assert not limiter.busy_with_due
