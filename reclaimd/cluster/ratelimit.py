@@ -21,13 +21,15 @@ back to the caller, who knows what they mean; a 409 conflict is handled by ``upd
 one read-modify-write loop.
 
 Writes already due (their order is past: a notice's claim and cordon, its gangs' Leases and
-their acks, sorted as of the notice's issue) may use every slot in flight; writes due later
-(evictions due by a deadline minutes away, events, ledger records) leave a quarter of the
-slots (``URGENT_RESERVE``) to them. Served earliest-deadline-first alone, a storm's
-evictions filled every slot once the queue ahead was empty, and each notice arriving next
-waited for one of them to be answered (and behind them at the server) before its cordon
-was sent: a second or more per write at a loaded server, twice on the way to the
-checkpoint ask. Past the server's best concurrency, more in flight only queues there.
+their acks, sorted as of the notice's issue) may use every slot in flight. While such writes
+are about (one waits, or went in the last second), writes due later (evictions due by a
+deadline minutes away, events, ledger records) leave a quarter of the slots
+(``URGENT_RESERVE``) to them; once they are gone, the later ones take every slot again (an
+eviction's answer takes seconds: its share of the slots is the drain's pace). Served
+earliest-deadline-first alone, a storm's evictions filled every slot once the queue ahead
+was empty, and each notice arriving next waited for one of them to be answered (and behind
+them at the server) before its cordon was sent: a second or more per write at a loaded
+server, twice on the way to the checkpoint ask.
 
 A waiter cancelled after being served gives its token back, so cancellation never leaks
 capacity.
@@ -351,11 +353,13 @@ class RateLimiter:
         t[3] = max(t[3], queued)
 
     def _cap(self, key: float) -> int:
-        """Slots in flight a write ordered at ``key`` may use: all of them once it is due."""
+        """Slots in flight a write ordered at ``key`` may use: all of them once it is due, or
+        while no write already due is about (``busy_with_due``: the drains of a storm whose
+        intake is over take every slot)."""
         if key <= time.time():
             self._due_sent_at = time.monotonic()  # asked for a due write: the intake is busy
             return self.settings.max_in_flight
-        return self._later_cap
+        return self._later_cap if self.busy_with_due else self.settings.max_in_flight
 
     # --- the bucket -------------------------------------------------------------------------
 
