@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from reclaimd import checkpoint, logs, tracing
@@ -75,6 +76,10 @@ ACKS_WRITE_S = 10.0
 # every takeover of them; then it is deleted, or a busy cluster keeps one per gang forever.
 KEEP_S = 6 * 3600.0
 SWEEP_EVERY_S = 600.0
+# The LISTs of every gang Lease (the sweep, the restart watcher's look) wait at most this long
+# for a storm's intake to be over (``RateLimiter.quiet``): the restart watcher's interval.
+QUIET_WAIT_S = 15.0
+LIST_PAGE = 250  # gang Leases per page of those LISTs
 HELD_NOTICES = 4096  # the acks kept in memory for a peer to ask: the latest notices'
 
 # holder, notice label -> {gang lease name: acks json} (``probe.ask`` bound to an address)
@@ -266,14 +271,11 @@ class GangClaims:
 
     async def sweep(self, keep_s: float = KEEP_S) -> int:
         """Delete the gang Leases acquired more than ``keep_s`` ago; how many went."""
-        found = await self._limiter.read(
-            "list gang leases",
-            None,
-            lambda: self._api.get(apiserver.lease(self.namespace), labelSelector=NOTICE_LABEL),
-        )
+        await self._limiter.quiet(QUIET_WAIT_S)  # every gang Lease of KEEP_S: after the intake
+        found = await self._list_pages(NOTICE_LABEL)
         cutoff = utcnow() - timedelta(seconds=keep_s)
         deleted = 0
-        for lease in objects.items(found):
+        for lease in found:
             acquired = objects.time(objects.spec(lease).get("acquireTime"))
             if acquired is None or acquired > cutoff:
                 continue
@@ -293,17 +295,35 @@ class GangClaims:
                 logs.event(log, "gang lease sweep failed", logging.WARNING, error=str(e)[:200])
             await asyncio.sleep(every_s)
 
+    async def _list_pages(self, selector: str) -> list[objects.Obj]:
+        """The gang Leases ``selector`` picks, ``LIST_PAGE`` at a time (one consistent list,
+        continued): each page is decoded on its own, so the loop serves the intake in between
+        instead of stalling on one answer of megabytes."""
+        out: list[objects.Obj] = []
+        token = ""
+        while True:
+            params: dict[str, Any] = {"labelSelector": selector, "limit": LIST_PAGE}
+            if token:
+                params["continue"] = token
+            page = await self._limiter.read("list gang leases", None, partial(self._page, params))
+            out.extend(objects.items(page))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return out
+
+    async def _page(self, params: dict[str, Any]) -> objects.Obj:
+        return await self._api.get(apiserver.lease(self.namespace), **params)
+
     async def charged(self) -> list[Charged]:
         """Every gang a notice charged whose restart is not on the ledger yet (a storm
         leaves hundreds of Leases for hours)."""
         selector = f"{NOTICE_LABEL},!{RESTARTED_LABEL}"
-        found = await self._limiter.read(
-            "list gang leases",
-            None,
-            lambda: self._api.get(apiserver.lease(self.namespace), labelSelector=selector),
-        )
+        # Hundreds of Leases (thousands after a day of storms): megabytes the API server
+        # encodes and this loop decodes while a storm's cordons wait, so after the intake.
+        await self._limiter.quiet(QUIET_WAIT_S)
+        found = await self._list_pages(selector)
         out = []
-        for lease in found.get("items") or ():
+        for lease in found:
             meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
             notes = meta.get("annotations") or {}
             uids = frozenset(filter(None, str(notes.get(PODS_ANNOTATION, "")).split(",")))

@@ -20,6 +20,17 @@ from priority and fairness, 5xx, timeouts, resets) with full jitter, never soone
 back to the caller, who knows what they mean; a 409 conflict is handled by ``update``, the
 one read-modify-write loop.
 
+Writes already due (their order is past: a notice's claim and cordon, its gangs' Leases and
+their acks, sorted as of the notice's issue) may use every slot in flight. While such writes
+are about (one waits, or went in the last second), writes due later (evictions due by a
+deadline minutes away, events, ledger records) leave a quarter of the slots
+(``URGENT_RESERVE``) to them; once they are gone, the later ones take every slot again (an
+eviction's answer takes seconds: its share of the slots is the drain's pace). Served
+earliest-deadline-first alone, a storm's evictions filled every slot once the queue ahead
+was empty, and each notice arriving next waited for one of them to be answered (and behind
+them at the server) before its cordon was sent: a second or more per write at a loaded
+server, twice on the way to the checkpoint ask.
+
 A waiter cancelled after being served gives its token back, so cancellation never leaks
 capacity.
 """
@@ -35,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from reclaimd.backoff import RetryPolicy
 from reclaimd.cluster import errors
@@ -43,6 +54,12 @@ from reclaimd.settings.kube import KubeSettings
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# The share of the writes in flight that only writes already due may take (see above).
+URGENT_RESERVE = 0.25
+# ``quiet``: a write already due sent this recently means the intake is still busy.
+QUIET_AFTER_S = 1.0
+QUIET_POLL_S = 0.25
 
 
 class RateLimiter:
@@ -64,7 +81,10 @@ class RateLimiter:
         self._order = itertools.count()
         self._dispatcher: asyncio.Task[None] | None = None
         self._busy = 0  # writes in flight (served, not yet released)
-        self._freed = asyncio.Event()
+        self._freed = asyncio.Event()  # a slot was freed, or a write already due came to wait
+        reserve = int(settings.max_in_flight * URGENT_RESERVE)
+        self._later_cap = max(1, settings.max_in_flight - reserve)  # slots for writes due later
+        self._due_sent_at = -math.inf  # monotonic time a write already due was last served
         self.throttled = 0  # acquisitions that had to wait for a token
         self.pushed_back = 0  # writes the server refused as overload (429 APF, 5xx)
         self.writes = 0  # writes the server answered (accepted, or refused for the object)
@@ -72,21 +92,55 @@ class RateLimiter:
         self.reads = 0  # read attempts (outside the budget)
         self.retried = 0  # attempts that failed transiently and were tried again
         self._answered_at: float | None = None  # loop time the server last answered anything
+        # By kind: [attempts, seconds queued for the budget, seconds with the server, worst
+        # queued]: where a storm's write time goes (ours, the queue; the server's, the call).
+        self.timing: dict[str, list[float]] = {}
 
-    def tally(self) -> dict[str, float]:
+    def tally(self) -> dict[str, Any]:
         """How the budget fared (a storm's post-mortem): writes that waited, were pushed back
-        by the server or retried, reads, and the rate it ended at."""
+        by the server or retried, reads, the rate it ended at, and by kind the mean seconds a
+        write queued for the budget and spent with the server (and the worst queueing)."""
         return {
             "throttled": self.throttled,
             "pushed_back": self.pushed_back,
             "retried": self.retried,
             "reads": self.reads,
             "rate": round(self.rate, 1),
+            "by_kind_s": {
+                kind: {
+                    "n": int(n),
+                    "queued_mean": round(queued / n, 3),
+                    "server_mean": round(server / n, 3),
+                    "queued_max": round(worst, 3),
+                }
+                for kind, (n, queued, server, worst) in sorted(self.timing.items())
+                if n
+            },
         }
 
     @property
     def waiting(self) -> int:
         return sum(1 for *_, fut in self._waiters if not fut.done())
+
+    @property
+    def busy_with_due(self) -> bool:
+        """A write already due waits for the budget, or was sent in the last second: a storm's
+        intake (claims, cordons, gang Leases) is under way."""
+        now = time.time()
+        if self._waiters and self._waiters[0][0] <= now:
+            return True
+        return time.monotonic() - self._due_sent_at < QUIET_AFTER_S
+
+    async def quiet(self, max_s: float) -> None:
+        """Return once no write already due is waiting or just sent (``busy_with_due``), or
+        after ``max_s``: a housekeeping read of hundreds of objects (a LIST whose answer
+        takes seconds to encode at the server and to decode on the loop) waits for the
+        intake it would slow down."""
+        end = time.monotonic() + max_s
+        while time.monotonic() < end:
+            if not self.busy_with_due:
+                return
+            await asyncio.sleep(QUIET_POLL_S)
 
     async def acquire(self, deadline: datetime | None = None) -> None:
         """Wait for a token and a slot in flight (give it back with ``release``); among
@@ -94,15 +148,17 @@ class RateLimiter:
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._refill(now)
-        free = self._busy < self.settings.max_in_flight
+        key = deadline.timestamp() if deadline is not None else math.inf
+        free = self._busy < self._cap(key)
         if not self._waiters and self._tokens >= 1 and now >= self._hold_until and free:
             self._tokens -= 1
             self._busy += 1
             return
-        key = deadline.timestamp() if deadline is not None else math.inf
         fut: asyncio.Future[None] = loop.create_future()
         self.throttled += 1
         heapq.heappush(self._waiters, (key, next(self._order), fut))
+        if self._busy < self.settings.max_in_flight:
+            self._freed.set()  # a dispatcher holding the reserve may serve this one now
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = loop.create_task(self._dispatch(), name="k8s-write-budget")
         try:
@@ -233,12 +289,15 @@ class RateLimiter:
         until = retry_until or deadline
         kind = what.split("/", 1)[0]
         forbidden_until: float | None = None  # the grace counts from the first 403
+        loop = asyncio.get_running_loop()
         for attempt in itertools.count(1):
+            asked = loop.time()
             if budgeted:
                 await self.acquire(deadline)
                 self.by_kind[kind] += 1
             else:
                 self.reads += 1
+            served = loop.time()
             try:
                 with errors.kube_errors(what):
                     # Against a connection that never answers, not against a slow server: a
@@ -250,6 +309,7 @@ class RateLimiter:
                         finally:
                             if budgeted:
                                 self.release()
+                            self._timed(kind, served - asked, loop.time() - served)
             except errors.KubeError as e:
                 if e.status:
                     self._answered_at = asyncio.get_running_loop().time()
@@ -283,6 +343,24 @@ class RateLimiter:
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _timed(self, kind: str, queued: float, server: float) -> None:
+        t = self.timing.get(kind)
+        if t is None:
+            t = self.timing[kind] = [0, 0.0, 0.0, 0.0]
+        t[0] += 1
+        t[1] += queued
+        t[2] += server
+        t[3] = max(t[3], queued)
+
+    def _cap(self, key: float) -> int:
+        """Slots in flight a write ordered at ``key`` may use: all of them once it is due, or
+        while no write already due is about (``busy_with_due``: the drains of a storm whose
+        intake is over take every slot)."""
+        if key <= time.time():
+            self._due_sent_at = time.monotonic()  # asked for a due write: the intake is busy
+            return self.settings.max_in_flight
+        return self._later_cap if self.busy_with_due else self.settings.max_in_flight
+
     # --- the bucket -------------------------------------------------------------------------
 
     def _refill(self, now: float) -> None:
@@ -306,13 +384,15 @@ class RateLimiter:
             if self._tokens < 1:
                 await asyncio.sleep((1 - self._tokens) / self.rate)
                 continue
-            if self._busy >= self.settings.max_in_flight:
+            key, _, fut = self._waiters[0]
+            if fut.done():  # its caller was cancelled while queued
+                heapq.heappop(self._waiters)
+                continue
+            if self._busy >= self._cap(key):
                 self._freed.clear()
                 await self._freed.wait()
                 continue
-            _, _, fut = heapq.heappop(self._waiters)
-            if fut.done():  # its caller was cancelled while queued
-                continue
+            heapq.heappop(self._waiters)
             self._tokens -= 1
             self._busy += 1
             fut.set_result(None)

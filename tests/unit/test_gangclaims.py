@@ -138,7 +138,8 @@ async def test_the_sweep_deletes_old_leases_at_the_version_read() -> None:
     api = FakeApiServer(None, listed, {})
     assert await claims(api).sweep(keep_s=3600) == 1
     listing, delete = api.sent
-    assert listing[:3] == ("GET", LEASES, {"labelSelector": "reclaimd.io/notice"})
+    # One page of LIST_PAGE (no continue token in the answer: the list is whole).
+    assert listing[:3] == ("GET", LEASES, {"labelSelector": "reclaimd.io/notice", "limit": 250})
     assert delete[:4] == (
         "DELETE",
         f"{LEASES}/old",
@@ -178,6 +179,31 @@ async def test_charged_lists_the_unmeasured_gangs_and_marks_one_at_its_version()
     )
     assert not await leases.restart_recorded(c, "ev-1")  # written since: 409
     listing, mark = api.sent
-    assert listing[2] == {"labelSelector": "reclaimd.io/notice,!reclaimd.io/restarted"}
+    assert listing[2] == {
+        "labelSelector": "reclaimd.io/notice,!reclaimd.io/restarted",
+        "limit": 250,
+    }
     assert mark[:2] == ("PATCH", f"{LEASES}/gang-1") and mark[4] == MERGE_PATCH
     assert mark[3]["metadata"]["resourceVersion"] == "5"
+
+
+async def test_the_lists_of_every_gang_lease_come_a_page_at_a_time() -> None:
+    """Thousands of Leases after a day of storms: LIST_PAGE a page, continued, one list."""
+
+    class Paged:
+        def __init__(self) -> None:
+            self.asked: list[dict[str, object]] = []
+
+        async def get(self, path: str, **params: object) -> dict[str, object]:
+            self.asked.append(params)
+            page = int(str(params.get("continue") or "0"))
+            lease = {"metadata": {"name": f"l{page}", "resourceVersion": "1"}, "spec": {}}
+            more = {"continue": str(page + 1)} if page < 2 else {}
+            return {"metadata": more, "items": [lease]}
+
+    api = Paged()
+    leases = GangClaims(api, "reclaimd", "replica-a", limiter=RateLimiter())  # type: ignore[arg-type]
+    found = await leases._list_pages("reclaimd.io/notice")
+    assert [lease["metadata"]["name"] for lease in found] == ["l0", "l1", "l2"]
+    assert [a.get("continue") for a in api.asked] == [None, "1", "2"]
+    assert all(a["limit"] == 250 and a["labelSelector"] == "reclaimd.io/notice" for a in api.asked)

@@ -345,3 +345,55 @@ async def test_a_refused_connection_is_not_an_answer() -> None:
             0.4, limiter.call("claim node/n1", None, refused, retry_until=until)
         )
     assert loop.time() - started >= 0.4
+
+
+async def test_a_quarter_of_the_slots_is_kept_for_writes_already_due() -> None:
+    # A storm's evictions (due minutes ahead) take every slot while no cordon is about; once
+    # one is (the notice that arrives next, due as of its issue), it is served at the next
+    # free slot and a quarter of the slots stays with such writes while they keep coming.
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=100, max_in_flight=4))
+    now = datetime.now(UTC)
+    later, due = now + timedelta(seconds=100), now - timedelta(seconds=2)
+    for _ in range(4):
+        await limiter.acquire(later)  # nothing due about: every slot
+    served: list[str] = []
+
+    async def write(name: str, deadline: datetime | None) -> None:
+        await limiter.acquire(deadline)
+        served.append(name)
+
+    evict = asyncio.create_task(write("evict", later))
+    await asyncio.sleep(0.05)
+    cordon = asyncio.create_task(write("cordon", due))
+    await asyncio.sleep(0.05)
+    assert served == [] and limiter.busy_with_due
+    limiter.release()
+    await asyncio.wait_for(cordon, 5.0)
+    assert served == ["cordon"]  # ahead of the eviction that queued first
+    limiter.release()
+    await asyncio.sleep(0.05)
+    assert not evict.done()  # 3 in flight: the fourth slot is kept while cordons come
+    limiter.release()
+    await asyncio.wait_for(evict, 5.0)
+    assert served == ["cordon", "evict"]
+
+
+async def test_quiet_waits_for_the_writes_already_due_then_returns() -> None:
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=100, max_in_flight=1))
+    assert not limiter.busy_with_due
+    await asyncio.wait_for(limiter.quiet(5.0), 1.0)  # nothing due: at once
+    now = datetime.now(UTC)
+    await limiter.acquire(now + timedelta(seconds=100))  # the one slot, due later
+    cordon = asyncio.create_task(limiter.acquire(now - timedelta(seconds=1)))
+    await asyncio.sleep(0.05)
+    assert limiter.busy_with_due  # a cordon waits
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await limiter.quiet(0.3)  # bounded: it gives up waiting
+    assert 0.25 <= loop.time() - started < 2.0
+    look = asyncio.create_task(limiter.quiet(30.0))
+    limiter.release()
+    await asyncio.wait_for(cordon, 5.0)
+    limiter.release()
+    await asyncio.wait_for(look, 5.0)  # the cordon went a second ago: quiet again
+    assert not limiter.busy_with_due
