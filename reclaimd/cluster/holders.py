@@ -36,11 +36,11 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from reclaimd import logs
-from reclaimd.cluster import apiserver, errors, leases, objects, probe
+from reclaimd.cluster import apiserver, errors, leases, objects, probe, ratelimit
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import rfc3339, utcnow
@@ -52,7 +52,7 @@ _PROBE = PeerProbeSettings()
 HOLDER_LABEL = "reclaimd.io/holder-lease"
 # A holder Lease not renewed for this long belongs to a replica that is gone: it is deleted.
 GONE_AFTER_S = 3600.0
-FIRST = datetime(1970, 1, 2, tzinfo=UTC)  # sorts before any notice's deadline in the budget
+FIRST = ratelimit.FIRST  # sorts before any notice's deadline in the budget
 # Of the Lease: at most this long without a renewal before a replica says it is cut off.
 CUT_FRACTION = 0.6
 HOLDER_ANNOTATION = "reclaimd.io/holder"

@@ -45,7 +45,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from reclaimd.backoff import RetryPolicy
@@ -57,6 +57,11 @@ R = TypeVar("R")
 
 # The share of the writes in flight that only writes already due may take (see above).
 URGENT_RESERVE = 0.25
+# Housekeeping's order (holder and slot Lease renewals): before any notice's deadline, so it is
+# served first, and never taken for a storm's intake (``busy_with_due``): renewed every second,
+# it would keep every housekeeping LIST waiting its whole ``quiet``.
+FIRST = datetime(1970, 1, 2, tzinfo=UTC)
+_FIRST_KEY = FIRST.timestamp()
 # ``quiet``: a write already due sent this recently means the intake is still busy.
 QUIET_AFTER_S = 1.0
 QUIET_POLL_S = 0.25
@@ -127,7 +132,7 @@ class RateLimiter:
         """A write already due waits for the budget, or was sent in the last second: a storm's
         intake (claims, cordons, gang Leases) is under way."""
         now = time.time()
-        if self._waiters and self._waiters[0][0] <= now:
+        if self._waiters and _FIRST_KEY < self._waiters[0][0] <= now:
             return True
         return time.monotonic() - self._due_sent_at < QUIET_AFTER_S
 
@@ -357,7 +362,8 @@ class RateLimiter:
         while no write already due is about (``busy_with_due``: the drains of a storm whose
         intake is over take every slot)."""
         if key <= time.time():
-            self._due_sent_at = time.monotonic()  # asked for a due write: the intake is busy
+            if key > _FIRST_KEY:
+                self._due_sent_at = time.monotonic()  # asked for a due write: intake is busy
             return self.settings.max_in_flight
         return self._later_cap if self.busy_with_due else self.settings.max_in_flight
 

@@ -51,7 +51,7 @@ from typing import Any, cast
 
 from reclaimd import logs
 from reclaimd.backoff import Backoff
-from reclaimd.cluster import apiserver, errors, objects
+from reclaimd.cluster import apiserver, errors, objects, ratelimit
 from reclaimd.cluster.apiserver import ApiServer
 from reclaimd.cluster.ratelimit import RateLimiter
 from reclaimd.model import utcnow
@@ -64,7 +64,7 @@ HOLDER_ANNOTATION = "reclaimd.io/holder"
 SUBSCRIPTION_ANNOTATION = "reclaimd.io/subscription"
 # A released Lease is renewed "long ago" (as a released holder Lease is).
 RELEASED = datetime(1970, 1, 2, tzinfo=UTC)
-FIRST = RELEASED  # sorts before any deadline in the write budget: renewals go first
+FIRST = ratelimit.FIRST  # sorts before any deadline in the write budget: renewals go first
 WAIT_BASE_S, WAIT_CAP_S = 0.5, 2.0  # a replica with no slot (or an API error) looks again
 RELEASE_S = 2.0  # a stopping replica's release is tried this long
 # A free slot is minded once seen free this long (a surge pod takes a released slot within

@@ -77,9 +77,17 @@ def test_every_shipped_scenario_is_accounted_for() -> None:
     # scenarios with faults: tests/e2e/test_fault_drills.py accounts for them
     shipped = {stem for stem, s in loaded.items() if not s.faults}
     named = {loaded[s].name for s in shipped}
-    # the full storm runs in make demo, the 1,000-node ones in make bench-storm and
-    # make bench-storm-1000
-    benches = {"spot-az-storm-1000", "spot-storm-1000-notices"}
+    # the full storm runs in make demo, the 1,000-node ones in make bench-storm,
+    # bench-storm-1000, bench-storm-kafka and bench-storm-pubsub, the 600-node shapes in
+    # python -m chaos.bench.shapes
+    benches = {
+        "spot-az-storm-1000",
+        "spot-storm-1000-notices",
+        "kafka-storm-1000",
+        "pubsub-storm-1000",
+        "bench-600-plain",
+        "bench-600-gang",
+    }
     # game days (tests/e2e/test_gameday.py) run against the Helm-installed release
     gamedays = {"gameday-spot-storm", "gameday-gce-storm", "gameday-kueue-reclaim"}
     assert shipped == set(PASSING) | {"spot-az-storm"} | benches | gamedays

@@ -397,3 +397,18 @@ async def test_quiet_waits_for_the_writes_already_due_then_returns() -> None:
     limiter.release()
     await asyncio.wait_for(look, 5.0)  # the cordon went a second ago: quiet again
     assert not limiter.busy_with_due
+
+
+async def test_renewals_are_never_a_storm_s_intake() -> None:
+    """Holder and slot Lease renewals go first (``FIRST``), every second: were they writes
+    already due, no housekeeping LIST would ever find the budget quiet."""
+    from reclaimd.cluster.ratelimit import FIRST
+
+    limiter = RateLimiter(KubeSettings(qps=1000.0, burst=100, max_in_flight=4))
+    await limiter.acquire(FIRST)  # a renewal, served
+    limiter.release()
+    assert not limiter.busy_with_due
+    await asyncio.wait_for(limiter.quiet(30.0), 1.0)
+    await limiter.acquire(datetime.now(UTC) - timedelta(seconds=1))  # a cordon, served
+    limiter.release()
+    assert limiter.busy_with_due
