@@ -22,22 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from chaos.bench.latency import percentile
+from chaos.bench.storm import after_send
 
 HERE = Path(__file__).resolve().parents[2]
 SHAPES = {
     "plain": HERE / "chaos" / "scenarios" / "bench-600-plain.yaml",
     "gang": HERE / "chaos" / "scenarios" / "bench-600-gang.yaml",
 }
-
-
-def _after_send(rows: list[dict[str, Any]], field: str) -> list[float]:
-    out = []
-    for r in rows:
-        if r.get(field) and r.get("sent_at"):
-            end = datetime.fromisoformat(r[field].replace("Z", "+00:00"))
-            sent = datetime.fromisoformat(r["sent_at"].replace("Z", "+00:00"))
-            out.append((end - sent).total_seconds())
-    return out
 
 
 def dist(values: list[float]) -> dict[str, float | int | None]:
@@ -65,8 +56,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         if n.get("cordoned_at")
     ]
     return {
-        "sent_to_cordoned_s": dist(_after_send(full, "cordoned_at")),
-        "sent_to_all_asked_s": dist(_after_send(notices, "all_signaled_at")),
+        "sent_to_cordoned_s": dist(after_send(full, "cordoned_at")),
+        "sent_to_all_asked_s": dist(after_send(notices, "all_signaled_at")),
         "all_cordoned_s": (
             round((max(cordons) - min(sent)).total_seconds(), 3) if cordons and sent else None
         ),

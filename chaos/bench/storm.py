@@ -142,7 +142,8 @@ def footprint(drill: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _seconds(rows: list[dict[str, Any]], field: str) -> list[float]:
+def after_send(rows: list[dict[str, Any]], field: str) -> list[float]:
+    """Seconds from each drill row's ``sent_at`` to its ``field`` (rows without either left out)."""
     out = []
     for r in rows:
         if r.get(field) and r.get("sent_at"):
@@ -259,13 +260,13 @@ def summarize(calibration: dict[str, Any], drill: dict[str, Any]) -> dict[str, A
         "ratio_to_min_given_arrivals": (
             round(all_cordoned_s / paced_s, 2) if all_cordoned_s and paced_s else None
         ),
-        "notice_to_cordoned_s": _dist(_seconds(full, "cordoned_at")),
-        "notice_to_all_asked_s": _dist(_seconds(notices, "all_signaled_at")),
+        "notice_to_cordoned_s": _dist(after_send(full, "cordoned_at")),
+        "notice_to_all_asked_s": _dist(after_send(notices, "all_signaled_at")),
         # From receipt (the issue's clock for "asked within 2 s"), and the transport's share.
         "send_to_receipt_s": _dist([received[k] - v for k, v in sent_at.items() if k in received]),
         "receipt_to_cordoned_s": _dist(_since(full, "cordoned_at", received)),
         "receipt_to_all_asked_s": _dist(_since(notices, "all_signaled_at", received)),
-        "notice_to_drained_s": _dist(_seconds(notices, "drained_at")),
+        "notice_to_drained_s": _dist(after_send(notices, "drained_at")),
         "deadlines_met": sum(1 for n in notices if n.get("deadline_met")),
         "notices": len(notices),
         # reclaimd's own receive rate (first to last root span), against a plain consumer's
